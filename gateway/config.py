@@ -1,0 +1,384 @@
+"""The daemon's configuration: one TOML file parsed into typed dataclasses.
+
+Every key has a default, so an empty file is a valid configuration. Unknown
+sections, unknown keys and bad values are errors that name the key
+(``section.key: reason``); all of them are collected and reported together.
+Sizes accept a byte count or a string with a unit (``"64 MiB"``, ``"512KiB"``,
+``"1GB"``); durations accept seconds or a string with a unit (``"2ms"``,
+``"10s"``, ``"5min"``). docs/CONFIG.md lists every key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = pathlib.Path("/etc/segment-gateway/gateway.toml")
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": KiB,
+    "mib": MiB,
+    "gib": GiB,
+    "tib": 1024 * GiB,
+}
+_DURATION_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "min": 60.0, "h": 3600.0}
+_NUMBER_WITH_UNIT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+Parser = Callable[[Any], Any]
+
+
+def parse_size(value: Any) -> int:
+    """A byte count from an integer or a string such as ``"64 MiB"``."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size (bytes, or a string such as '64 MiB'), got a boolean")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"size must not be negative, got {value}")
+        return value
+    if isinstance(value, str):
+        m = _NUMBER_WITH_UNIT.match(value)
+        if m and m.group(2).lower() in _SIZE_UNITS:
+            return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+        raise ValueError(f"cannot read {value!r} as a size (examples: 4096, '512 KiB', '64MiB')")
+    raise ValueError(f"expected a size, got {type(value).__name__}")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number or a string such as ``"2ms"`` or ``"10s"``."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration (seconds, or a string such as '2ms'), got a boolean")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError(f"duration must not be negative, got {value}")
+        return float(value)
+    if isinstance(value, str):
+        m = _NUMBER_WITH_UNIT.match(value)
+        if m and m.group(2).lower() in _DURATION_UNITS:
+            return float(m.group(1)) * _DURATION_UNITS[m.group(2).lower()]
+        raise ValueError(f"cannot read {value!r} as a duration (examples: 0.5, '2ms', '10s')")
+    raise ValueError(f"expected a duration, got {type(value).__name__}")
+
+
+def parse_host_port(value: str) -> tuple[str, int]:
+    """Split ``"host:port"`` or ``"[v6addr]:port"``; raise ValueError if malformed."""
+    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:([0-9]{1,5})|([^:\[\]\s]+):([0-9]{1,5})", value)
+    if not m:
+        raise ValueError(f"expected HOST:PORT (e.g. 127.0.0.1:9410), got {value!r}")
+    host = m.group(1) or m.group(3)
+    port = int(m.group(2) or m.group(4))
+    if port > 65535:
+        raise ValueError(f"port {port} is out of range 0..65535")
+    return host, port
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _int_in(lo: int, hi: int | None = None) -> Parser:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"expected an integer, got {type(value).__name__}")
+        if value < lo or (hi is not None and value > hi):
+            raise ValueError(f"must be between {lo} and {hi}, got {value}")
+        return value
+
+    return parse
+
+
+def _size_in(lo: int, hi: int) -> Parser:
+    def parse(value: Any) -> int:
+        n = parse_size(value)
+        if not lo <= n <= hi:
+            raise ValueError(f"must be between {lo} and {hi} bytes, got {n}")
+        return n
+
+    return parse
+
+
+def _duration_in(lo: float, hi: float) -> Parser:
+    def parse(value: Any) -> float:
+        s = parse_duration(value)
+        if not lo <= s <= hi:
+            raise ValueError(f"must be between {lo}s and {hi}s, got {s}s")
+        return s
+
+    return parse
+
+
+def _listen(value: Any) -> str:
+    s = _string(value)
+    parse_host_port(s)
+    return s
+
+
+def _choice(*choices: str) -> Parser:
+    def parse(value: Any) -> str:
+        s = _string(value)
+        if s not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}; got {s!r}")
+        return s
+
+    return parse
+
+
+def _node_id(value: Any) -> str:
+    s = _string(value)
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", s) or s in (".", ".."):
+        raise ValueError(f"must be 1-64 characters of A-Z a-z 0-9 . _ - (not . or ..); got {s!r}")
+    return s
+
+
+def _abs_path_or_empty(value: Any) -> str:
+    s = _string(value)
+    if s and not s.startswith("/"):
+        # Relative paths would depend on the daemon's working directory, which
+        # systemd sets to /; say so instead of guessing.
+        raise ValueError(f"must be an absolute path (or empty), got {s!r}")
+    return s
+
+
+def _path(value: Any) -> str:
+    s = _string(value)
+    if not s:
+        raise ValueError("must not be empty")
+    return s
+
+
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+def _tier2_url(value: Any) -> str:
+    s = _string(value)
+    if s == "embedded":
+        return s
+    if s.startswith("s3://"):
+        bucket = s[5:].split("/", 1)[0]
+        if not _BUCKET.fullmatch(bucket):
+            raise ValueError(
+                f"bucket {bucket!r} is not a valid S3 bucket name (3-63 characters of a-z 0-9 . -)"
+            )
+        return s
+    if s.startswith("file:///"):
+        return s
+    raise ValueError(f"must be 'embedded', 's3://BUCKET[/PREFIX]' or 'file:///PATH'; got {s!r}")
+
+
+def _http_url_or_empty(value: Any) -> str:
+    s = _string(value)
+    if s and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", s):
+        raise ValueError(f"must be an http(s):// URL or empty, got {s!r}")
+    return s
+
+
+def _key(default: Any, parser: Parser, doc: str) -> Any:
+    """Declare a config key: its default, how to parse it, and one line of docs."""
+    return field(default=default, metadata={"parse": parser, "doc": doc})
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """``[node]``: who this node is and where its local state lives."""
+
+    id: str = _key("node-1", _node_id, "names this node's prefix in Tier 2")
+    data_dir: str = _key(
+        "/var/lib/segment-gateway", _path, "journal/, cache/ and embedded S3 data live here"
+    )
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """``[server]``: the wire-protocol listener."""
+
+    listen: str = _key("127.0.0.1:9410", _listen, "HOST:PORT for the protocol")
+
+
+@dataclass(frozen=True)
+class FuseConfig:
+    """``[fuse]``: the read-only mount."""
+
+    mountpoint: str = _key("/srv/segments", _abs_path_or_empty, '"" disables the mount')
+
+
+@dataclass(frozen=True)
+class Tier2Config:
+    """``[tier2]``: where chunks go."""
+
+    url: str = _key("embedded", _tier2_url, "embedded, s3://bucket/prefix or file:///path")
+    endpoint_url: str = _key("", _http_url_or_empty, "S3-compatible endpoint; empty = AWS")
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """``[metrics]``: the Prometheus endpoint."""
+
+    listen: str = _key("127.0.0.1:9411", _listen, "HOST:PORT for /metrics")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """``[logging]``."""
+
+    level: str = _key("info", _choice("debug", "info", "warning", "error"), "log level")
+
+
+@dataclass(frozen=True)
+class JournalConfig:
+    """``[journal]``: the Tier-1 write-ahead journal (docs/FORMATS.md)."""
+
+    dir: str = _key("", _abs_path_or_empty, 'journal directory; "" = <node.data_dir>/journal')
+    file_size: int = _key(256 * MiB, _size_in(1 * MiB, 64 * GiB), "roll to a new file past this")
+    preallocate_step: int = _key(
+        64 * MiB, _size_in(64 * KiB, 64 * GiB), "files grow in steps of this (posix_fallocate)"
+    )
+    max_frame_bytes: int = _key(1 * MiB, _size_in(4 * KiB, 256 * MiB), "largest frame payload")
+    max_group_bytes: int = _key(
+        8 * MiB, _size_in(4 * KiB, 1 * GiB), "largest write group (frames per fdatasync)"
+    )
+    group_commit_wait: float = _key(
+        0.0, _duration_in(0.0, 1.0), "extra time a group may wait for more operations"
+    )
+    max_pending_bytes: int = _key(
+        64 * MiB, _size_in(64 * KiB, 16 * GiB), "queued unsynced bytes before appends wait"
+    )
+    max_operation_bytes: int = _key(
+        16 * MiB, _size_in(1 * KiB, 1 * GiB), "one operation larger than this is refused"
+    )
+    checkpoint_every_frames: int = _key(300, _int_in(1), "frames between checkpoints")
+    checkpoint_every_bytes: int = _key(
+        256 * MiB, _size_in(1 * MiB, 1024 * GiB), "bytes between checkpoints"
+    )
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration file."""
+
+    node: NodeConfig = field(default_factory=NodeConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    fuse: FuseConfig = field(default_factory=FuseConfig)
+    tier2: Tier2Config = field(default_factory=Tier2Config)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    journal: JournalConfig = field(default_factory=JournalConfig)
+
+    @property
+    def journal_dir(self) -> pathlib.Path:
+        """The journal directory, resolved against ``node.data_dir``."""
+        return pathlib.Path(self.journal.dir or pathlib.Path(self.node.data_dir) / "journal")
+
+    @classmethod
+    def load(cls, path: str | pathlib.Path) -> Config:
+        """Read and validate a TOML file; raise ConfigError listing every problem."""
+        path = pathlib.Path(path)
+        try:
+            with path.open("rb") as f:
+                data = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(str(path), ["file: not found"]) from None
+        except OSError as e:
+            raise ConfigError(str(path), [f"file: cannot read: {e.strerror}"]) from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(str(path), [f"file: not valid TOML: {e}"]) from None
+        return cls.from_dict(data, source=str(path))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "<dict>") -> Config:
+        """Validate an already-parsed TOML document."""
+        errors: list[str] = []
+        sections: dict[str, Any] = {}
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        for name, value in data.items():
+            if name not in known:
+                errors.append(f"{name}: unknown section (known: {', '.join(known)})")
+            elif not isinstance(value, dict):
+                errors.append(f"{name}: must be a table ([{name}])")
+            else:
+                sections[name] = _parse_section(name, _section_type(known[name]), value, errors)
+        if not errors:
+            config = cls(**sections)
+            errors.extend(_cross_checks(config))
+            if not errors:
+                return config
+        raise ConfigError(source, errors)
+
+
+def _section_type(f: dataclasses.Field[Any]) -> Any:
+    """The dataclass of a ``Config`` field (its default factory)."""
+    return f.default_factory
+
+
+def _parse_section(name: str, section_type: Any, values: dict[str, Any], errors: list[str]) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(section_type)}
+    kwargs: dict[str, Any] = {}
+    for key, raw in values.items():
+        f = fields.get(key)
+        if f is None:
+            errors.append(f"{name}.{key}: unknown key (known: {', '.join(fields)})")
+            continue
+        try:
+            kwargs[key] = f.metadata["parse"](raw)
+        except ValueError as e:
+            errors.append(f"{name}.{key}: {e}")
+    return section_type(**kwargs)
+
+
+def _cross_checks(c: Config) -> list[str]:
+    """Checks that involve more than one key."""
+    j = c.journal
+    errors = []
+    if j.max_frame_bytes > j.max_group_bytes:
+        errors.append(
+            f"journal.max_frame_bytes: {j.max_frame_bytes} exceeds "
+            f"journal.max_group_bytes ({j.max_group_bytes})"
+        )
+    if j.max_group_bytes > j.max_pending_bytes:
+        errors.append(
+            f"journal.max_group_bytes: {j.max_group_bytes} exceeds "
+            f"journal.max_pending_bytes ({j.max_pending_bytes})"
+        )
+    if j.max_operation_bytes > j.file_size:
+        errors.append(
+            f"journal.max_operation_bytes: {j.max_operation_bytes} exceeds "
+            f"journal.file_size ({j.file_size})"
+        )
+    if j.max_operation_bytes > j.max_pending_bytes:
+        errors.append(
+            f"journal.max_operation_bytes: {j.max_operation_bytes} exceeds "
+            f"journal.max_pending_bytes ({j.max_pending_bytes}): it could never be queued"
+        )
+    if c.server.listen == c.metrics.listen:
+        errors.append(f"metrics.listen: same address as server.listen ({c.server.listen})")
+    return errors
+
+
+def all_keys() -> list[str]:
+    """Every ``section.key`` the file may contain (docs and tests use this)."""
+    keys: list[str] = []
+    for section in dataclasses.fields(Config):
+        section_type = _section_type(section)
+        keys.extend(f"{section.name}.{f.name}" for f in dataclasses.fields(section_type))
+    return keys

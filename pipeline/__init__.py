@@ -1,0 +1,1 @@
+"""PySpark over mounted segments (DESIGN.md, "Layout"). Not built yet."""

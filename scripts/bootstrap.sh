@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs what the project needs on a fresh Debian machine, skipping what is
+# already there: Debian packages (FUSE 3 and what building pyfuse3 needs, plus
+# any extra package names given as arguments), then the virtualenv in .venv
+# with the package and its test/dev extras.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(fuse3 libfuse3-dev pkg-config gcc python3-dev "$@")
+PYTHON=${PYTHON:-python3}
+# Debian's own python3 needs python3-venv for `-m venv`; other builds ship ensurepip.
+if ! "$PYTHON" -c 'import ensurepip' 2>/dev/null; then packages+=(python3-venv); fi
+
+missing=()
+for p in "${packages[@]}"; do
+    # python3-dev is satisfied by any Python that ships its headers (pyenv builds do).
+    if [ "$p" = python3-dev ] && "$PYTHON" -c \
+        'import sysconfig,os,sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"],"Python.h")))'; then
+        continue
+    fi
+    if [ "$p" = gcc ] && command -v gcc >/dev/null; then continue; fi
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "bootstrap: installing Debian packages: ${missing[*]}"
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    echo "bootstrap: creating .venv"
+    "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.stamp-install
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    echo "bootstrap: installing the package into .venv"
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e ".[test,dev]"
+    touch "$stamp"
+fi
