@@ -1,0 +1,214 @@
+"""Byte layout of journal frames (docs/FORMATS.md, "Journal frame").
+
+A frame is a fixed 48-byte little-endian header followed by the payload, a
+serialized ``Frame`` protobuf. The CRC32C covers the header's first 44 bytes
+and the payload, so a torn or misdirected write of either is detected.
+
+=======  ====  ===========================================================
+offset   size  field
+=======  ====  ===========================================================
+0        4     magic ``SGWJ``
+4        2     format version (1)
+6        2     flags (0; reserved)
+8        4     payload length in bytes
+12       4     operation count (operations in the payload, >= 1)
+16       8     first sequence number (of the payload's first operation)
+24       8     group sequence number: first sequence number of the write
+               group (the frames written by one fdatasync) holding this frame
+32       8     epoch of the process that wrote the frame
+40       4     reserved (0)
+44       4     CRC32C of bytes 0..43 and the payload
+=======  ====  ===========================================================
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import crc32c
+
+#: What frames are read from and written from.
+Buffer = bytes | bytearray | memoryview
+
+MAGIC = b"SGWJ"
+VERSION = 1
+HEADER = struct.Struct("<4sHHIIQQQII")
+HEADER_SIZE = HEADER.size
+_CRC_OFFSET = HEADER_SIZE - 4
+_ZERO_HEADER = bytes(HEADER_SIZE)
+
+# A serialized `Frame` is, per operation, the field-1 length-delimited tag
+# (0x0A), a varint length, then the serialized `Operation`. Building that by
+# hand avoids a protobuf object per operation on the append path.
+_OPERATION_TAG = 0x0A
+_SMALL_PREFIXES = [bytes((_OPERATION_TAG, n)) for n in range(0x80)]
+
+assert HEADER_SIZE == 48
+
+
+class FrameError(Exception):
+    """A frame at some offset is not a valid frame; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class FrameHeader:
+    """A decoded frame header."""
+
+    version: int
+    flags: int
+    payload_length: int
+    operation_count: int
+    first_sequence: int
+    group_sequence: int
+    epoch: int
+    crc: int
+
+    @property
+    def end_sequence(self) -> int:
+        """One past the last operation's sequence number."""
+        return self.first_sequence + self.operation_count
+
+    @property
+    def frame_length(self) -> int:
+        """Header plus payload."""
+        return HEADER_SIZE + self.payload_length
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def operation_prefix(length: int) -> bytes:
+    """The bytes that precede a serialized Operation of ``length`` bytes in a Frame."""
+    if length < 0x80:
+        return _SMALL_PREFIXES[length]
+    return bytes((_OPERATION_TAG,)) + _varint(length)
+
+
+# Operation.append is field 10, Append.segment_id 1, .offset 2, .data 3.
+_APPEND_TAG = bytes(((10 << 3) | 2,))
+
+
+def encode_append(segment_id: int, offset: int, data: bytes) -> tuple[bytes, bytes]:
+    """A serialized ``Operation(append=Append(...))`` as (head, data), data not copied.
+
+    Byte for byte what protobuf's SerializeToString gives (a test checks it),
+    without building a message: for large appends the message constructor
+    copies the data and dominates the append path.
+    """
+    inner = bytearray()
+    if segment_id:
+        inner += b"\x08" + _varint(segment_id)
+    if offset:
+        inner += b"\x10" + _varint(offset)
+    if data:
+        inner += b"\x1a" + _varint(len(data))
+    return _APPEND_TAG + _varint(len(inner) + len(data)) + inner, data
+
+
+def encode_header(
+    payload: Sequence[Buffer],
+    payload_length: int,
+    operation_count: int,
+    first_sequence: int,
+    group_sequence: int,
+    epoch: int,
+) -> bytes:
+    """The header for a payload given as consecutive buffers."""
+    prefix = HEADER.pack(
+        MAGIC, VERSION, 0, payload_length, operation_count,
+        first_sequence, group_sequence, epoch, 0, 0,
+    )[:_CRC_OFFSET]  # fmt: skip
+    crc = crc32c.crc32c(prefix)
+    for part in payload:
+        crc = crc32c.crc32c(part, crc)
+    return prefix + crc.to_bytes(4, "little")
+
+
+#: Buffers at least this large are handed to pwritev as they are; runs of
+#: smaller ones are joined first (a copy is cheaper than an iovec and a CRC call).
+COALESCE_BYTES = 64 * 1024
+
+
+def _coalesce(parts: Sequence[bytes]) -> list[bytes]:
+    out: list[bytes] = []
+    run: list[bytes] = []
+    for p in parts:
+        if len(p) >= COALESCE_BYTES:
+            if run:
+                out.append(b"".join(run))
+                run = []
+            out.append(p)
+        else:
+            run.append(p)
+    if run:
+        out.append(b"".join(run))
+    return out
+
+
+def encode_group(
+    parts: Sequence[bytes],
+    ends: Sequence[int],
+    sizes: Sequence[int],
+    first_sequence: int,
+    epoch: int,
+    max_frame_bytes: int,
+) -> tuple[list[bytes], int, int]:
+    """Frame one write group; return (buffers for pwritev, total bytes, frame count).
+
+    Operation ``k`` is ``parts[ends[k-1]:ends[k]]`` (its Frame-field prefix,
+    then its serialized buffers) and is ``sizes[k]`` bytes long. Frames hold
+    whole operations and at most ``max_frame_bytes`` of payload, except that
+    one larger operation gets a frame of its own. Every frame's group
+    sequence number is ``first_sequence``.
+    """
+    buffers: list[bytes] = []
+    i, n, seq, total, frames, part_start = 0, len(sizes), first_sequence, 0, 0, 0
+    while i < n:
+        j, size = i + 1, sizes[i]
+        while j < n and size + sizes[j] <= max_frame_bytes:
+            size += sizes[j]
+            j += 1
+        payload = _coalesce(parts[part_start : ends[j - 1]])
+        buffers.append(encode_header(payload, size, j - i, seq, first_sequence, epoch))
+        buffers.extend(payload)
+        total += HEADER_SIZE + size
+        frames += 1
+        seq += j - i
+        part_start = ends[j - 1]
+        i = j
+    return buffers, total, frames
+
+
+def decode_header(buf: Buffer) -> FrameHeader:
+    """Decode and sanity-check a header (not yet its CRC); raise FrameError."""
+    view = memoryview(buf)
+    if len(view) < HEADER_SIZE:
+        raise FrameError(f"short header ({len(view)} of {HEADER_SIZE} bytes)")
+    raw = view[:HEADER_SIZE]
+    if raw == _ZERO_HEADER:
+        raise FrameError("zero-filled header (end of written data)")
+    magic, version, flags, length, count, first, group, epoch, _reserved, crc = HEADER.unpack(raw)
+    if magic != MAGIC:
+        raise FrameError(f"bad magic {bytes(magic)!r}")
+    if version != VERSION:
+        raise FrameError(f"unsupported frame format version {version}")
+    if count == 0 or first == 0 or group == 0 or group > first:
+        raise FrameError(
+            f"impossible header (operations={count} first_seq={first} group_seq={group})"
+        )
+    return FrameHeader(version, flags, length, count, first, group, epoch, crc)
+
+
+def frame_crc_ok(header_bytes: Buffer, payload: Buffer) -> bool:
+    """Whether the CRC in ``header_bytes`` matches the header and ``payload``."""
+    h = memoryview(header_bytes)
+    stored = int.from_bytes(h[_CRC_OFFSET:HEADER_SIZE], "little")
+    return crc32c.crc32c(payload, crc32c.crc32c(h[:_CRC_OFFSET])) == stored

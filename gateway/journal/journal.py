@@ -1,0 +1,447 @@
+"""The Tier-1 journal: durable, ordered, group-committed operations.
+
+``await journal.append(op)`` returns the operation's sequence number only
+after the frame holding it has been written and fdatasync'd. Concurrent
+appenders share that work: operations collect in an open *group* while the
+previous group is being written and synced; one writer task then writes the
+whole group (split into frames of at most ``max_frame_bytes``) with one
+``pwritev`` and one ``fdatasync`` in a worker thread, and wakes every
+appender of the group at once. An appender costs one list append and one
+park/unpark; the disk sees one sync per group (BookKeeper's journal).
+
+Failure model (DESIGN.md, Tier 1): an error from write or fdatasync is fatal
+-- the page cache state of the file is unknown, so nothing is retried on that
+descriptor; the group and everything queued fail with JournalFailed and later
+appends are refused. Running out of space is *not* fatal: space is allocated
+before anything is written, so the group fails with JournalFull, nothing was
+written, and later appends may succeed once space is freed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import pathlib
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import trio
+
+from gateway import __version__
+from gateway.aio import service_nursery
+from gateway.config import JournalConfig
+from gateway.errors import (
+    JournalClosed,
+    JournalError,
+    JournalFailed,
+    JournalFull,
+    OperationTooLarge,
+)
+from gateway.journal.files import DirectoryLock, JournalFile, JournalFileName, fsync_directory
+from gateway.journal.format import encode_group, operation_prefix
+from gateway.journal.recovery import RecoveryResult, ReplayCallback, recover
+from gateway.protocol.journal_pb2 import Checkpoint, EpochStarted, Operation
+
+log = logging.getLogger(__name__)
+
+
+class _Group:
+    """Operations written together and made durable by one fdatasync."""
+
+    __slots__ = (
+        "count", "created", "done", "ends", "error", "first_sequence", "nbytes", "parts", "sizes",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        #: Per operation: its Frame-field prefix, then its serialized buffers.
+        self.parts: list[bytes] = []
+        #: Per operation: the index in ``parts`` just past it.
+        self.ends: list[int] = []
+        #: Per operation: its payload bytes, prefix included.
+        self.sizes: list[int] = []
+        self.count = 0
+        #: Payload bytes (prefixes + operations).
+        self.nbytes = 0
+        self.done = trio.Event()
+        #: Set by the writer once the group is durable.
+        self.first_sequence = 0
+        self.error: JournalError | None = None
+        #: trio clock time of the first operation (only tracked when lingering).
+        self.created = 0.0
+
+
+@dataclass(frozen=True)
+class JournalStatistics:
+    """A snapshot of the journal's counters (``Journal.statistics()``)."""
+
+    epoch: int
+    next_sequence: int
+    operations: int
+    operation_bytes: int
+    frames: int
+    groups: int
+    sync_seconds: float
+    files: int
+    disk_bytes: int
+    pending_bytes: int
+    queued_groups: int
+    frames_since_checkpoint: int
+    bytes_since_checkpoint: int
+    last_checkpoint: int
+    failed: str | None
+
+
+class Journal:
+    """An open journal. Get one from `open_journal`."""
+
+    def __init__(
+        self,
+        directory: pathlib.Path,
+        config: JournalConfig,
+        recovered: RecoveryResult,
+    ) -> None:
+        self.directory = directory
+        self._cfg = config
+        #: This process's epoch: one more than any epoch in the journal.
+        self.epoch = recovered.max_epoch + 1
+        self._next_sequence = recovered.next_sequence
+        #: Files holding frames, oldest first; the last one is the active file
+        #: once this process has written.
+        self._files: list[JournalFileName] = list(recovered.files)
+        self._file: JournalFile | None = None
+        self._disk_bytes = recovered.data_bytes
+        self._checkpoints: list[int] = list(recovered.checkpoints)
+
+        self._open_group = _Group()
+        self._queue: deque[_Group] = deque()
+        self._pending_bytes = 0
+        self._space = trio.Event()
+        self._admission = trio.Lock()
+        self._wake = trio.Event()
+        self._group_closed = trio.Event()
+        self._writer_idle = False
+        self._closing = False
+        self._error: JournalError | None = None
+        # One thread at a time touches the files: the writer's groups and
+        # truncation are serialized by this limiter.
+        self._limiter = trio.CapacityLimiter(1)
+
+        self._operations = 0
+        self._operation_bytes = 0
+        self._frames = 0
+        self._groups = 0
+        self._sync_seconds = 0.0
+        self._frames_since_checkpoint = 0
+        self._bytes_since_checkpoint = 0
+
+    # -- appending -----------------------------------------------------------
+
+    @property
+    def next_sequence(self) -> int:
+        """The sequence number the next durable operation will get."""
+        return self._next_sequence
+
+    async def append(self, op: Operation) -> int:
+        """Make ``op`` durable; return its sequence number.
+
+        Returns only after the frame holding ``op`` is fdatasync'd. If the
+        caller is cancelled while waiting, the operation may still become
+        durable. Raises JournalFailed, JournalFull, JournalClosed or
+        OperationTooLarge.
+        """
+        return await self.append_parts((op.SerializeToString(),))
+
+    async def append_parts(self, parts: Sequence[bytes]) -> int:
+        """`append` for an Operation already serialized into consecutive buffers.
+
+        The buffers are written as they are, never copied (see
+        ``format.encode_append``); the caller must not change them until
+        this returns.
+        """
+        size = sum(map(len, parts))
+        if self._error is not None:
+            raise self._error
+        if self._closing:
+            raise JournalClosed()
+        if size > self._cfg.max_operation_bytes:
+            raise OperationTooLarge(size, self._cfg.max_operation_bytes)
+        prefix = operation_prefix(size)
+        nbytes = len(prefix) + size
+        # Backpressure: never queue more than max_pending_bytes of unsynced
+        # data. Waiters line up on a FIFO lock so none starves; while anyone
+        # waits, newcomers queue behind them.
+        limit = self._cfg.max_pending_bytes
+        if self._admission.locked() or (
+            self._pending_bytes and self._pending_bytes + nbytes > limit
+        ):
+            async with self._admission:
+                while self._pending_bytes and self._pending_bytes + nbytes > limit:
+                    await self._space.wait()
+                    if self._error is not None:
+                        raise self._error
+                    if self._closing:
+                        raise JournalClosed()
+        group = self._open_group
+        if group.count and group.nbytes + nbytes > self._cfg.max_group_bytes:
+            self._close_open_group()
+            group = self._open_group
+        if group.count == 0 and self._cfg.group_commit_wait:
+            group.created = trio.current_time()
+        index = group.count
+        group.parts.append(prefix)
+        group.parts.extend(parts)
+        group.ends.append(len(group.parts))
+        group.sizes.append(nbytes)
+        group.count += 1
+        group.nbytes += nbytes
+        self._pending_bytes += nbytes
+        if self._writer_idle:
+            self._writer_idle = False
+            self._wake.set()
+        await group.done.wait()
+        if group.error is not None:
+            raise group.error
+        return group.first_sequence + index
+
+    def _close_open_group(self) -> None:
+        self._queue.append(self._open_group)
+        self._open_group = _Group()
+        self._group_closed.set()
+
+    # -- checkpoints and truncation -------------------------------------------
+
+    async def checkpoint(self, snapshot: bytes) -> int:
+        """Journal a checkpoint holding ``snapshot``; return its sequence number.
+
+        Recovery that finds this checkpoint can start from it; `truncate` can
+        then delete the files before it.
+        """
+        seq = await self.append(Operation(checkpoint=Checkpoint(snapshot=snapshot)))
+        bisect.insort(self._checkpoints, seq)
+        self._frames_since_checkpoint = 0
+        self._bytes_since_checkpoint = 0
+        return seq
+
+    def checkpoint_due(self) -> bool:
+        """Whether enough frames or bytes went by since the last checkpoint."""
+        return (
+            self._frames_since_checkpoint >= self._cfg.checkpoint_every_frames
+            or self._bytes_since_checkpoint >= self._cfg.checkpoint_every_bytes
+        )
+
+    async def truncate(self, checkpoint_sequence: int) -> int:
+        """Delete the files that lie entirely before a checkpoint; return how many.
+
+        ``checkpoint_sequence`` must be the sequence number of a durable
+        checkpoint. The file holding it and all later files stay, as does the
+        active file, so recovery always finds that checkpoint.
+        """
+        if checkpoint_sequence not in self._checkpoints:
+            raise ValueError(f"no checkpoint at sequence {checkpoint_sequence}")
+        return await trio.to_thread.run_sync(
+            self._delete_files_before, checkpoint_sequence, limiter=self._limiter
+        )
+
+    def _delete_files_before(self, checkpoint_sequence: int) -> int:
+        doomed = []
+        # A file may go when the next one starts at or before the checkpoint:
+        # then every operation in it precedes the checkpoint.
+        while len(self._files) >= 2 and self._files[1].first_sequence <= checkpoint_sequence:
+            doomed.append(self._files.pop(0))
+        for f in doomed:
+            self._disk_bytes -= f.path.stat().st_size
+            f.path.unlink()
+            log.info("journal: truncated %s", f.path.name)
+        if doomed:
+            fsync_directory(self.directory)
+            first = self._files[0].first_sequence
+            self._checkpoints = [c for c in self._checkpoints if c >= first]
+        return len(doomed)
+
+    # -- the writer ------------------------------------------------------------
+
+    async def _run_writer(self) -> None:
+        try:
+            while True:
+                group = await self._take_group()
+                if group is None:
+                    return
+                await self._commit(group)
+                if self._error is not None:
+                    return
+        finally:
+            self._closing = True
+            self._fail_waiting(self._error or JournalClosed())
+
+    async def _take_group(self) -> _Group | None:
+        if not self._queue:
+            while self._open_group.count == 0:
+                if self._closing:
+                    return None
+                self._wake = trio.Event()
+                self._writer_idle = True
+                await self._wake.wait()
+            # Appenders made runnable together with us (say, by the previous
+            # group's ack) get to join this group before it is cut.
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            wait = self._cfg.group_commit_wait
+            if wait and not self._queue:
+                self._group_closed = trio.Event()
+                with trio.move_on_at(self._open_group.created + wait):
+                    await self._group_closed.wait()
+            if not self._queue:
+                self._close_open_group()
+        return self._queue.popleft()
+
+    async def _commit(self, group: _Group) -> None:
+        first = self._next_sequence
+        try:
+            await trio.to_thread.run_sync(self._write_group, group, first, limiter=self._limiter)
+        except JournalFull as e:
+            log.error("journal: %s", e)
+            group.error = e
+        except OSError as e:
+            self._error = JournalFailed(
+                f"{e.strerror or e} writing {self._file.path if self._file else self.directory}"
+            )
+            log.critical("journal: %s", self._error)
+            group.error = self._error
+        else:
+            group.first_sequence = first
+            self._next_sequence = first + group.count
+            self._operations += group.count
+            self._operation_bytes += group.nbytes
+        finally:
+            self._pending_bytes -= group.nbytes
+            self._space.set()
+            self._space = trio.Event()
+            group.done.set()
+
+    def _write_group(self, group: _Group, first: int) -> None:
+        """Frame, write and fdatasync one group (worker thread)."""
+        buffers, total, frames = encode_group(
+            group.parts, group.ends, group.sizes, first, self.epoch, self._cfg.max_frame_bytes
+        )
+        f = self._file
+        if f is None or (f.size and f.size + total > self._cfg.file_size):
+            if f is not None:
+                f.seal()
+                self._file = None
+            # A group never spans files: recovery relies on it.
+            f = JournalFile.create(self.directory, first, self._cfg.preallocate_step, total)
+            self._file = f
+            self._files.append(JournalFileName(first, f.path))
+        f.ensure_space(total)
+        f.write(buffers)
+        started = time.perf_counter()
+        f.sync()
+        self._sync_seconds += time.perf_counter() - started
+        self._disk_bytes += total
+        self._frames += frames
+        self._groups += 1
+        self._frames_since_checkpoint += frames
+        self._bytes_since_checkpoint += total
+
+    def _fail_waiting(self, error: JournalError) -> None:
+        groups = [*self._queue, self._open_group]
+        self._queue.clear()
+        self._open_group = _Group()
+        for g in groups:
+            if g.count and not g.done.is_set():
+                g.error = error
+                self._pending_bytes -= g.nbytes
+                g.done.set()
+        self._space.set()
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def _start_epoch(self) -> None:
+        await self.append(
+            Operation(
+                epoch_started=EpochStarted(
+                    epoch=self.epoch,
+                    started_at_ms=int(time.time() * 1000),
+                    software_version=__version__,
+                )
+            )
+        )
+        log.info(
+            "journal: opened %s, epoch %d, next sequence %d",
+            self.directory,
+            self.epoch,
+            self._next_sequence,
+        )
+
+    def _begin_close(self) -> None:
+        self._closing = True
+        if self._writer_idle:
+            self._writer_idle = False
+            self._wake.set()
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            self._file.seal()
+            self._file = None
+
+    @property
+    def failed(self) -> JournalError | None:
+        """The fatal error that stopped the journal, if any."""
+        return self._error
+
+    def statistics(self) -> JournalStatistics:
+        """Counters for metrics, tests and ``journal-dump``."""
+        return JournalStatistics(
+            epoch=self.epoch,
+            next_sequence=self._next_sequence,
+            operations=self._operations,
+            operation_bytes=self._operation_bytes,
+            frames=self._frames,
+            groups=self._groups,
+            sync_seconds=self._sync_seconds,
+            files=len(self._files),
+            disk_bytes=self._disk_bytes,
+            pending_bytes=self._pending_bytes,
+            queued_groups=len(self._queue) + (1 if self._open_group.count else 0),
+            frames_since_checkpoint=self._frames_since_checkpoint,
+            bytes_since_checkpoint=self._bytes_since_checkpoint,
+            last_checkpoint=self._checkpoints[-1] if self._checkpoints else 0,
+            failed=str(self._error) if self._error else None,
+        )
+
+
+@asynccontextmanager
+async def open_journal(
+    directory: str | pathlib.Path,
+    config: JournalConfig,
+    replay: ReplayCallback | None = None,
+) -> AsyncIterator[Journal]:
+    """Lock, recover and open the journal in ``directory`` for appending.
+
+    ``replay(seq, op)`` is called for every operation already in the journal,
+    in order, before this returns -- from a worker thread, since recovery
+    reads files. A torn tail is cut off; corruption raises JournalCorrupt and
+    leaves the files untouched. The new epoch is journaled before the journal
+    is handed out. On exit, queued appends are written, then the files are
+    closed and the lock released.
+    """
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    lock = DirectoryLock(directory)
+    journal: Journal | None = None
+    try:
+        recovered = await trio.to_thread.run_sync(recover, directory, replay, True)
+        journal = Journal(directory, config, recovered)
+        async with service_nursery() as nursery:
+            nursery.start_soon(journal._run_writer)
+            try:
+                await journal._start_epoch()
+                yield journal
+            finally:
+                journal._begin_close()
+    finally:
+        if journal is not None:
+            journal._close_file()
+        lock.release()

@@ -1,0 +1,307 @@
+"""Reading the journal back: frame iteration, torn-tail detection, replay.
+
+The rules (docs/FORMATS.md, "Recovery"):
+
+* Frames are read in order from the oldest file. Sequence numbers must run
+  on without a gap, within and across files, and epochs must not go down.
+* Where a file stops holding valid frames, either the file simply ends
+  (end of file, or zeros: the preallocated space) or there is a bad frame.
+* A bad frame is a *torn write* if nothing valid that was written later
+  exists: no later file holds a frame, and the only valid frames after it in
+  its file belong to the same write group (one fdatasync) as the bad frame
+  itself. Such a group was never acknowledged; it is cut off.
+* Anything else is *corruption*: a frame that was acknowledged is unreadable.
+  The journal refuses to open, naming the file and offset.
+
+Why the group rule is exact: a group is written with one pwritev and acked
+after one fdatasync, and the next group is written only after that, so a
+crash can tear only the last group, in any order of its pages. The bad
+frame's group is either that of the frame before it, or (if it begins a new
+group) the group numbered by its own first sequence number, which is one
+past the frame before it. A group never spans files.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import pathlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from gateway.errors import JournalCorrupt
+from gateway.journal.files import JournalFileName, fsync_directory, list_files
+from gateway.journal.format import (
+    HEADER_SIZE,
+    MAGIC,
+    FrameError,
+    FrameHeader,
+    decode_header,
+    frame_crc_ok,
+)
+from gateway.protocol.journal_pb2 import Frame, Operation
+
+log = logging.getLogger(__name__)
+
+ZERO_END = "zero-filled header (end of written data)"
+
+#: Called once per recovered operation, in sequence order, with its sequence number.
+ReplayCallback = Callable[[int, Operation], None]
+
+
+@dataclass(frozen=True, slots=True)
+class FrameRecord:
+    """A valid frame read from a file."""
+
+    path: pathlib.Path
+    offset: int
+    header: FrameHeader
+    payload: bytes
+
+    @property
+    def end_offset(self) -> int:
+        """File offset just past this frame."""
+        return self.offset + self.header.frame_length
+
+    def operations(self) -> list[Operation]:
+        """Decode the payload; raise JournalCorrupt if it disagrees with the header."""
+        try:
+            frame = Frame.FromString(self.payload)
+        except Exception as e:  # protobuf raises DecodeError; be broad, it is corruption
+            raise JournalCorrupt(
+                str(self.path), self.offset, f"payload does not decode: {e}"
+            ) from e
+        if len(frame.operations) != self.header.operation_count:
+            raise JournalCorrupt(
+                str(self.path),
+                self.offset,
+                f"header says {self.header.operation_count} operations, "
+                f"payload holds {len(frame.operations)}",
+            )
+        return list(frame.operations)
+
+
+@dataclass(frozen=True, slots=True)
+class FileEnd:
+    """Where a file stops holding valid frames, and why."""
+
+    path: pathlib.Path
+    offset: int
+    #: None: the file ends exactly here. ZERO_END: zeros (preallocated space).
+    #: Anything else: a bad frame, described.
+    reason: str | None
+
+    @property
+    def is_clean(self) -> bool:
+        """End of file or zeros: nothing was being written here."""
+        return self.reason is None or self.reason == ZERO_END
+
+
+@contextmanager
+def mapped(path: pathlib.Path) -> Iterator[bytes | mmap.mmap]:
+    """The file's bytes, memory-mapped (empty files give b"")."""
+    with path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            yield b""
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            yield m
+
+
+def _frame_at(data: bytes | mmap.mmap, offset: int, path: pathlib.Path) -> FrameRecord:
+    """The valid frame at ``offset``; raise FrameError saying why there is none."""
+    header = decode_header(data[offset : offset + HEADER_SIZE])
+    end = offset + header.frame_length
+    if end > len(data):
+        raise FrameError(
+            f"frame of {header.frame_length} bytes runs past the end of the file "
+            f"({len(data) - offset} bytes left)"
+        )
+    payload = data[offset + HEADER_SIZE : end]
+    if not frame_crc_ok(data[offset : offset + HEADER_SIZE], payload):
+        raise FrameError("CRC32C mismatch")
+    return FrameRecord(path, offset, header, payload)
+
+
+def read_frames(data: bytes | mmap.mmap, path: pathlib.Path) -> Iterator[FrameRecord | FileEnd]:
+    """Yield the valid frames from the start of ``data``, then one FileEnd."""
+    offset = 0
+    while offset < len(data):
+        try:
+            record = _frame_at(data, offset, path)
+        except FrameError as e:
+            yield FileEnd(path, offset, str(e))
+            return
+        yield record
+        offset = record.end_offset
+    yield FileEnd(path, offset, None)
+
+
+def valid_frames_after(
+    data: bytes | mmap.mmap, start: int, path: pathlib.Path
+) -> Iterator[FrameRecord]:
+    """Every valid frame whose header begins at or after ``start`` (found by magic)."""
+    pos = data.find(MAGIC, start)
+    while pos >= 0:
+        try:
+            record = _frame_at(data, pos, path)
+        except FrameError:
+            pos = data.find(MAGIC, pos + 1)
+            continue
+        yield record
+        pos = data.find(MAGIC, record.end_offset)
+
+
+@dataclass
+class RecoveryResult:
+    """What recovery found (and, when repairing, left behind)."""
+
+    #: Files that hold frames, oldest first, after any repair.
+    files: list[JournalFileName] = field(default_factory=list)
+    #: The sequence number the next operation gets.
+    next_sequence: int = 1
+    #: Highest epoch in any frame (0 for an empty journal).
+    max_epoch: int = 0
+    frames: int = 0
+    operations: int = 0
+    #: Sequence numbers of the checkpoint operations found.
+    checkpoints: list[int] = field(default_factory=list)
+    #: The torn write that was (or, without repair, would be) cut off.
+    torn: FileEnd | None = None
+    #: Files without frames that were (or would be) deleted.
+    empty_files: list[pathlib.Path] = field(default_factory=list)
+    #: Bytes of data in the files that hold frames.
+    data_bytes: int = 0
+
+
+def recover(
+    directory: pathlib.Path, replay: ReplayCallback | None = None, repair: bool = False
+) -> RecoveryResult:
+    """Read the whole journal in ``directory``, calling ``replay`` for each operation.
+
+    With ``repair`` (the writer's open, under the directory lock) a torn tail
+    is cut off and files without frames are deleted, durably. Without it the
+    journal is only read. Raises JournalCorrupt on corruption, before any
+    change is made.
+    """
+    result = RecoveryResult()
+    files = list_files(directory)
+    expected: int | None = None  # the next sequence number we must see
+    last: FrameHeader | None = None  # the last valid frame, if in the current file
+    cut: FileEnd | None = None  # a bad frame that ended the journal
+    data_ends: dict[pathlib.Path, int] = {}
+
+    for jf in files:
+        with mapped(jf.path) as data:
+            if cut is not None:
+                # Past a torn write nothing valid may exist.
+                later = next(valid_frames_after(data, 0, jf.path), None)
+                if later is not None:
+                    raise JournalCorrupt(
+                        str(cut.path),
+                        cut.offset,
+                        f"{cut.reason}, but {later.path.name} at offset {later.offset} "
+                        f"holds a valid frame (sequence {later.header.first_sequence}) "
+                        "written after it",
+                    )
+                result.empty_files.append(jf.path)
+                continue
+            last = None
+            has_frames = False
+            for item in read_frames(data, jf.path):
+                if isinstance(item, FrameRecord):
+                    h = item.header
+                    want = expected if expected is not None else jf.first_sequence
+                    if h.first_sequence != want:
+                        raise JournalCorrupt(
+                            str(jf.path),
+                            item.offset,
+                            f"sequence gap: expected a frame starting at {want}, "
+                            f"found {h.first_sequence}",
+                        )
+                    if h.epoch < result.max_epoch:
+                        raise JournalCorrupt(
+                            str(jf.path),
+                            item.offset,
+                            f"epoch went down from {result.max_epoch} to {h.epoch}",
+                        )
+                    seq = h.first_sequence
+                    for op in item.operations():
+                        if op.WhichOneof("kind") == "checkpoint":
+                            result.checkpoints.append(seq)
+                        if replay is not None:
+                            replay(seq, op)
+                        seq += 1
+                    result.frames += 1
+                    result.operations += h.operation_count
+                    result.max_epoch = h.epoch
+                    expected = h.end_sequence
+                    last = h
+                    has_frames = True
+                    continue
+                # FileEnd: decide between clean end, torn write and corruption.
+                data_ends[jf.path] = item.offset
+                later_frames = list(valid_frames_after(data, item.offset + 1, jf.path))
+                if later_frames:
+                    allowed = (
+                        {last.group_sequence, last.end_sequence}
+                        if last is not None
+                        else {jf.first_sequence}
+                    )
+                    foreign = [r for r in later_frames if r.header.group_sequence not in allowed]
+                    if foreign:
+                        r = foreign[0]
+                        raise JournalCorrupt(
+                            str(jf.path),
+                            item.offset,
+                            f"{item.reason or 'unexpected end'}, but a valid frame of a later "
+                            f"write group (sequence {r.header.first_sequence}) follows at "
+                            f"offset {r.offset}",
+                        )
+                    cut = FileEnd(jf.path, item.offset, item.reason or "short frame")
+                elif not item.is_clean:
+                    cut = item
+            if has_frames:
+                result.files.append(jf)
+                result.data_bytes += data_ends[jf.path]
+            else:
+                result.empty_files.append(jf.path)
+
+    if cut is not None:
+        result.torn = cut
+    result.next_sequence = (
+        expected if expected is not None else (files[0].first_sequence if files else 1)
+    )
+    if repair:
+        _repair(directory, result, data_ends)
+    return result
+
+
+def _repair(
+    directory: pathlib.Path, result: RecoveryResult, data_ends: dict[pathlib.Path, int]
+) -> None:
+    """Cut the torn tail, drop preallocated space of the last file, delete empty files."""
+    if result.torn is not None:
+        log.warning(
+            "journal: cutting off a torn write at %s offset %d (%s); it was never acknowledged",
+            result.torn.path,
+            result.torn.offset,
+            result.torn.reason,
+        )
+    if result.files:
+        last = result.files[-1].path
+        end = data_ends[last]
+        if os.stat(last).st_size != end:
+            # Durable before any new frame is written: otherwise a crash could
+            # leave the garbage followed by newer frames, which reads as corruption.
+            with last.open("r+b") as f:
+                os.ftruncate(f.fileno(), end)
+                os.fsync(f.fileno())
+    for path in result.empty_files:
+        log.info("journal: removing %s (holds no frames)", path.name)
+        path.unlink()
+    if result.empty_files:
+        fsync_directory(directory)
