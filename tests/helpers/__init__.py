@@ -1,0 +1,1 @@
+"""Programs and helpers the tests run."""

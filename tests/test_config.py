@@ -1,0 +1,169 @@
+"""Configuration parsing: defaults, units, and errors that name the key."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from gateway.config import Config, all_keys, parse_duration, parse_host_port, parse_size
+from gateway.errors import ConfigError
+
+from .conftest import ROOT
+
+
+def test_empty_file_gives_defaults(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text("")
+    c = Config.load(path)
+    assert c == Config()
+    assert c.node.id == "node-1"
+    assert c.server.listen == "127.0.0.1:9410"
+    assert c.journal.max_frame_bytes == 1024 * 1024
+    assert c.journal_dir == pathlib.Path("/var/lib/segment-gateway/journal")
+
+
+def test_full_file_with_units(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text(
+        """
+[node]
+id = "node-7"
+data_dir = "/data/sg"
+[server]
+listen = "[::1]:9500"
+[fuse]
+mountpoint = ""
+[tier2]
+url = "s3://my-bucket/some/prefix"
+endpoint_url = "http://127.0.0.1:8333"
+[metrics]
+listen = "127.0.0.1:9501"
+[logging]
+level = "debug"
+[journal]
+file_size = "128 MiB"
+preallocate_step = "16MiB"
+max_frame_bytes = 524288
+max_group_bytes = "4MiB"
+group_commit_wait = "2ms"
+checkpoint_every_frames = 100
+"""
+    )
+    c = Config.load(path)
+    assert c.node.id == "node-7"
+    assert c.journal_dir == pathlib.Path("/data/sg/journal")
+    assert c.journal.file_size == 128 * 1024 * 1024
+    assert c.journal.max_frame_bytes == 512 * 1024
+    assert c.journal.group_commit_wait == pytest.approx(0.002)
+    assert c.fuse.mountpoint == ""
+    assert c.tier2.url == "s3://my-bucket/some/prefix"
+
+
+@pytest.mark.parametrize(
+    ("toml", "expected"),
+    [
+        ("[node]\nid = 'a b'\n", "node.id: must be 1-64 characters"),
+        ("[node]\nnope = 1\n", "node.nope: unknown key"),
+        ("[nope]\nx = 1\n", "nope: unknown section"),
+        ("node = 3\n", "node: must be a table"),
+        ("[server]\nlisten = 'localhost'\n", "server.listen: expected HOST:PORT"),
+        ("[server]\nlisten = '1.2.3.4:99999'\n", "server.listen: port 99999 is out of range"),
+        ("[server]\nlisten = 9410\n", "server.listen: expected a string"),
+        ("[tier2]\nurl = 's3://ab'\n", "tier2.url: bucket 'ab' is not a valid S3 bucket name"),
+        ("[tier2]\nurl = 'http://x'\n", "tier2.url: must be 'embedded'"),
+        ("[tier2]\nendpoint_url = 'ftp://x'\n", "tier2.endpoint_url: must be an http(s):// URL"),
+        ("[fuse]\nmountpoint = 'mnt'\n", "fuse.mountpoint: must be an absolute path"),
+        ("[logging]\nlevel = 'loud'\n", "logging.level: must be one of debug, info"),
+        ("[journal]\nfile_size = '12 parsecs'\n", "journal.file_size: cannot read '12 parsecs'"),
+        ("[journal]\nfile_size = -5\n", "journal.file_size: size must not be negative"),
+        ("[journal]\nfile_size = true\n", "journal.file_size: expected a size"),
+        ("[journal]\nfile_size = '1 KiB'\n", "journal.file_size: must be between"),
+        ("[journal]\ngroup_commit_wait = '5s'\n", "journal.group_commit_wait: must be between"),
+        ("[journal]\ncheckpoint_every_frames = 0\n", "journal.checkpoint_every_frames: must be"),
+        (
+            "[journal]\nmax_frame_bytes = '16MiB'\n",
+            "journal.max_frame_bytes: 16777216 exceeds journal.max_group_bytes",
+        ),
+        (
+            "[journal]\nmax_operation_bytes = '512MiB'\n",
+            "journal.max_operation_bytes: 536870912 exceeds journal.file_size",
+        ),
+        (
+            "[server]\nlisten = '127.0.0.1:1'\n[metrics]\nlisten = '127.0.0.1:1'\n",
+            "metrics.listen: same address as server.listen",
+        ),
+        ("[node\n", "file: not valid TOML"),
+    ],
+)
+def test_bad_values_name_the_key(tmp_path: pathlib.Path, toml: str, expected: str) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError) as info:
+        Config.load(path)
+    assert any(expected in e for e in info.value.errors), info.value.errors
+    assert str(path) in str(info.value)
+
+
+def test_all_errors_are_reported_together(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text("[node]\nid = ''\nextra = 1\n[journal]\nfile_size = 'x'\n")
+    with pytest.raises(ConfigError) as info:
+        Config.load(path)
+    assert len(info.value.errors) == 3
+
+
+def test_missing_file(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        Config.load(tmp_path / "absent.toml")
+
+
+def test_units() -> None:
+    assert parse_size("64 MiB") == 64 * 1024 * 1024
+    assert parse_size("1GB") == 10**9
+    assert parse_size("512kib") == 512 * 1024
+    assert parse_size(4096) == 4096
+    assert parse_duration("2ms") == pytest.approx(0.002)
+    assert parse_duration("5min") == 300
+    assert parse_duration(1.5) == 1.5
+    assert parse_host_port("[::1]:80") == ("::1", 80)
+    assert parse_host_port("host.example:0") == ("host.example", 0)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+
+
+def test_check_config_cli(tmp_path: pathlib.Path) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text("[node]\nid = 'n1'\n")
+    r = run_cli("check-config", str(good))
+    assert r.returncode == 0, r.stderr
+    assert "ok" in r.stdout
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[node]\nid = 'n 1'\n[journal]\nmax_frame_bytes = 'lots'\n")
+    r = run_cli("check-config", str(bad))
+    assert r.returncode == 2
+    assert "node.id:" in r.stderr
+    assert "journal.max_frame_bytes:" in r.stderr
+    assert "Traceback" not in r.stderr
+
+    r = run_cli("--config", str(good), "check-config")
+    assert r.returncode == 0
+
+
+def test_config_md_lists_every_key() -> None:
+    text = (ROOT / "docs" / "CONFIG.md").read_text()
+    missing = [k for k in all_keys() if f"`{k.split('.', 1)[1]}`" not in text]
+    assert not missing, f"docs/CONFIG.md does not document: {missing}"
+    for section in {k.split(".")[0] for k in all_keys()}:
+        assert f"[{section}]" in text
