@@ -76,7 +76,8 @@ class FrameHeader:
         return HEADER_SIZE + self.payload_length
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """Protobuf base-128 varint of a non-negative integer."""
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -89,28 +90,44 @@ def operation_prefix(length: int) -> bytes:
     """The bytes that precede a serialized Operation of ``length`` bytes in a Frame."""
     if length < 0x80:
         return _SMALL_PREFIXES[length]
-    return bytes((_OPERATION_TAG,)) + _varint(length)
+    return bytes((_OPERATION_TAG,)) + varint(length)
 
 
-# Operation.append is field 10, Append.segment_id 1, .offset 2, .data 3.
+# Operation.append is field 10; Append.segment_id 1, .offset 2, .attributes 3,
+# .at_ms 4, .data 15 (see journal.proto).
 _APPEND_TAG = bytes(((10 << 3) | 2,))
 
 
-def encode_append(segment_id: int, offset: int, data: bytes) -> tuple[bytes, bytes]:
+def encode_trailing_bytes(head: bytes, field_number: int, data: bytes) -> bytes:
+    """The bytes that, followed by ``data``, serialize a message whose other
+    fields serialize to ``head`` and whose bytes field ``field_number`` (the
+    highest-numbered field) holds ``data``."""
+    if not data:
+        return head
+    return head + varint((field_number << 3) | 2) + varint(len(data))
+
+
+def encode_append(
+    segment_id: int, offset: int, data: bytes, attributes: bytes = b"", at_ms: int = 0
+) -> tuple[bytes, bytes]:
     """A serialized ``Operation(append=Append(...))`` as (head, data), data not copied.
 
-    Byte for byte what protobuf's SerializeToString gives (a test checks it),
-    without building a message: for large appends the message constructor
-    copies the data and dominates the append path.
+    ``attributes`` is the serialized ``repeated AttributeValue`` field (field
+    3, already tagged), if any. Byte for byte what protobuf's
+    SerializeToString gives (a test checks it), without building a message:
+    for large appends the message constructor copies the data and dominates
+    the append path.
     """
     inner = bytearray()
     if segment_id:
-        inner += b"\x08" + _varint(segment_id)
+        inner += b"\x08" + varint(segment_id)
     if offset:
-        inner += b"\x10" + _varint(offset)
-    if data:
-        inner += b"\x1a" + _varint(len(data))
-    return _APPEND_TAG + _varint(len(inner) + len(data)) + inner, data
+        inner += b"\x10" + varint(offset)
+    inner += attributes
+    if at_ms > 0:
+        inner += b"\x20" + varint(at_ms)
+    head = encode_trailing_bytes(bytes(inner), 15, data)
+    return _APPEND_TAG + varint(len(head) + len(data)) + head, data
 
 
 def encode_header(

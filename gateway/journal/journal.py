@@ -24,7 +24,7 @@ import logging
 import pathlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -73,6 +73,35 @@ class _Group:
         self.created = 0.0
 
 
+class Ticket:
+    """A submitted operation (`Journal.submit`)."""
+
+    __slots__ = ("_group", "_index")
+
+    def __init__(self, group: _Group, index: int) -> None:
+        self._group = group
+        self._index = index
+
+    @property
+    def done(self) -> bool:
+        """Whether the operation is durable or failed."""
+        return self._group.done.is_set()
+
+    def result(self) -> int:
+        """The sequence number of a durable operation; raise if it failed.
+
+        Only valid once `done`.
+        """
+        if self._group.error is not None:
+            raise self._group.error
+        return self._group.first_sequence + self._index
+
+    async def wait(self) -> int:
+        """Wait until the operation is durable; return its sequence number."""
+        await self._group.done.wait()
+        return self.result()
+
+
 @dataclass(frozen=True)
 class JournalStatistics:
     """A snapshot of the journal's counters (``Journal.statistics()``)."""
@@ -114,6 +143,7 @@ class Journal:
         self._file: JournalFile | None = None
         self._disk_bytes = recovered.data_bytes
         self._checkpoints: list[int] = list(recovered.checkpoints)
+        self._pending_checkpoints: list[Ticket] = []
 
         self._open_group = _Group()
         self._queue: deque[_Group] = deque()
@@ -125,6 +155,9 @@ class Journal:
         self._writer_idle = False
         self._closing = False
         self._error: JournalError | None = None
+        #: How many times a group was refused without failing the journal
+        #: (disk full). Each refusal also refused everything queued then.
+        self.refusals = 0
         # One thread at a time touches the files: the writer's groups and
         # truncation are serialized by this limiter.
         self._limiter = trio.CapacityLimiter(1)
@@ -161,6 +194,43 @@ class Journal:
         ``format.encode_append``); the caller must not change them until
         this returns.
         """
+        await self.wait_for_space(sum(map(len, parts)))
+        return await self.submit(parts).wait()
+
+    def has_space(self, nbytes: int) -> bool:
+        """Whether an operation of ``nbytes`` would be queued without waiting."""
+        return not self._admission.locked() and (
+            not self._pending_bytes
+            or self._pending_bytes + nbytes + 10 <= self._cfg.max_pending_bytes
+        )
+
+    async def wait_for_space(self, nbytes: int) -> None:
+        """Wait until an operation of ``nbytes`` fits under ``max_pending_bytes``.
+
+        Waiters are served in FIFO order, and while anyone waits newcomers
+        queue behind them, so no appender starves. Callers that must keep
+        operations in order call `submit` right after this returns, with no
+        checkpoint in between.
+        """
+        if self.has_space(nbytes):
+            return
+        async with self._admission:
+            limit = self._cfg.max_pending_bytes
+            while self._pending_bytes and self._pending_bytes + nbytes + 10 > limit:
+                await self._space.wait()
+                if self._error is not None:
+                    raise self._error
+                if self._closing:
+                    raise JournalClosed()
+
+    def submit(self, parts: Sequence[bytes]) -> Ticket:
+        """Queue an operation without waiting; `Ticket.wait` gives its sequence number.
+
+        Operations are made durable in the order they are submitted. This
+        never blocks, so it does not apply backpressure: call
+        `wait_for_space` first. Raises JournalFailed, JournalClosed or
+        OperationTooLarge at once.
+        """
         size = sum(map(len, parts))
         if self._error is not None:
             raise self._error
@@ -170,20 +240,6 @@ class Journal:
             raise OperationTooLarge(size, self._cfg.max_operation_bytes)
         prefix = operation_prefix(size)
         nbytes = len(prefix) + size
-        # Backpressure: never queue more than max_pending_bytes of unsynced
-        # data. Waiters line up on a FIFO lock so none starves; while anyone
-        # waits, newcomers queue behind them.
-        limit = self._cfg.max_pending_bytes
-        if self._admission.locked() or (
-            self._pending_bytes and self._pending_bytes + nbytes > limit
-        ):
-            async with self._admission:
-                while self._pending_bytes and self._pending_bytes + nbytes > limit:
-                    await self._space.wait()
-                    if self._error is not None:
-                        raise self._error
-                    if self._closing:
-                        raise JournalClosed()
         group = self._open_group
         if group.count and group.nbytes + nbytes > self._cfg.max_group_bytes:
             self._close_open_group()
@@ -201,15 +257,21 @@ class Journal:
         if self._writer_idle:
             self._writer_idle = False
             self._wake.set()
-        await group.done.wait()
-        if group.error is not None:
-            raise group.error
-        return group.first_sequence + index
+        return Ticket(group, index)
 
     def _close_open_group(self) -> None:
         self._queue.append(self._open_group)
         self._open_group = _Group()
         self._group_closed.set()
+
+    def file_of(self, sequence: int) -> int:
+        """First sequence number of the file that holds operation ``sequence``."""
+        if self._files and sequence >= self._files[-1].first_sequence:
+            return self._files[-1].first_sequence  # the common case: the active file
+        i = bisect.bisect_right(self._files, sequence, key=lambda f: f.first_sequence)
+        if i == 0:
+            raise ValueError(f"sequence {sequence} precedes the journal")
+        return self._files[i - 1].first_sequence
 
     # -- checkpoints and truncation -------------------------------------------
 
@@ -219,11 +281,20 @@ class Journal:
         Recovery that finds this checkpoint can start from it; `truncate` can
         then delete the files before it.
         """
-        seq = await self.append(Operation(checkpoint=Checkpoint(snapshot=snapshot)))
-        bisect.insort(self._checkpoints, seq)
-        self._frames_since_checkpoint = 0
-        self._bytes_since_checkpoint = 0
-        return seq
+        await self.wait_for_space(len(snapshot) + 16)
+        return await self.submit_checkpoint(snapshot).wait()
+
+    def submit_checkpoint(self, snapshot: bytes) -> Ticket:
+        """`checkpoint` without waiting: queue it now, in order with `submit`."""
+        ticket = self.submit(
+            (Operation(checkpoint=Checkpoint(snapshot=snapshot)).SerializeToString(),)
+        )
+        self._pending_checkpoints.append(ticket)
+        return ticket
+
+    def oldest_file(self) -> int:
+        """First sequence number of the oldest journal file (0 if none)."""
+        return self._files[0].first_sequence if self._files else 0
 
     def checkpoint_due(self) -> bool:
         """Whether enough frames or bytes went by since the last checkpoint."""
@@ -232,24 +303,27 @@ class Journal:
             or self._bytes_since_checkpoint >= self._cfg.checkpoint_every_bytes
         )
 
-    async def truncate(self, checkpoint_sequence: int) -> int:
+    async def truncate(self, checkpoint_sequence: int, keep_from: int | None = None) -> int:
         """Delete the files that lie entirely before a checkpoint; return how many.
 
         ``checkpoint_sequence`` must be the sequence number of a durable
         checkpoint. The file holding it and all later files stay, as does the
-        active file, so recovery always finds that checkpoint.
+        active file, so recovery always finds that checkpoint. With
+        ``keep_from``, the file holding that sequence number and all later
+        ones stay too (the owner still needs their data).
         """
         if checkpoint_sequence not in self._checkpoints:
             raise ValueError(f"no checkpoint at sequence {checkpoint_sequence}")
+        limit = checkpoint_sequence if keep_from is None else min(keep_from, checkpoint_sequence)
         return await trio.to_thread.run_sync(
-            self._delete_files_before, checkpoint_sequence, limiter=self._limiter
+            self._delete_files_before, limit, limiter=self._limiter
         )
 
-    def _delete_files_before(self, checkpoint_sequence: int) -> int:
+    def _delete_files_before(self, limit: int) -> int:
         doomed = []
-        # A file may go when the next one starts at or before the checkpoint:
-        # then every operation in it precedes the checkpoint.
-        while len(self._files) >= 2 and self._files[1].first_sequence <= checkpoint_sequence:
+        # A file may go when the next one starts at or before the limit:
+        # then every operation in it precedes the limit.
+        while len(self._files) >= 2 and self._files[1].first_sequence <= limit:
             doomed.append(self._files.pop(0))
         for f in doomed:
             self._disk_bytes -= f.path.stat().st_size
@@ -303,6 +377,12 @@ class Journal:
         except JournalFull as e:
             log.error("journal: %s", e)
             group.error = e
+            # Everything queued behind a refused group is refused too: an
+            # owner that assigned positions in submission order (segment
+            # offsets) would otherwise see a later operation land without
+            # an earlier one.
+            self.refusals += 1
+            self._fail_waiting(e)
         except OSError as e:
             self._error = JournalFailed(
                 f"{e.strerror or e} writing {self._file.path if self._file else self.directory}"
@@ -314,6 +394,8 @@ class Journal:
             self._next_sequence = first + group.count
             self._operations += group.count
             self._operation_bytes += group.nbytes
+            if self._pending_checkpoints:
+                self._note_checkpoints(group)
         finally:
             self._pending_bytes -= group.nbytes
             self._space.set()
@@ -344,6 +426,18 @@ class Journal:
         self._groups += 1
         self._frames_since_checkpoint += frames
         self._bytes_since_checkpoint += total
+
+    def _note_checkpoints(self, group: _Group) -> None:
+        """Register the checkpoints that just became durable."""
+        still = []
+        for t in self._pending_checkpoints:
+            if t._group is group:
+                bisect.insort(self._checkpoints, t.result())
+                self._frames_since_checkpoint = 0
+                self._bytes_since_checkpoint = 0
+            elif not t.done:
+                still.append(t)
+        self._pending_checkpoints = still
 
     def _fail_waiting(self, error: JournalError) -> None:
         groups = [*self._queue, self._open_group]
@@ -417,13 +511,15 @@ async def open_journal(
     directory: str | pathlib.Path,
     config: JournalConfig,
     replay: ReplayCallback | None = None,
+    on_file: Callable[[int], None] | None = None,
 ) -> AsyncIterator[Journal]:
     """Lock, recover and open the journal in ``directory`` for appending.
 
     ``replay(seq, op)`` is called for every operation already in the journal,
     in order, before this returns -- from a worker thread, since recovery
-    reads files. A torn tail is cut off; corruption raises JournalCorrupt and
-    leaves the files untouched. The new epoch is journaled before the journal
+    reads files; ``on_file(first_seq)`` before the operations of each file.
+    A torn tail is cut off; corruption raises JournalCorrupt and leaves the
+    files untouched. The new epoch is journaled before the journal
     is handed out. On exit, queued appends are written, then the files are
     closed and the lock released.
     """
@@ -432,7 +528,7 @@ async def open_journal(
     lock = DirectoryLock(directory)
     journal: Journal | None = None
     try:
-        recovered = await trio.to_thread.run_sync(recover, directory, replay, True)
+        recovered = await trio.to_thread.run_sync(recover, directory, replay, True, on_file)
         journal = Journal(directory, config, recovered)
         async with service_nursery() as nursery:
             nursery.start_soon(journal._run_writer)

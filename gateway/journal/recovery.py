@@ -178,9 +178,15 @@ class RecoveryResult:
 
 
 def recover(
-    directory: pathlib.Path, replay: ReplayCallback | None = None, repair: bool = False
+    directory: pathlib.Path,
+    replay: ReplayCallback | None = None,
+    repair: bool = False,
+    on_file: Callable[[int], None] | None = None,
 ) -> RecoveryResult:
     """Read the whole journal in ``directory``, calling ``replay`` for each operation.
+
+    ``on_file(first_seq)`` is called before the operations of each file that
+    holds frames (an owner that tracks which file holds what needs it).
 
     With ``repair`` (the writer's open, under the directory lock) a torn tail
     is cut off and files without frames are deleted, durably. Without it the
@@ -229,6 +235,8 @@ def recover(
                             f"epoch went down from {result.max_epoch} to {h.epoch}",
                         )
                     seq = h.first_sequence
+                    if not has_frames and on_file is not None:
+                        on_file(jf.first_sequence)
                     for op in item.operations():
                         if op.WhichOneof("kind") == "checkpoint":
                             result.checkpoints.append(seq)
