@@ -214,6 +214,26 @@ class ServerConfig:
     """``[server]``: the wire-protocol listener."""
 
     listen: str = _key("127.0.0.1:9410", _listen, "HOST:PORT for the protocol")
+    token: str = _key("", _string, 'clients must present it in Hello; "" = no token')
+    max_message_bytes: int = _key(
+        9 * MiB, _size_in(64 * KiB, 1 * GiB), "largest protocol message read"
+    )
+    max_inflight_bytes: int = _key(
+        32 * MiB, _size_in(64 * KiB, 16 * GiB), "per connection: unanswered request bytes"
+    )
+    max_connections: int = _key(1024, _int_in(1, 1_000_000), "concurrent client connections")
+
+
+@dataclass(frozen=True)
+class ContainerConfig:
+    """``[container]``: the segment container's limits."""
+
+    max_append_bytes: int = _key(8 * MiB, _size_in(1, 512 * MiB), "largest single append")
+    max_segments: int = _key(1_000_000, _int_in(1), "segments that may exist at once")
+    max_attributes: int = _key(1024, _int_in(2, 1_000_000), "attributes per segment")
+    overload_timeout: float = _key(
+        5.0, _duration_in(0.0, 3600.0), "how long an append waits for the journal before Overloaded"
+    )
 
 
 @dataclass(frozen=True)
@@ -279,6 +299,7 @@ class Config:
 
     node: NodeConfig = field(default_factory=NodeConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    container: ContainerConfig = field(default_factory=ContainerConfig)
     fuse: FuseConfig = field(default_factory=FuseConfig)
     tier2: Tier2Config = field(default_factory=Tier2Config)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -369,6 +390,17 @@ def _cross_checks(c: Config) -> list[str]:
         errors.append(
             f"journal.max_operation_bytes: {j.max_operation_bytes} exceeds "
             f"journal.max_pending_bytes ({j.max_pending_bytes}): it could never be queued"
+        )
+    overhead = 64 * KiB  # the request's other fields
+    if c.server.max_message_bytes < c.container.max_append_bytes + overhead:
+        errors.append(
+            f"server.max_message_bytes: {c.server.max_message_bytes} is less than "
+            f"container.max_append_bytes ({c.container.max_append_bytes}) + 64 KiB"
+        )
+    if c.container.max_append_bytes + overhead > j.max_operation_bytes:
+        errors.append(
+            f"container.max_append_bytes: {c.container.max_append_bytes} + 64 KiB exceeds "
+            f"journal.max_operation_bytes ({j.max_operation_bytes})"
         )
     if c.server.listen == c.metrics.listen:
         errors.append(f"metrics.listen: same address as server.listen ({c.server.listen})")

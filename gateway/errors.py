@@ -16,9 +16,22 @@ class GatewayError(Exception):
 
     #: Exit code of the CLI when this error ends it.
     exit_code: ClassVar[int] = 1
+    #: The wire protocol's ErrorCode name for this error.
+    wire_code: ClassVar[str] = "INTERNAL"
+    _text: str | None = None
+
+    @classmethod
+    def from_text(cls, text: str) -> GatewayError:
+        """An instance carrying an already formatted message (from the wire)."""
+        e = cls.__new__(cls)
+        Exception.__init__(e, text)
+        e._text = text
+        return e
 
     def message(self) -> str:
         """The formatted, one-line message for humans."""
+        if self._text is not None:
+            return self._text
         template = type(self).__doc__ or "{}"
         try:
             return template.format(*self.args)
@@ -83,7 +96,142 @@ class JournalClosed(JournalError):
     """journal is closed"""
 
 
-class OperationTooLarge(GatewayError):
+class TooLarge(GatewayError):
+    """{} of {} bytes exceeds the limit of {} bytes"""
+
+    exit_code = 17
+    wire_code = "TOO_LARGE"
+
+
+class OperationTooLarge(TooLarge):
     """operation of {} bytes exceeds the limit of {} bytes"""
 
     exit_code = 2
+
+
+# -- segment errors (Pravega's list; DESIGN.md "Segments") ----------------------
+
+
+class SegmentError(GatewayError):
+    """segment {!r}: {}"""
+
+
+class SegmentNotFound(SegmentError):
+    """segment {!r} does not exist"""
+
+    exit_code = 10
+    wire_code = "SEGMENT_NOT_FOUND"
+
+
+class SegmentExists(SegmentError):
+    """segment {!r} already exists"""
+
+    exit_code = 11
+    wire_code = "SEGMENT_EXISTS"
+
+
+class SegmentSealed(SegmentError):
+    """segment {!r} is sealed"""
+
+    exit_code = 12
+    wire_code = "SEGMENT_SEALED"
+
+
+class BadOffset(SegmentError):
+    """segment {!r}: {} (its length is {})"""
+
+    exit_code = 13
+    wire_code = "BAD_OFFSET"
+
+    def __init__(self, segment: str, problem: str, expected_offset: int) -> None:
+        super().__init__(segment, problem, expected_offset)
+        #: The segment's length (for a conditional append: where to append).
+        self.expected_offset = expected_offset
+
+
+class ConditionalCheckFailed(SegmentError):
+    """segment {!r}: condition failed: {}"""
+
+    exit_code = 14
+    wire_code = "CONDITIONAL_CHECK_FAILED"
+    #: For a failed writer condition: the writer's stored event number.
+    last_event_number: int = 0
+
+
+class BadAttributeUpdate(SegmentError):
+    """segment {!r}: bad attribute update: {}"""
+
+    exit_code = 15
+    wire_code = "BAD_ATTRIBUTE_UPDATE"
+
+
+class InvalidName(GatewayError):
+    """invalid segment name {!r}: {}"""
+
+    exit_code = 16
+    wire_code = "INVALID_NAME"
+
+
+class Overloaded(GatewayError):
+    """overloaded: {}; retry later"""
+
+    exit_code = 18
+    wire_code = "OVERLOADED"
+
+
+class Unauthorized(GatewayError):
+    """unauthorized: {}"""
+
+    exit_code = 19
+    wire_code = "UNAUTHORIZED"
+
+
+class LimitExceeded(GatewayError):
+    """limit exceeded: {}"""
+
+    exit_code = 20
+    wire_code = "LIMIT_EXCEEDED"
+
+
+class Unavailable(GatewayError):
+    """unavailable: {}"""
+
+    exit_code = 21
+    wire_code = "UNAVAILABLE"
+
+
+class BadRequest(GatewayError):
+    """bad request: {}"""
+
+    exit_code = 22
+    wire_code = "BAD_REQUEST"
+
+
+class ProtocolError(GatewayError):
+    """protocol error: {}"""
+
+    exit_code = 23
+    wire_code = "MALFORMED"
+
+
+class Unsupported(ProtocolError):
+    """unsupported: {}"""
+
+    wire_code = "UNSUPPORTED"
+
+
+class ConnectionLost(GatewayError):
+    """connection to {} lost: {}"""
+
+    exit_code = 24
+
+
+#: Wire ErrorCode name -> the error class a client raises for it.
+BY_WIRE_CODE: dict[str, type[GatewayError]] = {
+    cls.wire_code: cls
+    for cls in (
+        GatewayError, TooLarge, SegmentNotFound, SegmentExists, SegmentSealed, BadOffset,
+        ConditionalCheckFailed, BadAttributeUpdate, InvalidName, Overloaded, Unauthorized,
+        LimitExceeded, Unavailable, BadRequest, ProtocolError, Unsupported,
+    )
+}  # fmt: skip

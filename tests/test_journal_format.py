@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.container.attributes import encode_values
 from gateway.journal.format import (
     HEADER_SIZE,
     FrameError,
@@ -20,15 +21,32 @@ from gateway.journal.format import (
 )
 from gateway.journal.recovery import FileEnd, FrameRecord, read_frames
 from gateway.protocol.journal_pb2 import Append, Frame, Operation
+from gateway.protocol.metadata_pb2 import AttributeValue
 
 U64 = st.integers(min_value=0, max_value=2**64 - 1)
 
 
-@given(segment_id=U64, offset=U64, data=st.binary(max_size=300))
-def test_encode_append_matches_protobuf(segment_id: int, offset: int, data: bytes) -> None:
-    head, body = encode_append(segment_id, offset, data)
+@given(
+    segment_id=U64,
+    offset=U64,
+    data=st.binary(max_size=300),
+    attrs=st.dictionaries(st.binary(min_size=16, max_size=16), st.integers(-(2**63), 2**63 - 1)),
+    at_ms=st.integers(min_value=0, max_value=2**62),
+)
+def test_encode_append_matches_protobuf(
+    segment_id: int, offset: int, data: bytes, attrs: dict[bytes, int], at_ms: int
+) -> None:
+    head, body = encode_append(segment_id, offset, data, encode_values(attrs, 3), at_ms)
     assert body is data
-    expected = Operation(append=Append(segment_id=segment_id, offset=offset, data=data))
+    expected = Operation(
+        append=Append(
+            segment_id=segment_id,
+            offset=offset,
+            data=data,
+            at_ms=at_ms,
+            attributes=[AttributeValue(id=k, value=v) for k, v in attrs.items()],
+        )
+    )
     assert head + body == expected.SerializeToString()
 
 

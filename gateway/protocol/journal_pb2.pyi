@@ -1,3 +1,4 @@
+from gateway.protocol import metadata_pb2 as _metadata_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -13,14 +14,24 @@ class Frame(_message.Message):
     def __init__(self, operations: _Optional[_Iterable[_Union[Operation, _Mapping]]] = ...) -> None: ...
 
 class Operation(_message.Message):
-    __slots__ = ("epoch_started", "checkpoint", "append")
+    __slots__ = ("epoch_started", "checkpoint", "append", "create_segment", "seal_segment", "truncate_segment", "delete_segment", "update_attributes")
     EPOCH_STARTED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     APPEND_FIELD_NUMBER: _ClassVar[int]
+    CREATE_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    SEAL_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    DELETE_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     epoch_started: EpochStarted
     checkpoint: Checkpoint
     append: Append
-    def __init__(self, epoch_started: _Optional[_Union[EpochStarted, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., append: _Optional[_Union[Append, _Mapping]] = ...) -> None: ...
+    create_segment: CreateSegment
+    seal_segment: SealSegment
+    truncate_segment: TruncateSegment
+    delete_segment: DeleteSegment
+    update_attributes: UpdateAttributes
+    def __init__(self, epoch_started: _Optional[_Union[EpochStarted, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., append: _Optional[_Union[Append, _Mapping]] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., seal_segment: _Optional[_Union[SealSegment, _Mapping]] = ..., truncate_segment: _Optional[_Union[TruncateSegment, _Mapping]] = ..., delete_segment: _Optional[_Union[DeleteSegment, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributes, _Mapping]] = ...) -> None: ...
 
 class EpochStarted(_message.Message):
     __slots__ = ("epoch", "started_at_ms", "software_version")
@@ -39,11 +50,61 @@ class Checkpoint(_message.Message):
     def __init__(self, snapshot: _Optional[bytes] = ...) -> None: ...
 
 class Append(_message.Message):
-    __slots__ = ("segment_id", "offset", "data")
+    __slots__ = ("segment_id", "offset", "attributes", "at_ms", "data")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     segment_id: int
     offset: int
+    attributes: _containers.RepeatedCompositeFieldContainer[_metadata_pb2.AttributeValue]
+    at_ms: int
     data: bytes
-    def __init__(self, segment_id: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, segment_id: _Optional[int] = ..., offset: _Optional[int] = ..., attributes: _Optional[_Iterable[_Union[_metadata_pb2.AttributeValue, _Mapping]]] = ..., at_ms: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class CreateSegment(_message.Message):
+    __slots__ = ("segment_id", "name", "created_at_ms", "attributes")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    name: str
+    created_at_ms: int
+    attributes: _containers.RepeatedCompositeFieldContainer[_metadata_pb2.AttributeValue]
+    def __init__(self, segment_id: _Optional[int] = ..., name: _Optional[str] = ..., created_at_ms: _Optional[int] = ..., attributes: _Optional[_Iterable[_Union[_metadata_pb2.AttributeValue, _Mapping]]] = ...) -> None: ...
+
+class SealSegment(_message.Message):
+    __slots__ = ("segment_id", "at_ms")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    at_ms: int
+    def __init__(self, segment_id: _Optional[int] = ..., at_ms: _Optional[int] = ...) -> None: ...
+
+class TruncateSegment(_message.Message):
+    __slots__ = ("segment_id", "offset", "at_ms")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    offset: int
+    at_ms: int
+    def __init__(self, segment_id: _Optional[int] = ..., offset: _Optional[int] = ..., at_ms: _Optional[int] = ...) -> None: ...
+
+class DeleteSegment(_message.Message):
+    __slots__ = ("segment_id",)
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    def __init__(self, segment_id: _Optional[int] = ...) -> None: ...
+
+class UpdateAttributes(_message.Message):
+    __slots__ = ("segment_id", "attributes", "at_ms")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    attributes: _containers.RepeatedCompositeFieldContainer[_metadata_pb2.AttributeValue]
+    at_ms: int
+    def __init__(self, segment_id: _Optional[int] = ..., attributes: _Optional[_Iterable[_Union[_metadata_pb2.AttributeValue, _Mapping]]] = ..., at_ms: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,118 @@
+"""Segment attributes: 16-byte ids with int64 values, and the update verbs.
+
+After Pravega's segment attributes: Replace, ReplaceIfGreater,
+ReplaceIfEquals (compare-and-set; with ``expect_absent``, "only if absent")
+and Accumulate. Ids whose first 15 bytes are zero are *core* attributes kept
+by the gateway itself; clients may read them but not set them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from gateway.errors import BadAttributeUpdate, ConditionalCheckFailed
+from gateway.journal.format import varint
+from gateway.protocol.metadata_pb2 import AttributeValue
+
+ID_BYTES = 16
+_CORE_PREFIX = bytes(15)
+#: Core attribute: events appended (an append counts its event_count, or 1).
+EVENT_COUNT = _CORE_PREFIX + b"\x01"
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+
+class Verb(enum.IntEnum):
+    """How an update combines with the current value (wire.proto AttributeVerb)."""
+
+    REPLACE = 0
+    REPLACE_IF_GREATER = 1
+    REPLACE_IF_EQUALS = 2
+    ACCUMULATE = 3
+
+
+@dataclass(frozen=True, slots=True)
+class AttributeUpdate:
+    """One requested change to an attribute."""
+
+    id: bytes
+    verb: Verb
+    value: int
+    compare_value: int = 0
+    expect_absent: bool = False
+
+
+def is_core(attribute_id: bytes) -> bool:
+    """Whether the id belongs to the gateway's core attributes."""
+    return attribute_id[:15] == _CORE_PREFIX
+
+
+def check_id(segment: str, attribute_id: bytes, client: bool = True) -> None:
+    """Raise BadAttributeUpdate unless ``attribute_id`` is a usable id."""
+    if len(attribute_id) != ID_BYTES:
+        raise BadAttributeUpdate(
+            segment, f"attribute id must be {ID_BYTES} bytes, got {len(attribute_id)}"
+        )
+    if client and is_core(attribute_id):
+        raise BadAttributeUpdate(
+            segment, f"attribute {attribute_id.hex()} is a core attribute kept by the gateway"
+        )
+
+
+def resolve(
+    segment: str,
+    current: Mapping[bytes, int],
+    updates: Iterable[AttributeUpdate],
+    into: dict[bytes, int],
+) -> None:
+    """Check ``updates`` against ``current`` (and earlier updates in ``into``).
+
+    Adds the resulting values to ``into``. Raises ConditionalCheckFailed when
+    a condition does not hold, BadAttributeUpdate for an invalid update; in
+    both cases nothing is changed for the caller, who applies ``into`` only
+    on success.
+    """
+    for u in updates:
+        check_id(segment, u.id)
+        if not INT64_MIN <= u.value <= INT64_MAX:
+            raise BadAttributeUpdate(segment, f"value {u.value} is not a signed 64-bit integer")
+        old = into.get(u.id, current.get(u.id))
+        if u.verb == Verb.REPLACE:
+            new = u.value
+        elif u.verb == Verb.REPLACE_IF_GREATER:
+            if old is not None and u.value <= old:
+                raise ConditionalCheckFailed(
+                    segment, f"attribute {u.id.hex()} is {old}, not less than {u.value}"
+                )
+            new = u.value
+        elif u.verb == Verb.REPLACE_IF_EQUALS:
+            if u.expect_absent:
+                if old is not None:
+                    raise ConditionalCheckFailed(
+                        segment, f"attribute {u.id.hex()} is {old}, expected no value"
+                    )
+            elif old != u.compare_value:
+                shown = "no value" if old is None else old
+                raise ConditionalCheckFailed(
+                    segment, f"attribute {u.id.hex()} is {shown}, expected {u.compare_value}"
+                )
+            new = u.value
+        elif u.verb == Verb.ACCUMULATE:
+            new = (old or 0) + u.value
+            if not INT64_MIN <= new <= INT64_MAX:
+                raise BadAttributeUpdate(segment, f"attribute {u.id.hex()} would overflow int64")
+        else:  # pragma: no cover - Verb is closed
+            raise BadAttributeUpdate(segment, f"unknown verb {u.verb}")
+        into[u.id] = new
+
+
+def encode_values(values: Mapping[bytes, int], field_number: int) -> bytes:
+    """``values`` as a serialized ``repeated AttributeValue`` field, tag included."""
+    out = bytearray()
+    tag = varint((field_number << 3) | 2)
+    for attribute_id, value in values.items():
+        body = AttributeValue(id=attribute_id, value=value).SerializeToString()
+        out += tag + varint(len(body)) + body
+    return bytes(out)

@@ -1,0 +1,760 @@
+"""The segment container: segment metadata and the operation processor.
+
+Every change goes through the same steps (Pravega's operation processor):
+
+1. *prepare* (synchronous): validate against the pending view in Pravega's
+   order -- deleted -> sealed -> attribute conditions -> expected offset --,
+   assign the offset, submit the journal operation, update the pending view;
+2. *wait*: the journal makes the operation durable (group commit);
+3. *apply*: operations are applied to the committed view strictly in
+   submission order, by whichever waiter runs first (`_settle`).
+
+Because prepare never yields, operations enter the journal in exactly the
+order they were validated, and a caller that prepares requests in arrival
+order (the server, per connection) keeps that order end to end. If the
+journal refuses a group (disk full), it refuses everything queued behind it,
+so when the queue of operations in flight drains the pending view is reset
+to the committed one and nothing later can depend on a refused operation.
+
+Checkpoints snapshot the pending view at the moment of submission -- it holds
+exactly the operations before the checkpoint in the journal -- and after one
+is durable the journal is truncated up to the oldest file whose append data
+is still needed (until Tier 2 exists, data is needed unless its segment was
+deleted or truncated past it).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from gateway.aio import service_nursery
+from gateway.config import Config, ContainerConfig
+from gateway.container.attributes import (
+    EVENT_COUNT,
+    AttributeUpdate,
+    check_id,
+    encode_values,
+    resolve,
+)
+from gateway.container.names import validate_name, validate_prefix
+from gateway.container.segment import Segment, SegmentInfo
+from gateway.errors import (
+    BadAttributeUpdate,
+    BadOffset,
+    ConditionalCheckFailed,
+    GatewayError,
+    JournalClosed,
+    JournalError,
+    JournalFull,
+    LimitExceeded,
+    Overloaded,
+    SegmentExists,
+    SegmentNotFound,
+    SegmentSealed,
+    TooLarge,
+    Unavailable,
+)
+from gateway.journal import Journal, Ticket, open_journal
+from gateway.journal.format import encode_append
+from gateway.protocol.journal_pb2 import (
+    CreateSegment,
+    DeleteSegment,
+    Operation,
+    SealSegment,
+    TruncateSegment,
+    UpdateAttributes,
+)
+from gateway.protocol.metadata_pb2 import AttributeValue, ContainerSnapshot
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_VERSION = 1
+
+
+class ContainerCorrupt(GatewayError):
+    """container metadata in the journal is inconsistent: {}. Run `segment-gateway fsck`"""
+
+    exit_code = 3
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """Where an append landed."""
+
+    offset: int
+    length: int
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class PendingOperation:
+    """A prepared operation; `wait` returns its result once it is durable."""
+
+    __slots__ = ("_apply", "_container", "_deferred", "_result_fn", "error", "result", "ticket")
+
+    def __init__(
+        self,
+        container: SegmentContainer,
+        ticket: Ticket | None,
+        result: Any,
+        apply: Callable[[int], None] | None = None,
+        deferred: Callable[[], GatewayError] | None = None,
+    ) -> None:
+        self._container = container
+        self.ticket = ticket
+        self.result = result
+        self._apply = apply
+        #: For a failed writer condition: builds the error from the committed
+        #: view once the operations in flight before it have settled.
+        self._deferred = deferred
+        self.error: GatewayError | None = None
+        self._result_fn: Callable[[], Any] | None = None
+
+    def _with_result(self, fn: Callable[[], Any]) -> PendingOperation:
+        """Compute the result when applied (e.g. the segment's new info)."""
+        self._result_fn = fn
+        return self
+
+    async def wait(self) -> Any:
+        """Wait until durable and applied; return the result or raise the error."""
+        if self.ticket is not None:
+            with suppress(JournalError):  # _settle maps it
+                await self.ticket.wait()
+            self._container._settle()
+        if self.error is not None:
+            raise self.error
+        if self._result_fn is not None:
+            return self._result_fn()
+        return self.result
+
+
+class SegmentContainer:
+    """All segments of this node. Get one from `open_container`."""
+
+    def __init__(self, config: ContainerConfig) -> None:
+        self._cfg = config
+        self._journal: Journal | None = None
+        #: Live segments by name (including pending creates) and by id.
+        self._segments: dict[str, Segment] = {}
+        self._by_id: dict[int, Segment] = {}
+        self._next_id = 1
+        self._inflight: deque[PendingOperation] = deque()
+        #: Segments whose pending view may differ from the committed one.
+        self._dirty: set[Segment] = set()
+        #: Journal file (first sequence number) -> segment id -> end offset of
+        #: that segment's last append in the file. Decides journal truncation.
+        self._file_usage: dict[int, dict[int, int]] = {}
+        self._maintenance = trio.Event()
+        self._closing = False
+        self.checkpoints = 0
+        self.journal_files_truncated = 0
+
+    # -- reading the committed view ---------------------------------------------
+
+    def _committed(self, name: str) -> Segment:
+        seg = self._segments.get(name)
+        if seg is None or not seg.durable:
+            validate_name(name)
+            raise SegmentNotFound(name)
+        return seg
+
+    def info(self, name: str) -> SegmentInfo:
+        """Committed metadata of one segment."""
+        return self._committed(name).info()
+
+    def list(self, prefix: str = "", start_after: str = "", limit: int = 0) -> list[SegmentInfo]:
+        """Committed metadata of the segments whose names start with ``prefix``, sorted."""
+        validate_prefix(prefix)
+        names = sorted(
+            n
+            for n, s in self._segments.items()
+            if s.durable and n.startswith(prefix) and n > start_after
+        )
+        if limit:
+            names = names[:limit]
+        return [self._segments[n].info() for n in names]
+
+    async def get_attributes(self, name: str, ids: Iterable[bytes] = ()) -> dict[bytes, int]:
+        """Committed attribute values (all, or those of ``ids`` that exist).
+
+        Waits first until every operation submitted before this call has
+        settled, so a writer reconnecting after a broken connection sees the
+        outcome of all its earlier appends.
+        """
+        await self.wait_settled()
+        seg = self._committed(name)
+        wanted = list(ids)
+        for i in wanted:
+            check_id(name, i, client=False)
+        if not wanted:
+            return dict(seg.attributes)
+        return {i: seg.attributes[i] for i in wanted if i in seg.attributes}
+
+    async def wait_settled(self) -> None:
+        """Wait until everything submitted so far is durable (or failed) and applied."""
+        if self._inflight:
+            last = self._inflight[-1]
+            if last.ticket is not None:
+                with suppress(JournalError):
+                    await last.ticket.wait()
+            self._settle()
+        else:
+            await trio.lowlevel.checkpoint()
+
+    @property
+    def segment_count(self) -> int:
+        """Live segments (committed)."""
+        return sum(1 for s in self._segments.values() if s.durable)
+
+    # -- preparing operations (synchronous: validate, submit, update pending) ---
+
+    def _pending(self, name: str) -> Segment:
+        seg = self._segments.get(name)
+        if seg is None or seg.p_deleted:
+            validate_name(name)
+            raise SegmentNotFound(name)
+        return seg
+
+    def _submit(self, parts: Sequence[bytes]) -> Ticket:
+        assert self._journal is not None
+        try:
+            return self._journal.submit(parts)
+        except JournalClosed as e:
+            raise Unavailable("the daemon is shutting down") from e
+        except JournalError as e:
+            raise Unavailable(str(e)) from e
+
+    def _track(
+        self, ticket: Ticket, result: Any, apply: Callable[[int], None], seg: Segment | None
+    ) -> PendingOperation:
+        op = PendingOperation(self, ticket, result, apply)
+        self._inflight.append(op)
+        if seg is not None:
+            self._dirty.add(seg)
+        return op
+
+    def _start(self) -> None:
+        """Common start of every prepare: settle, and refuse if the journal failed."""
+        self._settle()
+        journal = self._journal
+        if journal is None or self._closing:
+            raise Unavailable("the daemon is shutting down")
+        if journal.failed is not None:
+            raise Unavailable(str(journal.failed))
+
+    def prepare_create(
+        self, name: str, attributes: Sequence[AttributeUpdate] = ()
+    ) -> PendingOperation:
+        """Create a segment (result: its SegmentInfo)."""
+        self._start()
+        validate_name(name)
+        if name in self._segments:
+            raise SegmentExists(name)
+        if len(self._segments) >= self._cfg.max_segments:
+            raise LimitExceeded(f"{self._cfg.max_segments} segments exist (container.max_segments)")
+        values: dict[bytes, int] = {}
+        resolve(name, {}, attributes, values)
+        if len(values) > self._cfg.max_attributes:
+            raise LimitExceeded(f"more than {self._cfg.max_attributes} attributes")
+        seg = Segment(self._next_id, name, _now_ms())
+        self._next_id += 1
+        op = Operation(
+            create_segment=CreateSegment(
+                segment_id=seg.id,
+                name=name,
+                created_at_ms=seg.created_at_ms,
+                attributes=[AttributeValue(id=k, value=v) for k, v in values.items()],
+            )
+        )
+        ticket = self._submit((op.SerializeToString(),))
+        seg.set_pending_attributes(values)
+        self._segments[name] = seg
+        self._by_id[seg.id] = seg
+
+        def apply(seq: int) -> None:
+            seg.durable = True
+            seg.attributes.update(values)
+
+        return self._track(ticket, None, apply, seg)._with_result(lambda: seg.info())
+
+    def prepare_append(
+        self,
+        name: str,
+        data: bytes,
+        expected_offset: int | None = None,
+        attribute_updates: Sequence[AttributeUpdate] = (),
+        writer_id: bytes = b"",
+        event_number: int = 0,
+        previous_event_number: int = 0,
+        event_count: int = 0,
+    ) -> PendingOperation:
+        """Append ``data`` (result: AppendResult). See wire.proto AppendRequest."""
+        self._start()
+        if len(data) > self._cfg.max_append_bytes:
+            raise TooLarge("append", len(data), self._cfg.max_append_bytes)
+        seg = self._pending(name)
+        if seg.p_sealed:
+            raise SegmentSealed(name)
+        current = seg.pending_attributes()
+        values: dict[bytes, int] = {}
+        if writer_id:
+            check_id(name, writer_id)
+            stored = current.get(writer_id, 0)
+            if stored != previous_event_number:
+                return self._writer_condition_failed(seg, writer_id, previous_event_number)
+            if event_number <= previous_event_number:
+                raise BadAttributeUpdate(
+                    name,
+                    f"event number {event_number} must be greater than the previous "
+                    f"{previous_event_number}",
+                )
+            values[writer_id] = event_number
+        resolve(name, current, attribute_updates, values)
+        values[EVENT_COUNT] = current.get(EVENT_COUNT, 0) + (event_count or 1)
+        new_ids = sum(1 for k in values if k not in current)
+        if new_ids and len(current) + new_ids > self._cfg.max_attributes:
+            raise LimitExceeded(
+                f"segment {name!r} would have more than {self._cfg.max_attributes} attributes"
+            )
+        offset = seg.p_length
+        if expected_offset is not None and expected_offset != offset:
+            raise BadOffset(name, f"append expected at offset {expected_offset}", offset)
+        at_ms = _now_ms()
+        ticket = self._submit(encode_append(seg.id, offset, data, encode_values(values, 3), at_ms))
+        end = offset + len(data)
+        seg.p_length = end
+        seg.set_pending_attributes(values)
+
+        def apply(seq: int) -> None:
+            self._apply_append(seg, offset, end, values, at_ms, self._file_of(seq))
+
+        return self._track(ticket, AppendResult(offset, end), apply, seg)
+
+    def _writer_condition_failed(
+        self, seg: Segment, writer_id: bytes, previous: int
+    ) -> PendingOperation:
+        """A writer's append whose previous event number does not match.
+
+        The answer must carry the *committed* event number (what is surely
+        stored), so it is given once the operations in flight have settled.
+        """
+
+        def error() -> GatewayError:
+            stored = seg.attributes.get(writer_id, 0)
+            e = ConditionalCheckFailed(
+                seg.name,
+                f"writer {writer_id.hex()} last stored event {stored}, "
+                f"the append expected {previous}",
+            )
+            e.last_event_number = stored
+            return e
+
+        tail = self._inflight[-1].ticket if self._inflight else None
+        op = PendingOperation(self, tail, None)
+        op._deferred = error
+        if tail is None:
+            op.error = error()
+        else:
+            self._inflight.append(op)
+        return op
+
+    def prepare_seal(self, name: str) -> PendingOperation:
+        """Seal a segment (result: SegmentInfo)."""
+        self._start()
+        seg = self._pending(name)
+        if seg.p_sealed:
+            raise SegmentSealed(name)
+        at_ms = _now_ms()
+        op = Operation(seal_segment=SealSegment(segment_id=seg.id, at_ms=at_ms))
+        ticket = self._submit((op.SerializeToString(),))
+        seg.p_sealed = True
+
+        def apply(seq: int) -> None:
+            seg.sealed = True
+            seg.last_modified_ms = at_ms
+
+        return self._track(ticket, None, apply, seg)._with_result(lambda: seg.info())
+
+    def prepare_truncate(self, name: str, offset: int) -> PendingOperation:
+        """Drop the bytes below ``offset`` (result: SegmentInfo)."""
+        self._start()
+        seg = self._pending(name)
+        if not seg.p_start_offset <= offset <= seg.p_length:
+            raise BadOffset(
+                name,
+                f"truncate offset {offset} is outside [{seg.p_start_offset}, {seg.p_length}]",
+                seg.p_length,
+            )
+        at_ms = _now_ms()
+        op = Operation(
+            truncate_segment=TruncateSegment(segment_id=seg.id, offset=offset, at_ms=at_ms)
+        )
+        ticket = self._submit((op.SerializeToString(),))
+        seg.p_start_offset = offset
+
+        def apply(seq: int) -> None:
+            seg.start_offset = max(seg.start_offset, offset)
+            seg.last_modified_ms = at_ms
+
+        return self._track(ticket, None, apply, seg)._with_result(lambda: seg.info())
+
+    def prepare_delete(self, name: str) -> PendingOperation:
+        """Delete a segment (result: None)."""
+        self._start()
+        seg = self._pending(name)
+        op = Operation(delete_segment=DeleteSegment(segment_id=seg.id))
+        ticket = self._submit((op.SerializeToString(),))
+        seg.p_deleted = True
+
+        def apply(seq: int) -> None:
+            self._remove(seg)
+
+        return self._track(ticket, None, apply, seg)
+
+    def prepare_update_attributes(
+        self, name: str, updates: Sequence[AttributeUpdate]
+    ) -> PendingOperation:
+        """Update attributes atomically (result: SegmentInfo)."""
+        self._start()
+        seg = self._pending(name)
+        if seg.p_sealed:
+            raise SegmentSealed(name)
+        current = seg.pending_attributes()
+        values: dict[bytes, int] = {}
+        resolve(name, current, updates, values)
+        new_ids = sum(1 for k in values if k not in current)
+        if new_ids and len(current) + new_ids > self._cfg.max_attributes:
+            raise LimitExceeded(
+                f"segment {name!r} would have more than {self._cfg.max_attributes} attributes"
+            )
+        at_ms = _now_ms()
+        op = Operation(
+            update_attributes=UpdateAttributes(
+                segment_id=seg.id,
+                attributes=[AttributeValue(id=k, value=v) for k, v in values.items()],
+                at_ms=at_ms,
+            )
+        )
+        ticket = self._submit((op.SerializeToString(),))
+        seg.set_pending_attributes(values)
+
+        def apply(seq: int) -> None:
+            seg.attributes.update(values)
+            seg.last_modified_ms = at_ms
+
+        return self._track(ticket, None, apply, seg)._with_result(lambda: seg.info())
+
+    # -- convenience: prepare and wait -------------------------------------------
+
+    async def wait_for_capacity(self, nbytes: int) -> None:
+        """Wait until the journal can take ``nbytes``; Overloaded after the timeout."""
+        assert self._journal is not None
+        if self._journal.has_space(nbytes):
+            return
+        with trio.move_on_after(self._cfg.overload_timeout):
+            await self._journal.wait_for_space(nbytes)
+            return
+        raise Overloaded(
+            f"the journal has not caught up within {self._cfg.overload_timeout:g}s "
+            "(container.overload_timeout)"
+        )
+
+    async def create(self, name: str, attributes: Sequence[AttributeUpdate] = ()) -> SegmentInfo:
+        """Create a segment."""
+        await self.wait_for_capacity(1024)
+        info: SegmentInfo = await self.prepare_create(name, attributes).wait()
+        return info
+
+    async def append(self, name: str, data: bytes, **kwargs: Any) -> AppendResult:
+        """Append; keyword arguments as in `prepare_append`."""
+        await self.wait_for_capacity(len(data) + 1024)
+        result: AppendResult = await self.prepare_append(name, data, **kwargs).wait()
+        return result
+
+    async def seal(self, name: str) -> SegmentInfo:
+        """Seal a segment."""
+        await self.wait_for_capacity(64)
+        info: SegmentInfo = await self.prepare_seal(name).wait()
+        return info
+
+    async def truncate(self, name: str, offset: int) -> SegmentInfo:
+        """Truncate a segment at ``offset``."""
+        await self.wait_for_capacity(64)
+        info: SegmentInfo = await self.prepare_truncate(name, offset).wait()
+        return info
+
+    async def delete(self, name: str) -> None:
+        """Delete a segment."""
+        await self.wait_for_capacity(64)
+        await self.prepare_delete(name).wait()
+
+    async def update_attributes(self, name: str, updates: Sequence[AttributeUpdate]) -> SegmentInfo:
+        """Update attributes."""
+        await self.wait_for_capacity(64 + 40 * len(updates))
+        info: SegmentInfo = await self.prepare_update_attributes(name, updates).wait()
+        return info
+
+    # -- settling: apply durable operations in order -----------------------------
+
+    def _settle(self) -> None:
+        q = self._inflight
+        while q and (q[0].ticket is None or q[0].ticket.done):
+            op = q.popleft()
+            if op._deferred is not None:
+                op.error = op._deferred()
+                continue
+            assert op.ticket is not None
+            try:
+                seq = op.ticket.result()
+            except JournalFull as e:
+                op.error = Overloaded(str(e))
+            except JournalClosed:
+                op.error = Unavailable("the daemon is shutting down")
+            except JournalError as e:
+                op.error = Unavailable(str(e))
+            else:
+                if op._apply is not None:
+                    op._apply(seq)
+        if not q and self._dirty:
+            # Nothing in flight: pending must equal committed. It already does
+            # unless the journal refused operations; then undo their effects.
+            for seg in self._dirty:
+                if not seg.durable:
+                    self._remove(seg)
+                else:
+                    seg.reset_pending()
+            self._dirty.clear()
+        if self._journal is not None and self._journal.checkpoint_due():
+            self._maintenance.set()
+
+    # -- applying to the committed view (live and during recovery) ----------------
+
+    def _file_of(self, seq: int) -> int:
+        assert self._journal is not None
+        return self._journal.file_of(seq)
+
+    def _apply_append(
+        self,
+        seg: Segment,
+        offset: int,
+        end: int,
+        values: dict[bytes, int],
+        at_ms: int,
+        file: int,
+    ) -> None:
+        if offset != seg.length:
+            raise ContainerCorrupt(
+                f"append to segment {seg.name!r} at offset {offset}, but its length is {seg.length}"
+            )
+        seg.length = end
+        seg.attributes.update(values)
+        seg.last_modified_ms = at_ms
+        usage = self._file_usage.get(file)
+        if usage is None:
+            usage = self._file_usage[file] = {}
+        usage[seg.id] = end
+
+    def _remove(self, seg: Segment) -> None:
+        if self._segments.get(seg.name) is seg:
+            del self._segments[seg.name]
+        self._by_id.pop(seg.id, None)
+
+    # -- checkpoints and journal truncation --------------------------------------
+
+    def _snapshot(self) -> bytes:
+        """The pending view: exactly the state after everything submitted so far."""
+        return ContainerSnapshot(
+            version=SNAPSHOT_VERSION,
+            next_segment_id=self._next_id,
+            segments=[s.pending_record() for s in self._segments.values() if not s.p_deleted],
+        ).SerializeToString()
+
+    async def checkpoint(self) -> int:
+        """Journal a checkpoint, then truncate the journal as far as possible."""
+        assert self._journal is not None
+        await self._journal.wait_for_space(64 * len(self._segments) + 1024)
+        self._start()
+        ticket = self._journal.submit_checkpoint(self._snapshot())
+        op = PendingOperation(self, ticket, None)
+        self._inflight.append(op)
+        await op.wait()
+        seq = ticket.result()
+        self.checkpoints += 1
+        keep_from = self._oldest_needed_file()
+        deleted = await self._journal.truncate(seq, keep_from)
+        if deleted:
+            self.journal_files_truncated += deleted
+            first = self._journal.oldest_file()
+            for f in [f for f in self._file_usage if f < first]:
+                del self._file_usage[f]
+        log.debug("checkpoint at %d; truncated %d journal file(s)", seq, deleted)
+        return seq
+
+    def _oldest_needed_file(self) -> int | None:
+        """The oldest journal file holding append data that is still needed."""
+        for f in sorted(self._file_usage):
+            for seg_id, end in self._file_usage[f].items():
+                seg = self._by_id.get(seg_id)
+                if seg is not None and end > max(seg.start_offset, seg.storage_length):
+                    return f
+        return None
+
+    async def _run_maintenance(self) -> None:
+        while True:
+            await self._maintenance.wait()
+            self._maintenance = trio.Event()
+            if self._closing:
+                return
+            if self._journal is not None and self._journal.checkpoint_due():
+                try:
+                    await self.checkpoint()
+                except GatewayError as e:
+                    log.warning("checkpoint failed: %s", e)
+
+    # -- recovery ----------------------------------------------------------------
+
+    def _load_snapshot(self, data: bytes) -> None:
+        snap = ContainerSnapshot.FromString(data)
+        if snap.version != SNAPSHOT_VERSION:
+            raise ContainerCorrupt(f"checkpoint snapshot version {snap.version} is unknown")
+        self._segments = {}
+        self._by_id = {}
+        for r in snap.segments:
+            seg = Segment.from_record(r)
+            self._segments[seg.name] = seg
+            self._by_id[seg.id] = seg
+        self._next_id = snap.next_segment_id
+
+    def statistics(self) -> dict[str, int]:
+        """Counters for metrics and tests."""
+        return {
+            "segments": self.segment_count,
+            "inflight": len(self._inflight),
+            "checkpoints": self.checkpoints,
+            "journal_files_truncated": self.journal_files_truncated,
+            "journal_files_in_use": len(self._file_usage),
+        }
+
+
+class _Replayer:
+    """Rebuilds a container's committed view from the journal (runs in a worker thread)."""
+
+    def __init__(self, container: SegmentContainer) -> None:
+        self.c = container
+        self.file = 0
+        #: Whether the state so far is complete: the journal starts at
+        #: sequence 1, or a checkpoint has been loaded.
+        self.based = False
+        self.first_seq = 0
+
+    def on_file(self, first_seq: int) -> None:
+        self.file = first_seq
+
+    def replay(self, seq: int, op: Operation) -> None:
+        c = self.c
+        kind = op.WhichOneof("kind")
+        if not self.first_seq:
+            self.first_seq = seq
+            self.based = seq == 1
+        if kind == "checkpoint":
+            c._load_snapshot(op.checkpoint.snapshot)
+            self.based = True
+            return
+        if kind == "append" and not self.based:
+            # Before the first checkpoint of a truncated journal: the state is
+            # in that checkpoint, but where the data lies still matters.
+            a = op.append
+            usage = c._file_usage.setdefault(self.file, {})
+            usage[a.segment_id] = a.offset + len(a.data)
+            return
+        if not self.based or kind == "epoch_started":
+            return
+        if kind == "append":
+            a = op.append
+            seg = self._segment(a.segment_id, seq)
+            values = {v.id: v.value for v in a.attributes}
+            c._apply_append(seg, a.offset, a.offset + len(a.data), values, a.at_ms, self.file)
+        elif kind == "create_segment":
+            cs = op.create_segment
+            if cs.name in c._segments or cs.segment_id in c._by_id:
+                raise ContainerCorrupt(f"sequence {seq} creates {cs.name!r}, which exists")
+            seg = Segment(cs.segment_id, cs.name, cs.created_at_ms)
+            seg.durable = True
+            seg.attributes = {v.id: v.value for v in cs.attributes}
+            c._segments[seg.name] = seg
+            c._by_id[seg.id] = seg
+            c._next_id = max(c._next_id, seg.id + 1)
+        elif kind == "seal_segment":
+            seg = self._segment(op.seal_segment.segment_id, seq)
+            seg.sealed = True
+            seg.last_modified_ms = op.seal_segment.at_ms
+        elif kind == "truncate_segment":
+            t = op.truncate_segment
+            seg = self._segment(t.segment_id, seq)
+            seg.start_offset = max(seg.start_offset, t.offset)
+            seg.last_modified_ms = t.at_ms
+        elif kind == "delete_segment":
+            c._remove(self._segment(op.delete_segment.segment_id, seq))
+        elif kind == "update_attributes":
+            u = op.update_attributes
+            seg = self._segment(u.segment_id, seq)
+            seg.attributes.update({v.id: v.value for v in u.attributes})
+            seg.last_modified_ms = u.at_ms
+        else:
+            raise ContainerCorrupt(f"sequence {seq}: unknown operation kind {kind!r}")
+
+    def _segment(self, segment_id: int, seq: int) -> Segment:
+        seg = self.c._by_id.get(segment_id)
+        if seg is None:
+            raise ContainerCorrupt(f"sequence {seq} refers to unknown segment id {segment_id}")
+        return seg
+
+    def finish(self) -> None:
+        if self.first_seq and not self.based:
+            raise ContainerCorrupt(
+                f"the journal starts at sequence {self.first_seq} without a checkpoint"
+            )
+        for seg in self.c._segments.values():
+            seg.reset_pending()
+
+
+@asynccontextmanager
+async def open_container(config: Config) -> AsyncIterator[SegmentContainer]:
+    """Recover the container from its journal and serve operations until exit.
+
+    On a clean exit a final checkpoint is written, so the next start replays
+    little.
+    """
+    container = SegmentContainer(config.container)
+    replayer = _Replayer(container)
+    started = time.monotonic()
+    async with open_journal(
+        config.journal_dir, config.journal, replayer.replay, replayer.on_file
+    ) as journal:
+        replayer.finish()
+        container._journal = journal
+        log.info(
+            "container: recovered %d segment(s) in %.2fs",
+            container.segment_count,
+            time.monotonic() - started,
+        )
+        async with service_nursery() as nursery:
+            nursery.start_soon(container._run_maintenance)
+            try:
+                yield container
+                await container.wait_settled()
+                if journal.failed is None and journal.statistics().frames_since_checkpoint:
+                    await container.checkpoint()
+            finally:
+                container._closing = True
+                container._maintenance.set()

@@ -1,0 +1,151 @@
+"""One segment's metadata: the committed view and the pending view.
+
+The *committed* view is what has been acknowledged (its operations are
+durable in the journal); reads, ``stat`` and listings use it. The *pending*
+view runs ahead of it by the operations that were validated and submitted to
+the journal but are not durable yet; new operations are validated against
+it, so pipelined operations see the effect of the ones before them (Pravega's
+operation metadata updater). When nothing is in flight the two are equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gateway.container.attributes import EVENT_COUNT
+from gateway.protocol.metadata_pb2 import AttributeValue, ChunkRecord, SegmentRecord
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """A segment's committed metadata, as ``stat`` and the protocol show it."""
+
+    name: str
+    id: int
+    start_offset: int
+    length: int
+    storage_length: int
+    sealed: bool
+    sealed_in_storage: bool
+    created_at_ms: int
+    last_modified_ms: int
+    event_count: int
+    attribute_count: int
+    chunk_count: int
+
+
+class Segment:
+    """Metadata of one segment (committed and pending views)."""
+
+    __slots__ = (
+        "attributes",
+        "chunks",
+        "created_at_ms",
+        "durable",
+        "id",
+        "last_modified_ms",
+        "length",
+        "name",
+        "p_attributes",
+        "p_deleted",
+        "p_length",
+        "p_sealed",
+        "p_start_offset",
+        "sealed",
+        "sealed_in_storage",
+        "start_offset",
+        "storage_length",
+    )  # fmt: skip
+
+    def __init__(self, segment_id: int, name: str, created_at_ms: int) -> None:
+        self.id = segment_id
+        self.name = name
+        # Committed view (invariants: start_offset <= length, storage_length <= length).
+        self.start_offset = 0
+        self.length = 0
+        self.storage_length = 0
+        self.sealed = False
+        self.sealed_in_storage = False
+        self.created_at_ms = created_at_ms
+        self.last_modified_ms = created_at_ms
+        self.attributes: dict[bytes, int] = {}
+        self.chunks: list[ChunkRecord] = []
+        #: Whether the create operation is durable (a pending create is not).
+        self.durable = False
+        # Pending view.
+        self.p_start_offset = 0
+        self.p_length = 0
+        self.p_sealed = False
+        self.p_deleted = False
+        #: None while equal to ``attributes`` (copied on first pending change).
+        self.p_attributes: dict[bytes, int] | None = None
+
+    def pending_attributes(self) -> Mapping[bytes, int]:
+        """Attribute values including operations in flight."""
+        return self.attributes if self.p_attributes is None else self.p_attributes
+
+    def set_pending_attributes(self, values: Mapping[bytes, int]) -> None:
+        """Record attribute values of an operation in flight."""
+        if self.p_attributes is None:
+            self.p_attributes = dict(self.attributes)
+        self.p_attributes.update(values)
+
+    def reset_pending(self) -> None:
+        """Make the pending view equal the committed view (nothing in flight)."""
+        self.p_start_offset = self.start_offset
+        self.p_length = self.length
+        self.p_sealed = self.sealed
+        self.p_deleted = False
+        self.p_attributes = None
+
+    def info(self) -> SegmentInfo:
+        """The committed view as a SegmentInfo."""
+        return SegmentInfo(
+            name=self.name,
+            id=self.id,
+            start_offset=self.start_offset,
+            length=self.length,
+            storage_length=self.storage_length,
+            sealed=self.sealed,
+            sealed_in_storage=self.sealed_in_storage,
+            created_at_ms=self.created_at_ms,
+            last_modified_ms=self.last_modified_ms,
+            event_count=self.attributes.get(EVENT_COUNT, 0),
+            attribute_count=len(self.attributes),
+            chunk_count=len(self.chunks),
+        )
+
+    def pending_record(self) -> SegmentRecord:
+        """The pending view as a snapshot record (checkpoints snapshot it)."""
+        return SegmentRecord(
+            id=self.id,
+            name=self.name,
+            start_offset=self.p_start_offset,
+            length=self.p_length,
+            storage_length=self.storage_length,
+            sealed=self.p_sealed,
+            sealed_in_storage=self.sealed_in_storage,
+            created_at_ms=self.created_at_ms,
+            last_modified_ms=self.last_modified_ms,
+            attributes=[
+                AttributeValue(id=k, value=v) for k, v in self.pending_attributes().items()
+            ],
+            chunks=self.chunks,
+        )
+
+    @classmethod
+    def from_record(cls, r: SegmentRecord) -> Segment:
+        """A durable segment from a snapshot record."""
+        s = cls(r.id, r.name, r.created_at_ms)
+        s.start_offset = r.start_offset
+        s.length = r.length
+        s.storage_length = r.storage_length
+        s.sealed = r.sealed
+        s.sealed_in_storage = r.sealed_in_storage
+        s.last_modified_ms = r.last_modified_ms
+        s.attributes = {a.id: a.value for a in r.attributes}
+        s.chunks = list(r.chunks)
+        s.durable = True
+        s.reset_pending()
+        return s

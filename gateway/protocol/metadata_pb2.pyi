@@ -1,0 +1,63 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AttributeValue(_message.Message):
+    __slots__ = ("id", "value")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    id: bytes
+    value: int
+    def __init__(self, id: _Optional[bytes] = ..., value: _Optional[int] = ...) -> None: ...
+
+class ChunkRecord(_message.Message):
+    __slots__ = ("name", "start_offset", "length", "crc32c")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    start_offset: int
+    length: int
+    crc32c: int
+    def __init__(self, name: _Optional[str] = ..., start_offset: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ...) -> None: ...
+
+class SegmentRecord(_message.Message):
+    __slots__ = ("id", "name", "start_offset", "length", "storage_length", "sealed", "sealed_in_storage", "created_at_ms", "last_modified_ms", "attributes", "chunks")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
+    SEALED_IN_STORAGE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_MODIFIED_MS_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    name: str
+    start_offset: int
+    length: int
+    storage_length: int
+    sealed: bool
+    sealed_in_storage: bool
+    created_at_ms: int
+    last_modified_ms: int
+    attributes: _containers.RepeatedCompositeFieldContainer[AttributeValue]
+    chunks: _containers.RepeatedCompositeFieldContainer[ChunkRecord]
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., start_offset: _Optional[int] = ..., length: _Optional[int] = ..., storage_length: _Optional[int] = ..., sealed: _Optional[bool] = ..., sealed_in_storage: _Optional[bool] = ..., created_at_ms: _Optional[int] = ..., last_modified_ms: _Optional[int] = ..., attributes: _Optional[_Iterable[_Union[AttributeValue, _Mapping]]] = ..., chunks: _Optional[_Iterable[_Union[ChunkRecord, _Mapping]]] = ...) -> None: ...
+
+class ContainerSnapshot(_message.Message):
+    __slots__ = ("version", "next_segment_id", "segments")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    NEXT_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    next_segment_id: int
+    segments: _containers.RepeatedCompositeFieldContainer[SegmentRecord]
+    def __init__(self, version: _Optional[int] = ..., next_segment_id: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentRecord, _Mapping]]] = ...) -> None: ...
