@@ -3,20 +3,66 @@
 Each subcommand is a function taking the parsed arguments and returning an
 exit code. A `GatewayError` ends the command with its one-line message on
 stderr and its exit code, never a traceback (docs/OPERATIONS.md lists the
-codes).
+codes). Commands that talk to a daemon take ``--connect HOST:PORT`` (default:
+``server.listen`` of the configuration) and ``--token``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import json
 import logging
+import os
 import pathlib
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, BinaryIO
+
+import trio
 
 from gateway import __version__
 from gateway.config import DEFAULT_CONFIG_PATH, Config
 from gateway.errors import GatewayError
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _config(args: argparse.Namespace) -> Config:
+    """The configuration: --config if given, else the default file if it exists."""
+    if args.config:
+        return Config.load(args.config)
+    if DEFAULT_CONFIG_PATH.exists():
+        return Config.load(DEFAULT_CONFIG_PATH)
+    return Config()
+
+
+def _connect(args: argparse.Namespace) -> tuple[str, str]:
+    config = _config(args)
+    address = args.connect or config.server.listen
+    token = args.token or os.environ.get("SEGMENT_GATEWAY_TOKEN", "") or config.server.token
+    return address, token
+
+
+def _run_client(args: argparse.Namespace, fn: Callable[[Any], Awaitable[int]]) -> int:
+    from gateway.client import open_client
+
+    address, token = _connect(args)
+
+    async def main() -> int:
+        async with open_client(address, token) as client:
+            return await fn(client)
+
+    return trio.run(main)
+
+
+def _info_dict(info: Any) -> dict[str, Any]:
+    return dataclasses.asdict(info)
+
+
+# -- local commands ---------------------------------------------------------------
 
 
 def _cmd_version(args: argparse.Namespace) -> int:
@@ -25,8 +71,8 @@ def _cmd_version(args: argparse.Namespace) -> int:
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
-    config = Config.load(args.config_file or args.config)
-    path = args.config_file or args.config
+    path = args.config_file or args.config or str(DEFAULT_CONFIG_PATH)
+    config = Config.load(path)
     print(f"{path}: ok (node {config.node.id}, journal {config.journal_dir})")
     return 0
 
@@ -41,6 +87,159 @@ def _cmd_journal_dump(args: argparse.Namespace) -> int:
     return dump(directory, sys.stdout, as_json=args.json)
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from gateway.daemon import run_daemon
+
+    config = _config(args)
+    overrides: dict[str, dict[str, Any]] = {}
+    if args.listen:
+        overrides.setdefault("server", {})["listen"] = args.listen
+    if args.data_dir:
+        overrides.setdefault("node", {})["data_dir"] = str(pathlib.Path(args.data_dir).resolve())
+    if overrides:
+        config = _override(config, overrides)
+    logging.getLogger().setLevel(config.logging.level.upper() if not args.verbose else "DEBUG")
+    ready = pathlib.Path(args.ready_file) if args.ready_file else None
+    trio.run(run_daemon, config, ready)
+    return 0
+
+
+def _override(config: Config, overrides: dict[str, dict[str, Any]]) -> Config:
+    """A copy of ``config`` with some keys replaced (validated like the file)."""
+    doc: dict[str, dict[str, Any]] = {
+        f.name: dataclasses.asdict(getattr(config, f.name)) for f in dataclasses.fields(config)
+    }
+    for section, values in overrides.items():
+        doc[section].update(values)
+    return Config.from_dict(doc, source="command line")
+
+
+# -- client commands --------------------------------------------------------------
+
+
+def _cmd_create(args: argparse.Namespace) -> int:
+    async def run(client: Any) -> int:
+        info = await client.create(args.segment)
+        print(json.dumps(_info_dict(info)))
+        return 0
+
+    return _run_client(args, run)
+
+
+def _read_events(stream: BinaryIO, mode: str) -> Any:
+    """Events from an input stream: one per line, or raw chunks."""
+    if mode == "raw":
+        while chunk := stream.read(64 * 1024):
+            yield chunk
+        return
+    for line in stream:
+        yield line[:-1] if line.endswith(b"\n") else line
+
+
+def _cmd_append(args: argparse.Namespace) -> int:
+    import uuid
+
+    from gateway.client import open_client
+    from gateway.writer import open_segment_writer
+
+    address, token = _connect(args)
+    mode = "framed" if args.framed else "raw" if args.raw else "lines"
+    writer_id = uuid.UUID(args.writer_id).bytes if args.writer_id else None
+
+    async def main() -> int:
+        if args.create:
+            from gateway.errors import SegmentExists
+
+            async with open_client(address, token) as client:
+                with contextlib.suppress(SegmentExists):
+                    await client.create(args.segment)
+        # Reading the input blocks; for a CLI feeding one writer that is fine.
+        source: BinaryIO = open(args.file, "rb") if args.file else sys.stdin.buffer  # noqa: SIM115, ASYNC230
+        count = nbytes = 0
+        started = time.monotonic()
+        try:
+            async with open_segment_writer(
+                address, args.segment, codec=mode, token=token, writer_id=writer_id
+            ) as w:
+                for event in _read_events(source, mode):
+                    await w.write(event)
+                    count += 1
+                    nbytes += len(event)
+        finally:
+            if args.file:
+                source.close()
+        async with open_client(address, token) as client:
+            info = await client.info(args.segment)
+        print(
+            f"appended {count} event(s), {nbytes} bytes, to {args.segment} in "
+            f"{time.monotonic() - started:.2f}s; length now {info.length}",
+            file=sys.stderr,
+        )
+        return 0
+
+    return trio.run(main)
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    async def run(client: Any) -> int:
+        infos = await client.list(args.prefix)
+        if args.json:
+            for i in infos:
+                print(json.dumps(_info_dict(i)))
+        elif args.long:
+            for i in infos:
+                mtime = time.strftime(
+                    "%Y-%m-%d %H:%M:%S", time.localtime(i.last_modified_ms / 1000)
+                )
+                state = "sealed" if i.sealed else "active"
+                print(f"{i.length:>14} {i.event_count:>10} {state:6} {mtime} {i.name}")
+        else:
+            for i in infos:
+                print(i.name)
+        return 0
+
+    return _run_client(args, run)
+
+
+def _cmd_stat(args: argparse.Namespace) -> int:
+    async def run(client: Any) -> int:
+        info = await client.info(args.segment)
+        attrs = await client.get_attributes(args.segment)
+        doc = _info_dict(info)
+        doc["attributes"] = {k.hex(): v for k, v in sorted(attrs.items())}
+        print(json.dumps(doc, indent=2))
+        return 0
+
+    return _run_client(args, run)
+
+
+def _cmd_seal(args: argparse.Namespace) -> int:
+    async def run(client: Any) -> int:
+        info = await client.seal(args.segment)
+        print(f"sealed {info.name} at length {info.length}")
+        return 0
+
+    return _run_client(args, run)
+
+
+def _cmd_truncate(args: argparse.Namespace) -> int:
+    async def run(client: Any) -> int:
+        info = await client.truncate(args.segment, args.offset)
+        print(f"truncated {info.name}: bytes below {info.start_offset} dropped")
+        return 0
+
+    return _run_client(args, run)
+
+
+def _cmd_delete(args: argparse.Namespace) -> int:
+    async def run(client: Any) -> int:
+        await client.delete(args.segment)
+        print(f"deleted {args.segment}")
+        return 0
+
+    return _run_client(args, run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (separate so docs and tests can inspect it)."""
     parser = argparse.ArgumentParser(
@@ -50,28 +249,58 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--config",
-        default=str(DEFAULT_CONFIG_PATH),
         metavar="FILE",
-        help=f"configuration file (default {DEFAULT_CONFIG_PATH})",
+        help=f"configuration file (default {DEFAULT_CONFIG_PATH} if it exists)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(
-        name: str, func: Callable[[argparse.Namespace], int], help: str
-    ) -> argparse.ArgumentParser:
+    def add(name: str, func: Command, help: str, client: bool = False) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help)
         p.set_defaults(func=func)
+        if client:
+            p.add_argument("--connect", metavar="HOST:PORT", help="daemon address "
+                           "(default: server.listen of the configuration)")  # fmt: skip
+            p.add_argument("--token", help="token (default: $SEGMENT_GATEWAY_TOKEN or "
+                           "server.token)")  # fmt: skip
         return p
 
     add("version", _cmd_version, "print the version")
     p = add("check-config", _cmd_check_config, "validate a configuration file (exit 0 or 2)")
-    p.add_argument(
-        "config_file", nargs="?", metavar="FILE", help="file to check (default: --config)"
-    )
+    p.add_argument("config_file", nargs="?", metavar="FILE", help="default: --config")
     p = add("journal-dump", _cmd_journal_dump, "print a journal's frames and whether it is intact")
     p.add_argument("directory", metavar="DIR", help="journal directory (<data_dir>/journal)")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p = add("serve", _cmd_serve, "run the daemon in the foreground")
+    p.add_argument("--listen", metavar="HOST:PORT", help="override server.listen (port 0: any)")
+    p.add_argument("--data-dir", metavar="DIR", help="override node.data_dir")
+    p.add_argument("--ready-file", metavar="FILE", help="write HOST:PORT here once serving")
+
+    p = add("create", _cmd_create, "create a segment", client=True)
+    p.add_argument("segment")
+    p = add("append", _cmd_append, "append events from stdin (one per line)", client=True)
+    p.add_argument("segment")
+    p.add_argument("--file", help="read this file instead of stdin")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--framed", action="store_true",
+                     help="write each line as a framed event (length + payload)")  # fmt: skip
+    fmt.add_argument("--raw", action="store_true", help="append the input bytes as they are")
+    p.add_argument("--create", action="store_true", help="create the segment if missing")
+    p.add_argument("--writer-id", metavar="UUID",
+                   help="continue an exactly-once writer (default: a new one)")  # fmt: skip
+    p = add("ls", _cmd_ls, "list segments", client=True)
+    p.add_argument("prefix", nargs="?", default="")
+    p.add_argument("-l", "--long", action="store_true", help="length, events, state, mtime")
+    p.add_argument("--json", action="store_true", help="one JSON object per segment")
+    p = add("stat", _cmd_stat, "print a segment's metadata as JSON", client=True)
+    p.add_argument("segment")
+    p = add("seal", _cmd_seal, "seal a segment (no more appends)", client=True)
+    p.add_argument("segment")
+    p = add("truncate", _cmd_truncate, "drop the bytes below OFFSET", client=True)
+    p.add_argument("segment")
+    p.add_argument("offset", type=int)
+    p = add("delete", _cmd_delete, "delete a segment", client=True)
+    p.add_argument("segment")
     return parser
 
 
@@ -89,6 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return 141
     return code
 
 

@@ -1,0 +1,290 @@
+from gateway.protocol import metadata_pb2 as _metadata_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ProtocolVersion(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROTOCOL_VERSION_UNSPECIFIED: _ClassVar[ProtocolVersion]
+    PROTOCOL_VERSION_1: _ClassVar[ProtocolVersion]
+
+class AttributeVerb(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REPLACE: _ClassVar[AttributeVerb]
+    REPLACE_IF_GREATER: _ClassVar[AttributeVerb]
+    REPLACE_IF_EQUALS: _ClassVar[AttributeVerb]
+    ACCUMULATE: _ClassVar[AttributeVerb]
+
+class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    INTERNAL: _ClassVar[ErrorCode]
+    SEGMENT_NOT_FOUND: _ClassVar[ErrorCode]
+    SEGMENT_EXISTS: _ClassVar[ErrorCode]
+    SEGMENT_SEALED: _ClassVar[ErrorCode]
+    BAD_OFFSET: _ClassVar[ErrorCode]
+    CONDITIONAL_CHECK_FAILED: _ClassVar[ErrorCode]
+    BAD_ATTRIBUTE_UPDATE: _ClassVar[ErrorCode]
+    INVALID_NAME: _ClassVar[ErrorCode]
+    TOO_LARGE: _ClassVar[ErrorCode]
+    OVERLOADED: _ClassVar[ErrorCode]
+    UNAUTHORIZED: _ClassVar[ErrorCode]
+    MALFORMED: _ClassVar[ErrorCode]
+    UNSUPPORTED: _ClassVar[ErrorCode]
+    LIMIT_EXCEEDED: _ClassVar[ErrorCode]
+    UNAVAILABLE: _ClassVar[ErrorCode]
+    BAD_REQUEST: _ClassVar[ErrorCode]
+PROTOCOL_VERSION_UNSPECIFIED: ProtocolVersion
+PROTOCOL_VERSION_1: ProtocolVersion
+REPLACE: AttributeVerb
+REPLACE_IF_GREATER: AttributeVerb
+REPLACE_IF_EQUALS: AttributeVerb
+ACCUMULATE: AttributeVerb
+INTERNAL: ErrorCode
+SEGMENT_NOT_FOUND: ErrorCode
+SEGMENT_EXISTS: ErrorCode
+SEGMENT_SEALED: ErrorCode
+BAD_OFFSET: ErrorCode
+CONDITIONAL_CHECK_FAILED: ErrorCode
+BAD_ATTRIBUTE_UPDATE: ErrorCode
+INVALID_NAME: ErrorCode
+TOO_LARGE: ErrorCode
+OVERLOADED: ErrorCode
+UNAUTHORIZED: ErrorCode
+MALFORMED: ErrorCode
+UNSUPPORTED: ErrorCode
+LIMIT_EXCEEDED: ErrorCode
+UNAVAILABLE: ErrorCode
+BAD_REQUEST: ErrorCode
+
+class Request(_message.Message):
+    __slots__ = ("request_id", "hello", "create", "append", "seal", "truncate", "delete", "update_attributes", "get_info", "list", "get_attributes")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    CREATE_FIELD_NUMBER: _ClassVar[int]
+    APPEND_FIELD_NUMBER: _ClassVar[int]
+    SEAL_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    DELETE_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    GET_INFO_FIELD_NUMBER: _ClassVar[int]
+    LIST_FIELD_NUMBER: _ClassVar[int]
+    GET_ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    hello: Hello
+    create: CreateSegmentRequest
+    append: AppendRequest
+    seal: SealRequest
+    truncate: TruncateRequest
+    delete: DeleteRequest
+    update_attributes: UpdateAttributesRequest
+    get_info: GetInfoRequest
+    list: ListSegmentsRequest
+    get_attributes: GetAttributesRequest
+    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., create: _Optional[_Union[CreateSegmentRequest, _Mapping]] = ..., append: _Optional[_Union[AppendRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., truncate: _Optional[_Union[TruncateRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteRequest, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributesRequest, _Mapping]] = ..., get_info: _Optional[_Union[GetInfoRequest, _Mapping]] = ..., list: _Optional[_Union[ListSegmentsRequest, _Mapping]] = ..., get_attributes: _Optional[_Union[GetAttributesRequest, _Mapping]] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("protocol_version", "token", "client")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    token: str
+    client: str
+    def __init__(self, protocol_version: _Optional[int] = ..., token: _Optional[str] = ..., client: _Optional[str] = ...) -> None: ...
+
+class CreateSegmentRequest(_message.Message):
+    __slots__ = ("segment", "attributes")
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    segment: str
+    attributes: _containers.RepeatedCompositeFieldContainer[AttributeUpdate]
+    def __init__(self, segment: _Optional[str] = ..., attributes: _Optional[_Iterable[_Union[AttributeUpdate, _Mapping]]] = ...) -> None: ...
+
+class AttributeUpdate(_message.Message):
+    __slots__ = ("id", "verb", "value", "compare_value", "expect_absent")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    VERB_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    COMPARE_VALUE_FIELD_NUMBER: _ClassVar[int]
+    EXPECT_ABSENT_FIELD_NUMBER: _ClassVar[int]
+    id: bytes
+    verb: AttributeVerb
+    value: int
+    compare_value: int
+    expect_absent: bool
+    def __init__(self, id: _Optional[bytes] = ..., verb: _Optional[_Union[AttributeVerb, str]] = ..., value: _Optional[int] = ..., compare_value: _Optional[int] = ..., expect_absent: _Optional[bool] = ...) -> None: ...
+
+class AppendRequest(_message.Message):
+    __slots__ = ("segment", "expected_offset", "attribute_updates", "writer_id", "event_number", "previous_event_number", "event_count", "data")
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTE_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    WRITER_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_EVENT_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    segment: str
+    expected_offset: int
+    attribute_updates: _containers.RepeatedCompositeFieldContainer[AttributeUpdate]
+    writer_id: bytes
+    event_number: int
+    previous_event_number: int
+    event_count: int
+    data: bytes
+    def __init__(self, segment: _Optional[str] = ..., expected_offset: _Optional[int] = ..., attribute_updates: _Optional[_Iterable[_Union[AttributeUpdate, _Mapping]]] = ..., writer_id: _Optional[bytes] = ..., event_number: _Optional[int] = ..., previous_event_number: _Optional[int] = ..., event_count: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class SealRequest(_message.Message):
+    __slots__ = ("segment",)
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    segment: str
+    def __init__(self, segment: _Optional[str] = ...) -> None: ...
+
+class TruncateRequest(_message.Message):
+    __slots__ = ("segment", "offset")
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    segment: str
+    offset: int
+    def __init__(self, segment: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class DeleteRequest(_message.Message):
+    __slots__ = ("segment",)
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    segment: str
+    def __init__(self, segment: _Optional[str] = ...) -> None: ...
+
+class UpdateAttributesRequest(_message.Message):
+    __slots__ = ("segment", "updates")
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    segment: str
+    updates: _containers.RepeatedCompositeFieldContainer[AttributeUpdate]
+    def __init__(self, segment: _Optional[str] = ..., updates: _Optional[_Iterable[_Union[AttributeUpdate, _Mapping]]] = ...) -> None: ...
+
+class GetInfoRequest(_message.Message):
+    __slots__ = ("segment",)
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    segment: str
+    def __init__(self, segment: _Optional[str] = ...) -> None: ...
+
+class ListSegmentsRequest(_message.Message):
+    __slots__ = ("prefix", "limit", "start_after")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    START_AFTER_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    limit: int
+    start_after: str
+    def __init__(self, prefix: _Optional[str] = ..., limit: _Optional[int] = ..., start_after: _Optional[str] = ...) -> None: ...
+
+class GetAttributesRequest(_message.Message):
+    __slots__ = ("segment", "ids")
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    segment: str
+    ids: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, segment: _Optional[str] = ..., ids: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class Response(_message.Message):
+    __slots__ = ("request_id", "error", "hello", "append", "info", "list", "attributes", "done")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    APPEND_FIELD_NUMBER: _ClassVar[int]
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    LIST_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    error: Error
+    hello: HelloResponse
+    append: AppendResponse
+    info: SegmentInfo
+    list: SegmentList
+    attributes: Attributes
+    done: Done
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., hello: _Optional[_Union[HelloResponse, _Mapping]] = ..., append: _Optional[_Union[AppendResponse, _Mapping]] = ..., info: _Optional[_Union[SegmentInfo, _Mapping]] = ..., list: _Optional[_Union[SegmentList, _Mapping]] = ..., attributes: _Optional[_Union[Attributes, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ...) -> None: ...
+
+class Error(_message.Message):
+    __slots__ = ("code", "message", "expected_offset", "last_event_number")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAST_EVENT_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    code: ErrorCode
+    message: str
+    expected_offset: int
+    last_event_number: int
+    def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ..., expected_offset: _Optional[int] = ..., last_event_number: _Optional[int] = ...) -> None: ...
+
+class HelloResponse(_message.Message):
+    __slots__ = ("protocol_version", "server", "max_message_bytes", "max_append_bytes")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SERVER_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_APPEND_BYTES_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    server: str
+    max_message_bytes: int
+    max_append_bytes: int
+    def __init__(self, protocol_version: _Optional[int] = ..., server: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., max_append_bytes: _Optional[int] = ...) -> None: ...
+
+class AppendResponse(_message.Message):
+    __slots__ = ("offset", "length")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    length: int
+    def __init__(self, offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+
+class SegmentInfo(_message.Message):
+    __slots__ = ("name", "id", "start_offset", "length", "storage_length", "sealed", "sealed_in_storage", "created_at_ms", "last_modified_ms", "event_count", "attribute_count", "chunk_count")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
+    SEALED_IN_STORAGE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_MODIFIED_MS_FIELD_NUMBER: _ClassVar[int]
+    EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_COUNT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    id: int
+    start_offset: int
+    length: int
+    storage_length: int
+    sealed: bool
+    sealed_in_storage: bool
+    created_at_ms: int
+    last_modified_ms: int
+    event_count: int
+    attribute_count: int
+    chunk_count: int
+    def __init__(self, name: _Optional[str] = ..., id: _Optional[int] = ..., start_offset: _Optional[int] = ..., length: _Optional[int] = ..., storage_length: _Optional[int] = ..., sealed: _Optional[bool] = ..., sealed_in_storage: _Optional[bool] = ..., created_at_ms: _Optional[int] = ..., last_modified_ms: _Optional[int] = ..., event_count: _Optional[int] = ..., attribute_count: _Optional[int] = ..., chunk_count: _Optional[int] = ...) -> None: ...
+
+class SegmentList(_message.Message):
+    __slots__ = ("segments", "truncated")
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    segments: _containers.RepeatedCompositeFieldContainer[SegmentInfo]
+    truncated: bool
+    def __init__(self, segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class Attributes(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedCompositeFieldContainer[_metadata_pb2.AttributeValue]
+    def __init__(self, values: _Optional[_Iterable[_Union[_metadata_pb2.AttributeValue, _Mapping]]] = ...) -> None: ...
+
+class Done(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

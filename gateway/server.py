@@ -1,0 +1,426 @@
+"""The protocol server: TCP connections in, container operations out.
+
+Per connection, one reader task reads requests in order and *prepares* each
+one at once (validation, offset assignment and journal submission happen in
+arrival order), then hands an awaitable to the connection's responder task,
+which sends the responses strictly in request order. A connection therefore
+gets its appends acknowledged in order while many are in flight.
+
+Backpressure: a connection may have at most ``server.max_inflight_bytes`` of
+unanswered requests; past that its reader stops reading (TCP pushes back on
+the client). The container answers ``Overloaded`` when the journal cannot
+keep up within ``container.overload_timeout``.
+
+Bad input never affects other connections: a malformed length, an
+undecodable message, an unknown request kind or an oversize message gets an
+error response (when one can be sent) and the connection is closed; nothing
+of it was applied.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import trio
+from google.protobuf.message import DecodeError
+
+from gateway import __version__
+from gateway.config import ServerConfig, parse_host_port
+from gateway.container import AttributeUpdate, SegmentContainer, SegmentInfo, Verb
+from gateway.container.container import AppendResult, PendingOperation
+from gateway.errors import (
+    BadRequest,
+    GatewayError,
+    LimitExceeded,
+    ProtocolError,
+    Unauthorized,
+    Unsupported,
+)
+from gateway.protocol import wire_pb2 as wire
+from gateway.protocol.framing import MessageStream
+from gateway.protocol.metadata_pb2 import AttributeValue
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = wire.PROTOCOL_VERSION_1
+MAX_LIST = 10_000
+
+Producer = Callable[[], Awaitable[wire.Response]]
+
+
+def error_response(request_id: int, e: GatewayError) -> wire.Response:
+    """The wire form of an error."""
+    err = wire.Error(code=e.wire_code, message=str(e))
+    expected = getattr(e, "expected_offset", None)
+    if expected is not None:
+        err.expected_offset = expected
+    last = getattr(e, "last_event_number", 0)
+    if last:
+        err.last_event_number = last
+    return wire.Response(request_id=request_id, error=err)
+
+
+def info_message(info: SegmentInfo) -> wire.SegmentInfo:
+    """A SegmentInfo on the wire."""
+    return wire.SegmentInfo(
+        name=info.name,
+        id=info.id,
+        start_offset=info.start_offset,
+        length=info.length,
+        storage_length=info.storage_length,
+        sealed=info.sealed,
+        sealed_in_storage=info.sealed_in_storage,
+        created_at_ms=info.created_at_ms,
+        last_modified_ms=info.last_modified_ms,
+        event_count=info.event_count,
+        attribute_count=info.attribute_count,
+        chunk_count=info.chunk_count,
+    )
+
+
+def _updates(updates: list[wire.AttributeUpdate]) -> list[AttributeUpdate]:
+    out = []
+    for u in updates:
+        try:
+            verb = Verb(u.verb)
+        except ValueError:
+            raise BadRequest(f"unknown attribute verb {u.verb}") from None
+        out.append(AttributeUpdate(u.id, verb, u.value, u.compare_value, u.expect_absent))
+    return out
+
+
+_MUTATING = frozenset({"create", "append", "seal", "truncate", "delete", "update_attributes"})
+
+
+@dataclass
+class _Item:
+    request_id: int
+    nbytes: int
+    produce: Producer
+    close_after: bool = False
+
+
+class Connection:
+    """One client connection."""
+
+    def __init__(self, server: Server, stream: trio.abc.Stream, peer: str) -> None:
+        self.server = server
+        self.messages = MessageStream(stream, server.config.max_message_bytes)
+        self.peer = peer
+        self.inflight_bytes = 0
+        self._space = trio.Event()
+        self.reader_scope = trio.CancelScope()
+        self.greeted = False
+
+    async def run(self) -> None:
+        send, receive = trio.open_memory_channel[_Item](math.inf)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._respond, receive)
+            async with send:
+                with self.reader_scope:
+                    await self._read(send)
+
+    async def _read(self, send: trio.MemorySendChannel[_Item]) -> None:
+        while True:
+            try:
+                raw = await self.messages.receive()
+            except ProtocolError as e:
+                log.info("connection %s: %s; closing", self.peer, e)
+                await send.send(self._ready_error(0, e, close=True))
+                return
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return
+            if raw is None:
+                return
+            decoded = self._decode(raw)
+            if isinstance(decoded, _Item):
+                item = decoded
+            else:
+                item = await self._prepare(decoded, len(raw))
+            # Queued before any wait, so a prepared request is always answered.
+            self.inflight_bytes += item.nbytes
+            send.send_nowait(item)
+            if item.close_after:
+                return
+            while self.inflight_bytes > self.server.config.max_inflight_bytes:
+                await self._space.wait()
+
+    def _ready_error(self, request_id: int, e: GatewayError, close: bool = False) -> _Item:
+        response = error_response(request_id, e)
+
+        async def produce() -> wire.Response:
+            return response
+
+        return _Item(request_id, 0, produce, close)
+
+    def _decode(self, raw: bytes) -> wire.Request | _Item:
+        """The request, or the error item that answers (and ends) the connection."""
+        try:
+            req = wire.Request.FromString(raw)
+        except DecodeError as de:
+            return self._ready_error(0, ProtocolError(f"undecodable request: {de}"), close=True)
+        rid = req.request_id
+        kind = req.WhichOneof("kind")
+        if kind is None:
+            return self._ready_error(
+                rid, Unsupported("unknown or missing request kind (newer client?)"), close=True
+            )
+        if not self.greeted:
+            if kind != "hello":
+                e: GatewayError = (
+                    Unauthorized("send Hello with the token first")
+                    if self.server.config.token
+                    else BadRequest("the first request must be Hello")
+                )
+                return self._ready_error(rid, e, close=True)
+            return self._hello(rid, req.hello)
+        if kind == "hello":
+            return self._ready_error(rid, BadRequest("Hello was already sent"))
+        return req
+
+    async def _prepare(self, req: wire.Request, nbytes: int) -> _Item:
+        """Prepare one request, in arrival order: it enters the journal now."""
+        rid = req.request_id
+        kind = req.WhichOneof("kind")
+        try:
+            if kind in _MUTATING:
+                await self.server.container.wait_for_capacity(nbytes)
+            produce = getattr(self, "_" + str(kind))(req)
+        except GatewayError as e:
+            return self._ready_error(rid, e)
+        return _Item(rid, nbytes, produce)
+
+    def _hello(self, rid: int, hello: wire.Hello) -> _Item:
+        if hello.protocol_version != PROTOCOL_VERSION:
+            return self._ready_error(
+                rid,
+                Unsupported(
+                    f"protocol version {hello.protocol_version}; this server speaks "
+                    f"{PROTOCOL_VERSION}"
+                ),
+                close=True,
+            )
+        token = self.server.config.token
+        if token and not hmac.compare_digest(hello.token.encode(), token.encode()):
+            log.warning("connection %s: bad token", self.peer)
+            return self._ready_error(rid, Unauthorized("bad token"), close=True)
+        self.greeted = True
+        response = wire.Response(
+            request_id=rid,
+            hello=wire.HelloResponse(
+                protocol_version=PROTOCOL_VERSION,
+                server=f"segment-gateway {__version__}",
+                max_message_bytes=self.server.config.max_message_bytes,
+                max_append_bytes=self.server.container_config_max_append,
+            ),
+        )
+
+        async def produce() -> wire.Response:
+            return response
+
+        return _Item(rid, 0, produce)
+
+    # -- request kinds: each prepares now and returns how to answer later -------
+
+    @staticmethod
+    def _pending_info(rid: int, op: PendingOperation) -> Producer:
+        async def produce() -> wire.Response:
+            return wire.Response(request_id=rid, info=info_message(await op.wait()))
+
+        return produce
+
+    def _create(self, req: wire.Request) -> Producer:
+        op = self.server.container.prepare_create(
+            req.create.segment, _updates(list(req.create.attributes))
+        )
+        return self._pending_info(req.request_id, op)
+
+    def _append(self, req: wire.Request) -> Producer:
+        a = req.append
+        op = self.server.container.prepare_append(
+            a.segment,
+            a.data,
+            expected_offset=a.expected_offset if a.HasField("expected_offset") else None,
+            attribute_updates=_updates(list(a.attribute_updates)),
+            writer_id=a.writer_id,
+            event_number=a.event_number,
+            previous_event_number=a.previous_event_number,
+            event_count=a.event_count,
+        )
+        rid = req.request_id
+
+        async def produce() -> wire.Response:
+            r: AppendResult = await op.wait()
+            return wire.Response(
+                request_id=rid, append=wire.AppendResponse(offset=r.offset, length=r.length)
+            )
+
+        return produce
+
+    def _seal(self, req: wire.Request) -> Producer:
+        return self._pending_info(
+            req.request_id, self.server.container.prepare_seal(req.seal.segment)
+        )
+
+    def _truncate(self, req: wire.Request) -> Producer:
+        t = req.truncate
+        return self._pending_info(
+            req.request_id, self.server.container.prepare_truncate(t.segment, t.offset)
+        )
+
+    def _delete(self, req: wire.Request) -> Producer:
+        op = self.server.container.prepare_delete(req.delete.segment)
+        rid = req.request_id
+
+        async def produce() -> wire.Response:
+            await op.wait()
+            return wire.Response(request_id=rid, done=wire.Done())
+
+        return produce
+
+    def _update_attributes(self, req: wire.Request) -> Producer:
+        u = req.update_attributes
+        op = self.server.container.prepare_update_attributes(u.segment, _updates(list(u.updates)))
+        return self._pending_info(req.request_id, op)
+
+    def _get_info(self, req: wire.Request) -> Producer:
+        response = wire.Response(
+            request_id=req.request_id,
+            info=info_message(self.server.container.info(req.get_info.segment)),
+        )
+
+        async def produce() -> wire.Response:
+            return response
+
+        return produce
+
+    def _list(self, req: wire.Request) -> Producer:
+        r = req.list
+        limit = min(r.limit or MAX_LIST, MAX_LIST)
+        infos = self.server.container.list(r.prefix, r.start_after, limit + 1)
+        response = wire.Response(
+            request_id=req.request_id,
+            list=wire.SegmentList(
+                segments=[info_message(i) for i in infos[:limit]], truncated=len(infos) > limit
+            ),
+        )
+
+        async def produce() -> wire.Response:
+            return response
+
+        return produce
+
+    def _get_attributes(self, req: wire.Request) -> Producer:
+        g = req.get_attributes
+        container = self.server.container
+        rid = req.request_id
+        container.info(g.segment)  # fail now if missing, in order
+
+        async def produce() -> wire.Response:
+            values = await container.get_attributes(g.segment, list(g.ids))
+            return wire.Response(
+                request_id=rid,
+                attributes=wire.Attributes(
+                    values=[AttributeValue(id=k, value=v) for k, v in values.items()]
+                ),
+            )
+
+        return produce
+
+    # -- responses ---------------------------------------------------------------
+
+    async def _respond(self, receive: trio.MemoryReceiveChannel[_Item]) -> None:
+        try:
+            async for item in receive:
+                try:
+                    response = await item.produce()
+                except GatewayError as e:
+                    response = error_response(item.request_id, e)
+                try:
+                    await self.messages.send_message(response.SerializeToString())
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    self.reader_scope.cancel()
+                    return
+                self.inflight_bytes -= item.nbytes
+                self._space.set()
+                self._space = trio.Event()
+                if item.close_after:
+                    return
+        finally:
+            self.reader_scope.cancel()
+            await self.messages.stream.aclose()
+
+
+class Server:
+    """Accepts connections and serves the protocol until cancelled."""
+
+    def __init__(self, container: SegmentContainer, config: ServerConfig, max_append: int) -> None:
+        self.container = container
+        self.config = config
+        self.container_config_max_append = max_append
+        self.connections: set[Connection] = set()
+        self.accepted = 0
+        self._listeners: list[trio.SocketListener] = []
+        self._accepting = trio.CancelScope()
+        self._no_connections = trio.Event()
+        self._no_connections.set()
+
+    async def serve(self, *, task_status: trio.TaskStatus[list[tuple[str, int]]]) -> None:
+        """Listen on ``server.listen``; ``task_status.started`` gets the bound addresses."""
+        host, port = parse_host_port(self.config.listen)
+        if host not in ("127.0.0.1", "::1", "localhost") and not self.config.token:
+            log.warning(
+                "server.listen is %s without server.token: anyone who can reach it can "
+                "write and delete segments",
+                self.config.listen,
+            )
+        self._listeners = await trio.open_tcp_listeners(port, host=host)
+        addresses = [tuple(lst.socket.getsockname()[:2]) for lst in self._listeners]
+        log.info("serving the protocol on %s", ", ".join(f"{h}:{p}" for h, p in addresses))
+        task_status.started(addresses)
+        async with trio.open_nursery() as nursery:
+            with self._accepting:
+                await trio.serve_listeners(self._handle, self._listeners, handler_nursery=nursery)
+
+    def stop_accepting(self) -> None:
+        """Close the listening sockets; established connections carry on."""
+        self._accepting.cancel()
+
+    def stop_reading(self) -> None:
+        """Stop reading new requests on every connection; queued ones are answered."""
+        for conn in list(self.connections):
+            conn.reader_scope.cancel()
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        try:
+            peer = "{}:{}".format(*stream.socket.getpeername()[:2])
+        except OSError:
+            peer = "?"
+        conn = Connection(self, stream, peer)
+        self.accepted += 1
+        if len(self.connections) >= self.config.max_connections:
+            e = LimitExceeded(f"{self.config.max_connections} connections (server.max_connections)")
+            try:
+                await conn.messages.send_message(error_response(0, e).SerializeToString())
+            finally:
+                await stream.aclose()
+            return
+        self.connections.add(conn)
+        if self._no_connections.is_set():
+            self._no_connections = trio.Event()
+        try:
+            await conn.run()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self.connections.discard(conn)
+            if not self.connections:
+                self._no_connections.set()
+
+    async def wait_connections_closed(self) -> None:
+        """Wait until no connection is open."""
+        await self._no_connections.wait()

@@ -1,0 +1,356 @@
+"""SegmentWriter: an exactly-once event writer for one segment.
+
+Events are numbered 1, 2, 3... per writer (a UUID) and segment. The writer
+batches encoded events into appends of up to ``max_batch_bytes`` (or after
+``linger`` seconds), keeps up to ``max_inflight_bytes`` of them in flight on
+one connection, and tags each append with its writer id, the number of its
+last event and the number of the last event before it. The container stores
+the writer's last event number atomically with the data
+(ReplaceIfEquals), so an append that already landed cannot land twice.
+
+When the connection breaks (or the daemon restarts), the writer reconnects,
+asks for its stored event number, drops the batches that are already stored
+and resends the rest, unchanged and in order: every event lands exactly once.
+
+Codecs (docs/FORMATS.md, "Event codecs"): ``raw`` (events as they are),
+``lines`` (each event followed by ``\\n``; events must not contain one) and
+``framed`` (4-byte big-endian length, then the event).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import struct
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from gateway.aio import service_nursery
+from gateway.client import Client, ResponseFuture, open_client
+from gateway.errors import (
+    ConditionalCheckFailed,
+    ConnectionLost,
+    GatewayError,
+    Overloaded,
+    ProtocolError,
+    Unavailable,
+)
+
+log = logging.getLogger(__name__)
+
+_LENGTH = struct.Struct(">I")
+#: Errors after which reconnecting and resending is the right thing to do.
+RETRYABLE = (ConnectionLost, Overloaded, Unavailable, ProtocolError)
+
+
+class Codec(enum.Enum):
+    """How events are laid out in the segment's bytes."""
+
+    RAW = "raw"
+    LINES = "lines"
+    FRAMED = "framed"
+
+
+class WriterFailed(GatewayError):
+    """segment writer for {!r} failed: {}"""
+
+    exit_code = 25
+
+
+class _Resync(Exception):
+    """The server's view of this writer differs from ours: reconnect and resync."""
+
+
+@dataclass(slots=True)
+class _Batch:
+    first: int  # number of the first event in it
+    last: int  # number of the last event in it
+    data: bytes
+
+    @property
+    def count(self) -> int:
+        return self.last - self.first + 1
+
+
+class SegmentWriter:
+    """Writes events to one segment exactly once. Get one from `open_segment_writer`."""
+
+    def __init__(
+        self,
+        address: str,
+        segment: str,
+        *,
+        writer_id: bytes | None = None,
+        codec: Codec | str = Codec.RAW,
+        token: str = "",
+        max_batch_bytes: int = 512 * 1024,
+        linger: float = 0.002,
+        max_inflight_bytes: int = 8 * 1024 * 1024,
+        reconnect_timeout: float = 300.0,
+    ) -> None:
+        self.address = address
+        self.segment = segment
+        self.writer_id = writer_id or uuid.uuid4().bytes
+        if len(self.writer_id) != 16:
+            raise ValueError("writer_id must be 16 bytes (a UUID)")
+        self.codec = Codec(codec)
+        self._token = token
+        self._max_batch = max_batch_bytes
+        self._linger = linger
+        self._max_inflight = max_inflight_bytes
+        self._reconnect_timeout = reconnect_timeout
+
+        self._buf = bytearray()
+        self._buf_events = 0
+        self._batch_gen = 0
+        self._next_event = 1
+        self._unsent: deque[_Batch] = deque()
+        self._unacked: deque[_Batch] = deque()
+        self._window = 0
+        self._has_work = trio.Event()
+        self._progress = trio.Event()
+        self._linger_start = trio.Event()
+        self._failed: GatewayError | None = None
+        #: Highest event number known to be stored.
+        self.acked_event = 0
+        self.reconnects = 0
+        self.duplicates = 0
+        self.appends = 0
+
+    # -- writing -------------------------------------------------------------------
+
+    async def write(self, event: bytes) -> None:
+        """Queue one event. Waits only when ``max_inflight_bytes`` are unacknowledged.
+
+        The fast path does not yield to the scheduler (it is called once per
+        event, possibly hundreds of thousands of times a second).
+        """
+        if self._failed is not None:
+            raise self._failed
+        buf = self._buf
+        if self.codec is Codec.LINES:
+            if b"\n" in event:
+                raise ValueError("an event of the lines codec must not contain a newline")
+            buf += event
+            buf += b"\n"
+        elif self.codec is Codec.FRAMED:
+            buf += _LENGTH.pack(len(event))
+            buf += event
+        else:
+            buf += event
+        self._buf_events += 1
+        if len(buf) >= self._max_batch:
+            self._cut()
+            while self._window > self._max_inflight:
+                await self._wait_progress()
+        elif self._buf_events == 1:
+            self._linger_start.set()
+
+    def _cut(self) -> None:
+        """Turn the buffered events into a batch ready to send."""
+        if not self._buf_events:
+            return
+        first = self._next_event
+        batch = _Batch(first, first + self._buf_events - 1, bytes(self._buf))
+        self._next_event = batch.last + 1
+        self._buf.clear()
+        self._buf_events = 0
+        self._batch_gen += 1
+        self._unsent.append(batch)
+        self._window += len(batch.data)
+        self._has_work.set()
+
+    async def _wait_progress(self) -> None:
+        if self._failed is not None:
+            raise self._failed
+        await self._progress.wait()
+        if self._failed is not None:
+            raise self._failed
+
+    async def flush(self) -> None:
+        """Send what is buffered and wait until every event written so far is stored."""
+        self._cut()
+        while self._unsent or self._unacked:
+            await self._wait_progress()
+        if self._failed is not None:
+            raise self._failed
+
+    @property
+    def next_event_number(self) -> int:
+        """The number the next written event gets."""
+        return self._next_event + self._buf_events
+
+    def statistics(self) -> dict[str, int]:
+        """Counters for tests and benchmarks."""
+        return {
+            "acked_event": self.acked_event,
+            "appends": self.appends,
+            "reconnects": self.reconnects,
+            "duplicates": self.duplicates,
+            "inflight_bytes": self._window,
+        }
+
+    # -- background: linger, connection, sending, acknowledgements -------------------
+
+    async def _run_linger(self) -> None:
+        while True:
+            await self._linger_start.wait()
+            self._linger_start = trio.Event()
+            gen = self._batch_gen
+            await trio.sleep(self._linger)
+            if gen == self._batch_gen:
+                self._cut()
+
+    def _signal_progress(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()
+
+    def _fail(self, e: GatewayError) -> None:
+        """Stop for good: later writes and flushes raise ``e`` (the server's own error)."""
+        if self._failed is None:
+            self._failed = e
+        self._signal_progress()
+
+    def _resume(self, stored: int) -> None:
+        """Drop what the server has stored, queue the rest for resending, in order."""
+        if stored < self.acked_event:
+            raise WriterFailed(
+                self.segment,
+                f"the server has event {stored} stored for writer {self.writer_id.hex()}, "
+                f"but event {self.acked_event} was acknowledged",
+            )
+        pending = [*self._unacked, *self._unsent]
+        self._unacked.clear()
+        self._unsent.clear()
+        for b in pending:
+            if b.last <= stored:
+                self._window -= len(b.data)
+                self.duplicates += 1
+            elif b.first <= stored:
+                raise WriterFailed(self.segment, f"stored event {stored} splits a batch")
+            else:
+                self._unsent.append(b)
+        self.acked_event = max(self.acked_event, stored)
+        if self._unsent:
+            self._has_work.set()
+        self._signal_progress()
+
+    async def _run(self, *, task_status: trio.TaskStatus[None]) -> None:
+        first = True
+        broken_since: float | None = None
+        delay = 0.05
+        while True:
+            try:
+                async with open_client(self.address, self._token) as client:
+                    stored = (await client.get_attributes(self.segment, [self.writer_id])).get(
+                        self.writer_id, 0
+                    )
+                    if first:
+                        self._next_event = stored + 1
+                        self.acked_event = stored
+                    self._resume(stored)
+                    if first:
+                        task_status.started()
+                        first = False
+                    broken_since, delay = None, 0.05
+                    await self._session(client)
+            except (*RETRYABLE, _Resync) as e:
+                if first:
+                    raise
+                now = trio.current_time()
+                broken_since = broken_since if broken_since is not None else now
+                if now - broken_since > self._reconnect_timeout:
+                    self._fail(WriterFailed(self.segment, f"could not reconnect: {e}"))
+                    return
+                self.reconnects += 1
+                log.info("segment writer %s: %s; reconnecting in %.2fs", self.segment, e, delay)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            except GatewayError as e:
+                self._fail(e)
+                if first:
+                    raise
+                return
+
+    async def _session(self, client: Client) -> None:
+        send, receive = trio.open_memory_channel[Any](float("inf"))
+        async with service_nursery() as nursery:
+            nursery.start_soon(self._send_loop, client, send)
+            try:
+                await self._ack_loop(receive)
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def _send_loop(self, client: Client, send: trio.MemorySendChannel[Any]) -> None:
+        """Send batches in order; never raises (errors go to the ack loop)."""
+        while True:
+            while not self._unsent:
+                await self._has_work.wait()
+                self._has_work = trio.Event()
+            batch = self._unsent.popleft()
+            self._unacked.append(batch)
+            try:
+                fut = await client.start_append(
+                    self.segment,
+                    batch.data,
+                    writer_id=self.writer_id,
+                    event_number=batch.last,
+                    previous_event_number=batch.first - 1,
+                    event_count=batch.count,
+                )
+            except GatewayError as e:
+                send.send_nowait(e)
+                return
+            self.appends += 1
+            send.send_nowait((batch, fut))
+
+    async def _ack_loop(self, receive: trio.MemoryReceiveChannel[Any]) -> None:
+        async for item in receive:
+            if isinstance(item, BaseException):
+                raise item
+            batch: _Batch = item[0]
+            fut: ResponseFuture = item[1]
+            try:
+                await fut.wait()
+            except ConditionalCheckFailed as e:
+                if e.last_event_number < batch.last:
+                    raise _Resync(f"server has event {e.last_event_number} stored") from None
+                self.duplicates += 1  # it was stored before: a resend of a landed append
+            if not self._unacked or self._unacked[0] is not batch:
+                raise _Resync("acknowledgement out of order")
+            self._unacked.popleft()
+            self._window -= len(batch.data)
+            self.acked_event = batch.last
+            self._signal_progress()
+
+
+@asynccontextmanager
+async def open_segment_writer(
+    address: str, segment: str, **kwargs: Any
+) -> AsyncIterator[SegmentWriter]:
+    """Connect, find the writer's stored event number, and yield a SegmentWriter.
+
+    On a normal exit everything written is flushed first. Keywords as in
+    `SegmentWriter`; pass the same ``writer_id`` to continue a writer's
+    numbering after a restart.
+    """
+    writer = SegmentWriter(address, segment, **kwargs)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer._run)
+            nursery.start_soon(writer._run_linger)
+            try:
+                yield writer
+                await writer.flush()
+            finally:
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise

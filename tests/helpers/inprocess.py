@@ -1,0 +1,34 @@
+"""Run the container and protocol server inside the test's trio loop."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import trio
+
+from gateway.config import Config
+from gateway.container import SegmentContainer, open_container
+from gateway.server import Server
+
+
+@dataclass
+class Served:
+    container: SegmentContainer
+    server: Server
+    address: str
+
+
+@asynccontextmanager
+async def served(config: Config) -> AsyncIterator[Served]:
+    """The container and a server on a free loopback port."""
+    async with open_container(config) as container:
+        server = Server(container, config.server, config.container.max_append_bytes)
+        async with trio.open_nursery() as nursery:
+            addresses = await nursery.start(server.serve)
+            host, port = addresses[0]
+            try:
+                yield Served(container, server, f"{host}:{port}")
+            finally:
+                nursery.cancel_scope.cancel()
