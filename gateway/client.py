@@ -29,7 +29,7 @@ from gateway.container.container import AppendResult
 from gateway.container.segment import SegmentInfo
 from gateway.errors import BY_WIRE_CODE, ConnectionLost, GatewayError, ProtocolError
 from gateway.protocol import wire_pb2 as wire
-from gateway.protocol.framing import MessageStream, encode_append_request
+from gateway.protocol.framing import MessageStream, close_now, encode_append_request
 
 T = TypeVar("T")
 DEFAULT_MAX_MESSAGE = 64 * 1024 * 1024
@@ -155,7 +155,7 @@ class Client:
                 # A message cut short leaves the stream unusable.
                 reason = str(e) or type(e).__name__
                 self._fail_all(ConnectionLost(self.address, f"send failed: {reason}"))
-                await trio.aclose_forcefully(self._messages.stream)
+                close_now(self._messages.stream)
                 if isinstance(e, trio.BrokenResourceError | trio.ClosedResourceError | OSError):
                     raise self._broken or ConnectionLost(self.address, reason) from e
                 raise
@@ -188,7 +188,8 @@ class Client:
     async def aclose(self) -> None:
         """Close the connection; requests still pending fail with ConnectionLost."""
         self._fail_all(ConnectionLost(self.address, "closed by the client"))
-        await trio.aclose_forcefully(self._messages.stream)
+        close_now(self._messages.stream)
+        await trio.lowlevel.checkpoint()
 
     # -- operations ------------------------------------------------------------------
 
@@ -284,6 +285,23 @@ def _append_parts(req: wire.AppendRequest, data: bytes, rid: int) -> Sequence[by
     return encode_append_request(rid, req, data)
 
 
+async def _connect(host: str, port: int) -> trio.SocketStream:
+    """A TCP stream whose socket is closed on any failure, cancellation included.
+
+    (trio.open_tcp_stream cancelled just after connecting can leave its
+    socket to the garbage collector.)
+    """
+    infos = await trio.socket.getaddrinfo(host, port, type=trio.socket.SOCK_STREAM)
+    family, type_, proto, _, addr = infos[0]
+    sock = trio.socket.socket(family, type_, proto)
+    try:
+        await sock.connect(addr)
+        return trio.SocketStream(sock)
+    except BaseException:
+        sock.close()
+        raise
+
+
 @asynccontextmanager
 async def open_client(
     address: str, token: str = "", client_name: str = f"segment-gateway-client/{__version__}"
@@ -291,7 +309,7 @@ async def open_client(
     """Connect to ``address`` (``HOST:PORT``), say Hello, and yield a Client."""
     host, port = parse_host_port(address)
     try:
-        stream = await trio.open_tcp_stream(host, port)
+        stream = await _connect(host, port)
     except OSError as e:
         raise ConnectionLost(address, f"cannot connect: {e.strerror or e}") from None
     client = Client(stream, address)

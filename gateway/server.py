@@ -41,7 +41,7 @@ from gateway.errors import (
     Unsupported,
 )
 from gateway.protocol import wire_pb2 as wire
-from gateway.protocol.framing import MessageStream
+from gateway.protocol.framing import MessageStream, close_now
 from gateway.protocol.metadata_pb2 import AttributeValue
 
 log = logging.getLogger(__name__)
@@ -352,7 +352,7 @@ class Connection:
                     return
         finally:
             self.reader_scope.cancel()
-            await self.messages.stream.aclose()
+            close_now(self.messages.stream)
 
 
 class Server:

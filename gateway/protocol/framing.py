@@ -90,6 +90,13 @@ class MessageStream:
         await self.stream.send_all(LENGTH.pack(len(message)) + message)
 
 
+def close_now(stream: trio.abc.Stream) -> None:
+    """Close a stream without a checkpoint (safe in ``finally`` under cancellation)."""
+    sock = getattr(stream, "socket", None)
+    if sock is not None:
+        sock.close()
+
+
 def encode_append_request(request_id: int, append: AppendRequest, data: bytes) -> list[bytes]:
     """A serialized ``Request(request_id, append=append with data)`` as buffers, data last."""
     inner = encode_trailing_bytes(append.SerializeToString(), 15, data)
