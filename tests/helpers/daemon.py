@@ -1,0 +1,90 @@
+"""A real `segment-gateway serve` process for tests: start, kill, restart."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Daemon:
+    """One daemon process on a fixed port, so it can be killed and restarted in place."""
+
+    def __init__(self, data_dir: pathlib.Path, config_text: str = "", port: int = 0) -> None:
+        self.data_dir = data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.config_path = data_dir / "gateway.toml"
+        self.config_path.write_text(config_text)
+        self.port = port or free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.ready_file = data_dir / "ready"
+        self.log_path = data_dir / "daemon.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start and wait until it serves (its ready file appears)."""
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        self.ready_file.unlink(missing_ok=True)
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "gateway.cli", "--config", str(self.config_path),
+                "serve", "--data-dir", str(self.data_dir), "--listen", self.address,
+                "--ready-file", str(self.ready_file),
+            ],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        log.close()
+        self.starts += 1
+        deadline = time.monotonic() + timeout
+        while not self.ready_file.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"daemon not ready after {timeout}s:\n{self.log()}")
+            time.sleep(0.01)
+
+    def kill(self) -> None:
+        """SIGKILL (a crash) and reap."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM, wait; SIGKILL if it does not stop in time. Returns the exit code."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return int(self.proc.returncode)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-5000:]
+        except FileNotFoundError:
+            return ""

@@ -1,0 +1,79 @@
+"""Exactly-once under faults: cut connections, SIGKILLed and restarted daemon."""
+
+from __future__ import annotations
+
+import pathlib
+import random
+
+import pytest
+import trio
+
+from gateway.client import open_client
+from gateway.writer import open_segment_writer
+
+from .helpers.daemon import Daemon
+from .helpers.proxy import DroppingProxy
+from .helpers.segments import journal_segments
+
+EVENTS = 100_000
+KILLS = 6
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_every_event_exactly_once_through_faults(tmp_path: pathlib.Path) -> None:
+    daemon = Daemon(tmp_path / "node", "[journal]\ncheckpoint_every_frames = 100\n")
+    rng = random.Random(2026)
+    try:
+        await trio.to_thread.run_sync(daemon.start)
+        async with open_client(daemon.address) as c:
+            await c.create("eo/stream")
+        proxy = DroppingProxy(daemon.port, drop_after=(0.05, 0.6), seed=1)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(proxy.run)
+            writing_done = trio.Event()
+
+            async def chaos() -> None:
+                for _ in range(KILLS):
+                    await trio.sleep(rng.uniform(0.4, 1.2))
+                    if writing_done.is_set():
+                        break
+                    daemon.kill()
+                    proxy.drop_all()
+                    await trio.sleep(rng.uniform(0.0, 0.3))
+                    await trio.to_thread.run_sync(daemon.start)
+
+            nursery.start_soon(chaos)
+            async with open_segment_writer(
+                f"127.0.0.1:{proxy.port}",
+                "eo/stream",
+                codec="lines",
+                max_batch_bytes=4096,
+                linger=0.001,
+            ) as writer:
+                for i in range(EVENTS):
+                    await writer.write(b"e%06d" % i)
+                    if i % 500 == 499:
+                        await trio.sleep(0.02)  # spread the run over the faults
+            writing_done.set()
+            stats = writer.statistics()
+            nursery.cancel_scope.cancel()
+        assert stats["acked_event"] == EVENTS
+        assert daemon.starts >= 4, "the daemon was not killed enough times"
+        assert stats["reconnects"] >= 5, stats
+        assert proxy.drops >= 5
+        async with open_client(daemon.address) as c:
+            info = await c.info("eo/stream")
+        assert info.event_count == EVENTS
+        assert daemon.stop() == 0, daemon.log()
+    finally:
+        daemon.kill()
+    data = journal_segments(tmp_path / "node" / "journal")["eo/stream"]
+    lines = data.split(b"\n")
+    assert lines[-1] == b""
+    got = lines[:-1]
+    expected = [b"e%06d" % i for i in range(EVENTS)]
+    if got != expected:
+        dupes = len(got) - len(set(got))
+        missing = len(set(expected) - set(got))
+        pytest.fail(f"{len(got)} events stored, {dupes} duplicated, {missing} missing")
