@@ -1,0 +1,450 @@
+#!/usr/bin/env python3
+"""Ingest benchmark: events and appends over loopback TCP into a real daemon.
+
+Each configuration starts its own daemon (``segment-gateway serve``, a
+separate process, fresh data directory on the same filesystem as --dir) and
+drives it from this process over the wire protocol:
+
+- Events through `gateway.writer.SegmentWriter` (``lines`` codec, default
+  writer settings) for 100 B and 1 KiB events: 1 writer to 1 segment, 16
+  writers to 16 segments (one each) and 16 writers sharing 1 segment. The
+  writers are trio tasks in this process, writing as fast as they can for
+  --seconds; the clock stops when everything written has been acknowledged
+  (the final flush). It measures events/s, MB/s of event payload and ack
+  latency: every 500th event's number and write time are noted and one
+  background task, polling the writers' ``acked_event`` every 0.5 ms, turns
+  them into latencies (write called -> known stored) when they are acked.
+- 1 MiB appends through `gateway.client.Client.start_append` on one
+  connection, with 1 and with 16 appends in flight: appends/s, MB/s and
+  per-append latency (send started -> acknowledged).
+
+The baseline, measured in the same run on the same directory, is fio doing
+sequential 1 MiB writes with an fdatasync after each (as in bench/journal.py);
+fio runs are interleaved with the cases on every repeat and medians of the
+repeats are reported, because the machines are shared and noisy.
+
+Prints one JSON document (progress on stderr); with --write-table also
+rewrites the ingest section of docs/PERFORMANCE.md. --quick (1 run of 1 s)
+checks that it works end to end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pathlib
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+BENCH = pathlib.Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(BENCH))
+
+from journal import ensure_fio, median_of, run_fio  # noqa: E402
+
+from gateway import __version__  # noqa: E402
+from gateway.client import ResponseFuture, open_client  # noqa: E402
+from gateway.writer import SegmentWriter, open_segment_writer  # noqa: E402
+
+EVENT_SIZES = [100, 1024]
+#: (writers, segments): 1 -> 1, 16 -> 16 (one each), 16 -> 1 (shared).
+WRITER_LAYOUTS = [(1, 1), (16, 16), (16, 1)]
+MIB = 1024 * 1024
+INFLIGHT = [1, 16]
+SAMPLE_EVERY = 500  # events between two latency samples (and deadline checks)
+POLL_INTERVAL = 0.0005  # seconds between two looks at the writers' acked_event
+READY_TIMEOUT = 60.0
+STOP_TIMEOUT = 30.0
+DAEMON_CONFIG = '[container]\nmax_append_bytes = "8 MiB"\n'
+TABLE_START = "<!-- bench/ingest.py:start -->"
+TABLE_END = "<!-- bench/ingest.py:end -->"
+TARGET_EVENTS = 500_000
+TARGET_EVENTS_P99_MS = 20.0
+TARGET_MIB_VS_FIO = 0.7
+
+
+# -- the daemon ---------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def running_daemon(work: pathlib.Path) -> Iterator[str]:
+    """Run a daemon on a fresh data directory in ``work``; yield its HOST:PORT.
+
+    It is stopped with SIGTERM (SIGKILL if it does not exit in time) however
+    the block is left, Ctrl-C included. Its own session keeps a terminal's
+    Ctrl-C from reaching it first: the shutdown is ours to do.
+    """
+    config = work / "gateway.toml"
+    config.write_text(DAEMON_CONFIG)
+    ready = work / "ready"
+    log_path = work / "daemon.log"
+    command = [
+        sys.executable, "-m", "gateway.cli", "--config", str(config),
+        "serve", "--data-dir", str(work / "data"), "--listen", "127.0.0.1:0",
+        "--ready-file", str(ready),
+    ]  # fmt: skip
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not ready.exists():
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"the daemon exited with {proc.returncode} before it was ready:\n"
+                    + _tail(log_path)
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the daemon was not ready in {READY_TIMEOUT:.0f}s")
+            time.sleep(0.02)
+        yield ready.read_text().strip()
+    finally:
+        _stop(proc)
+    if proc.returncode != 0:
+        print(f"bench: daemon exited with {proc.returncode}:\n{_tail(log_path)}", file=sys.stderr)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        print("bench: the daemon did not stop in time; killing it", file=sys.stderr)
+        proc.kill()
+        proc.wait()
+    except BaseException:  # interrupted while waiting
+        proc.kill()
+        proc.wait()
+        raise
+
+
+def _tail(path: pathlib.Path, lines: int = 20) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def measure(
+    root: pathlib.Path, name: str, fn: Callable[..., Awaitable[dict[str, float]]], *args: Any
+) -> dict[str, float]:
+    """``trio.run(fn, address, *args)`` against a daemon of its own, then clean up."""
+    work = pathlib.Path(tempfile.mkdtemp(dir=root, prefix=f"{name}-"))
+    try:
+        with running_daemon(work) as address:
+            return trio.run(fn, address, *args)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# -- the cases ----------------------------------------------------------------------
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))]
+
+
+@dataclass
+class _Watched:
+    writer: SegmentWriter
+    #: (event number, time write was called), oldest first, not yet acknowledged.
+    samples: deque[tuple[int, float]]
+
+
+async def run_events(
+    address: str, size: int, writers: int, segments: int, seconds: float
+) -> dict[str, float]:
+    """``writers`` SegmentWriters writing ``size``-byte events as fast as they can."""
+    names = [f"bench/events-{k}" for k in range(segments)]
+    async with open_client(address) as client:
+        for n in names:
+            await client.create(n)
+    event = (b"0123456789abcdef" * (size // 16 + 1))[:size]
+    perf = time.perf_counter
+    watched: list[_Watched] = []
+    latencies: list[float] = []
+    all_ready, go = trio.Event(), trio.Event()
+    stop_at = 0.0
+    written = appends = 0
+    finished: list[float] = []
+
+    def collect() -> None:
+        now = perf()
+        for w in watched:
+            acked, samples = w.writer.acked_event, w.samples
+            while samples and samples[0][0] <= acked:
+                latencies.append(now - samples.popleft()[1])
+
+    async def poll_acks() -> None:
+        while True:
+            collect()
+            await trio.sleep(POLL_INTERVAL)
+
+    async def writer(k: int) -> None:
+        nonlocal written, appends
+        async with open_segment_writer(address, names[k % segments], codec="lines") as w:
+            samples: deque[tuple[int, float]] = deque()
+            watched.append(_Watched(w, samples))
+            if len(watched) == writers:
+                all_ready.set()
+            await go.wait()
+            write = w.write
+            count = 0
+            while True:
+                now = perf()
+                if now >= stop_at:
+                    break
+                samples.append((w.next_event_number, now))
+                for _ in range(SAMPLE_EVERY):
+                    await write(event)
+                count += SAMPLE_EVERY
+            await w.flush()
+            finished.append(perf())
+            written += count
+            appends += w.appends
+
+    with trio.fail_after(seconds + 120):
+        async with trio.open_nursery() as outer:
+            outer.start_soon(poll_acks)
+            async with trio.open_nursery() as nursery:
+                for k in range(writers):
+                    nursery.start_soon(writer, k)
+                await all_ready.wait()
+                started = perf()
+                stop_at = started + seconds
+                go.set()
+            collect()
+            outer.cancel_scope.cancel()
+    elapsed = max(finished) - started
+    latencies.sort()
+    return {
+        "events_per_s": written / elapsed,
+        "MBps": written * size / elapsed / 1e6,
+        "p50_ms": _percentile(latencies, 0.5) * 1e3,
+        "p99_ms": _percentile(latencies, 0.99) * 1e3,
+        "events_per_append": written / max(1, appends),
+        "samples": len(latencies),
+    }
+
+
+async def run_appends(address: str, inflight: int, seconds: float) -> dict[str, float]:
+    """1 MiB appends on one connection with up to ``inflight`` unacknowledged."""
+    segment = "bench/appends"
+    data = os.urandom(MIB)
+    perf = time.perf_counter
+    latencies: list[float] = []
+    slots = trio.Semaphore(inflight)
+    send, receive = trio.open_memory_channel[tuple[ResponseFuture, float]](inflight)
+
+    async def acknowledgements() -> None:
+        async with receive:
+            async for fut, sent in receive:
+                await fut.wait()
+                latencies.append(perf() - sent)
+                slots.release()
+
+    with trio.fail_after(seconds + 120):
+        async with open_client(address) as client:
+            await client.create(segment)
+            started = perf()
+            stop_at = started + seconds
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(acknowledgements)
+                async with send:
+                    while True:
+                        await slots.acquire()
+                        now = perf()
+                        if now >= stop_at:
+                            break
+                        await send.send((await client.start_append(segment, data), now))
+            elapsed = perf() - started
+    latencies.sort()
+    return {
+        "appends_per_s": len(latencies) / elapsed,
+        "MBps": len(latencies) * MIB / elapsed / 1e6,
+        "p50_ms": _percentile(latencies, 0.5) * 1e3,
+        "p99_ms": _percentile(latencies, 0.99) * 1e3,
+    }
+
+
+# -- the report ---------------------------------------------------------------------
+
+
+def _size_label(size: int) -> str:
+    return f"{size // 1024} KiB" if size >= 1024 else f"{size} B"
+
+
+def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
+    fio = result["baseline"]["fio_1MiB_fdatasync"]
+    lines = [
+        TABLE_START,
+        f"Run {result['when']} on {result['machine']}, daemon defaults over loopback TCP, "
+        f"median of {result['repeat']} runs of {result['seconds']} s each; "
+        f"software {result['version']}.",
+        "",
+        f"Baseline, same directory, same run: fio sequential 1 MiB writes + fdatasync: "
+        f"{fio['MBps']:.0f} MB/s.",
+        "",
+        "Events (`SegmentWriter`, `lines` codec, default writer settings):",
+        "",
+        "| event size | writers → segments | events/s | MB/s | events per append "
+        "| p50 ack ms | p99 ack ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in result["events"]:
+        layout = f"{row['writers']} → {row['segments']}"
+        if row["writers"] > 1 and row["segments"] == 1:
+            layout += " (shared)"
+        lines.append(
+            f"| {_size_label(row['size'])} | {layout} | {row['events_per_s']:,.0f} "
+            f"| {row['MBps']:.1f} | {row['events_per_append']:,.0f} "
+            f"| {row['p50_ms']:.1f} | {row['p99_ms']:.1f} |"
+        )
+    lines += [
+        "",
+        "1 MiB appends (`Client.start_append`, one connection):",
+        "",
+        "| in flight | appends/s | MB/s | × fio 1 MiB | p50 ack ms | p99 ack ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in result["appends_1MiB"]:
+        lines.append(
+            f"| {row['inflight']} | {row['appends_per_s']:,.0f} | {row['MBps']:.0f} "
+            f"| {row['vs_fio']:.2f}× | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} |"
+        )
+    ev, mib = result["targets"]["events_100B_1x1"], result["targets"]["appends_1MiB"]
+    lines += [
+        "",
+        f"Targets: {ev['target']} — {ev['events_per_s']:,.0f}/s, p99 {ev['p99_ms']:.1f} ms "
+        f"({'met' if ev['met'] else 'NOT met'}); {mib['target']} — best "
+        f"{mib['best_vs_fio']:.2f}× ({mib['best_inflight']} in flight) "
+        f"({'met' if mib['met'] else 'NOT met'}).",
+        TABLE_END,
+    ]
+    text = path.read_text()
+    start, end = text.index(TABLE_START), text.index(TABLE_END) + len(TABLE_END)
+    path.write_text(text[:start] + "\n".join(lines) + text[end:])
+
+
+def _on_sigterm(signum: int, frame: types.FrameType | None) -> None:
+    """SIGTERM behaves like Ctrl-C, so the daemon is stopped on the way out.
+
+    The SIGINT handler in place does it: Python's, or trio's inside
+    `trio.run`, which delivers the KeyboardInterrupt at a safe point.
+    """
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)  # raises, or trio raises later
+        return
+    raise KeyboardInterrupt
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--dir", type=pathlib.Path, default=ROOT / ".bench-tmp",
+        help="where daemons and fio write (default: .bench-tmp in the repo)",
+    )  # fmt: skip
+    parser.add_argument("--seconds", type=float, default=3.0, help="per case (default 3)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of everything (default 3)")
+    parser.add_argument("--write-table", type=pathlib.Path, metavar="PERFORMANCE.md")
+    parser.add_argument("--quick", action="store_true", help="smoke test: 1 run of 1 s")
+    args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.repeat = 1.0, 1
+    # Stop cleanly on Ctrl-C and SIGTERM, even as a background job (which
+    # starts with SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    fio = ensure_fio()
+    created = not args.dir.exists()
+    args.dir.mkdir(parents=True, exist_ok=True)
+    root = pathlib.Path(tempfile.mkdtemp(dir=args.dir, prefix="ingest-"))
+    fio_runs: list[dict[str, float]] = []
+    events: dict[tuple[int, int, int], list[dict[str, float]]] = {}
+    appends: dict[int, list[dict[str, float]]] = {}
+    try:
+        for rep in range(args.repeat):
+            # Interleave baseline and subject so both see the same noise.
+            fio_runs.append(run_fio(fio, root, "1M", "512M"))
+            print(f"bench: rep {rep} fio 1M: {fio_runs[-1]}", file=sys.stderr)
+            for size in EVENT_SIZES:
+                for writers, segments in WRITER_LAYOUTS:
+                    r = measure(root, "events", run_events, size, writers, segments, args.seconds)
+                    events.setdefault((size, writers, segments), []).append(r)
+                    print(f"bench: rep {rep} {size} B {writers}->{segments}: {r}", file=sys.stderr)
+            for inflight in INFLIGHT:
+                r = measure(root, "appends", run_appends, inflight, args.seconds)
+                appends.setdefault(inflight, []).append(r)
+                print(f"bench: rep {rep} 1 MiB x{inflight} in flight: {r}", file=sys.stderr)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        if created:
+            with contextlib.suppress(OSError):
+                args.dir.rmdir()
+    base = {"fio_1MiB_fdatasync": median_of(fio_runs)}
+    fio_mbps = base["fio_1MiB_fdatasync"]["MBps"]
+    event_rows = [
+        {"size": size, "writers": w, "segments": s, **median_of(runs)}
+        for (size, w, s), runs in events.items()
+    ]
+    append_rows = [
+        {"inflight": n, **(m := median_of(runs)), "vs_fio": m["MBps"] / fio_mbps}
+        for n, runs in appends.items()
+    ]
+    small = next(r for r in event_rows if (r["size"], r["writers"], r["segments"]) == (100, 1, 1))
+    best = max(append_rows, key=lambda r: r["MBps"])
+    targets = {
+        "events_100B_1x1": {
+            "target": f"100 B events, 1 writer → 1 segment ≥ {TARGET_EVENTS:,} events/s "
+            f"with p99 ack ≤ {TARGET_EVENTS_P99_MS:.0f} ms",
+            "events_per_s": small["events_per_s"],
+            "p99_ms": small["p99_ms"],
+            "met": small["events_per_s"] >= TARGET_EVENTS
+            and small["p99_ms"] <= TARGET_EVENTS_P99_MS,
+        },
+        "appends_1MiB": {
+            "target": f"1 MiB appends ≥ {TARGET_MIB_VS_FIO}× fio's 1 MiB fdatasync bandwidth",
+            "best_vs_fio": best["vs_fio"],
+            "best_inflight": best["inflight"],
+            "met": best["vs_fio"] >= TARGET_MIB_VS_FIO,
+        },
+    }
+    result = {
+        "benchmark": "ingest",
+        "version": __version__,
+        "when": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
+        "seconds": args.seconds,
+        "repeat": args.repeat,
+        "baseline": base,
+        "events": event_rows,
+        "appends_1MiB": append_rows,
+        "targets": targets,
+    }
+    print(json.dumps(result, indent=2, ensure_ascii=False))
+    if args.write_table:
+        write_table(result, args.write_table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
