@@ -357,3 +357,50 @@ async def test_disk_full_refuses_and_resumes_without_holes(small_tmpfs: pathlib.
     assert len(data) == length == sum(len(d) for _, d in acked)
     for off, d in acked:
         assert data[off : off + len(d)] == d
+
+
+async def test_slow_journal_delays_then_refuses_with_overloaded(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = make_config(
+        tmp_path,
+        journal={"max_pending_bytes": "256 KiB", "max_group_bytes": "64 KiB",
+                 "max_frame_bytes": "64 KiB", "max_operation_bytes": "128 KiB"},
+        container={"max_append_bytes": "64 KiB", "overload_timeout": 0.05},
+    )  # fmt: skip
+    real = os.fdatasync
+
+    def slow(fd: int) -> None:
+        import time
+
+        time.sleep(0.05)
+        real(fd)
+
+    acked: list[tuple[int, bytes]] = []
+    overloaded = 0
+    async with container_at(config) as c:
+        await c.create("s")
+        monkeypatch.setattr(os, "fdatasync", slow)
+
+        async def one(i: int) -> None:
+            nonlocal overloaded
+            data = random.Random(i).randbytes(30_000)
+            try:
+                r = await c.append("s", data)
+            except Overloaded as e:
+                assert "overload_timeout" in str(e)
+                overloaded += 1
+            else:
+                acked.append((r.offset, data))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(60):
+                nursery.start_soon(one, i)
+        monkeypatch.undo()
+        assert overloaded > 0, "a slow journal must turn into Overloaded"
+        assert acked, "some appends must get through"
+        length = c.info("s").length
+    data = journal_segments(config.journal_dir)["s"]
+    assert len(data) == length == sum(len(d) for _, d in acked)
+    for off, d in acked:
+        assert data[off : off + len(d)] == d

@@ -587,3 +587,60 @@ async def test_copy_of_journal_reopens_identically(
     assert [(s, o.SerializeToString()) for s, o in replayed(src)] == [
         (s, o.SerializeToString()) for s, o in replayed(dst)
     ]
+
+
+# -- the owner-facing API: submit order, refusals, files, bounded truncation ---
+
+
+async def test_submit_keeps_order_and_tickets_report_sequences(
+    tmp_path: pathlib.Path, journal_config: ConfigFactory
+) -> None:
+    async with open_journal(tmp_path, journal_config()) as j:
+        tickets = [j.submit(encode_append(1, i, bytes([i % 256]) * 50)) for i in range(300)]
+        assert not tickets[-1].done
+        seqs = [await t.wait() for t in reversed(tickets)][::-1]
+        assert seqs == list(range(seqs[0], seqs[0] + 300))
+        assert all(t.done for t in tickets)
+        assert j.file_of(seqs[-1]) == list_files(tmp_path)[-1].first_sequence
+    ops = appends(replayed(tmp_path))
+    assert [ops[s][0] for s in seqs] == list(range(300))
+
+
+async def test_refused_group_refuses_everything_queued_behind_it(
+    small_tmpfs: pathlib.Path, journal_config: ConfigFactory
+) -> None:
+    journal_dir = small_tmpfs / "journal"
+    cfg = journal_config(max_group_bytes=64 * KiB, max_frame_bytes=16 * KiB)
+    async with open_journal(journal_dir, cfg) as j:
+        st = os.statvfs(small_tmpfs)
+        (small_tmpfs / "filler").write_bytes(bytes(st.f_bavail * st.f_frsize - 300 * KiB))
+        tickets = [j.submit(encode_append(1, i, bytes(30_000))) for i in range(40)]
+        outcome = []
+        for t in tickets:
+            try:
+                outcome.append(await t.wait())
+            except JournalFull:
+                outcome.append(None)
+        refused = outcome.index(None)
+        assert refused > 0, "expected some groups to fit"
+        assert all(o is None for o in outcome[refused:]), "a later group landed after a refusal"
+        assert j.refusals >= 1
+        (small_tmpfs / "filler").unlink()
+        seq = await j.append_parts(encode_append(1, 999, b"after"))
+        assert seq == outcome[refused - 1] + 1, "sequence numbers must not skip"
+
+
+async def test_truncate_keeps_files_still_needed(
+    tmp_path: pathlib.Path, journal_config: ConfigFactory
+) -> None:
+    async with open_journal(tmp_path, journal_config()) as j:
+        for i in range(120):
+            await j.append_parts(encode_append(1, i, bytes(25_000)))
+        files = list_files(tmp_path)
+        assert len(files) >= 3
+        cp = await j.checkpoint(b"s")
+        keep = files[1].first_sequence + 1  # something in the second file is needed
+        assert await j.truncate(cp, keep_from=keep) == 1
+        assert list_files(tmp_path)[0] == files[1]
+        assert j.oldest_file() == files[1].first_sequence
+        assert await j.truncate(cp) >= 1
