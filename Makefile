@@ -8,12 +8,12 @@ PY := $(VENV)/bin/python
 install:
 	@scripts/bootstrap.sh
 
-# `serve` arrives with the segment container and wire protocol (issue 3);
-# until then say so instead of pretending.
+# Runs the daemon in the foreground with its data in ./data. Tier 2 (the
+# embedded S3 server) and the FUSE mount at ./mnt join it in later issues.
 run: install
-	@echo "make run: 'segment-gateway serve' is not built yet. Built so far: the Tier-1"
-	@echo "journal ($(VENV)/bin/segment-gateway journal-dump, check-config). See README.md."
-	@exit 1
+	@echo "make run: serving the protocol on 127.0.0.1:9410, data in ./data (Ctrl-C stops)."
+	@echo "          Not built yet: Tier 2 (embedded S3) and the FUSE mount at ./mnt."
+	$(VENV)/bin/segment-gateway serve --data-dir $(CURDIR)/data --listen 127.0.0.1:9410
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -29,6 +29,7 @@ lint: install
 bench: install
 	@scripts/bootstrap.sh fio
 	$(PY) bench/journal.py --write-table docs/PERFORMANCE.md
+	$(PY) bench/ingest.py --write-table docs/PERFORMANCE.md
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
