@@ -131,7 +131,8 @@ class Client:
                 raw = await self._messages.receive()
                 if raw is None:
                     raise ConnectionLost(self.address, "the server closed the connection")
-                response = wire.Response.FromString(raw)
+                # upb parses any buffer; the stubs only say bytes.
+                response = wire.Response.FromString(raw)  # type: ignore[arg-type]
                 fut = self._pending.pop(response.request_id, None)
                 if fut is not None:
                     fut._set(response)
