@@ -12,9 +12,10 @@ import trio
 async def service_nursery() -> AsyncIterator[trio.Nursery]:
     """A nursery for a service's background tasks that raises callers' errors as-is.
 
-    Services run background tasks that never raise (they record failures in
-    their state), so an error leaving the nursery comes from the caller's own
-    ``async with`` body. Trio wraps it in an ExceptionGroup; unwrap a lone
+    Services run background tasks that raise at most one error between them
+    (most record failures in their state instead), so an error leaving the
+    nursery is usually alone: the caller's own ``async with`` body, or the
+    one failing task. Trio wraps it in an ExceptionGroup; unwrap a lone
     exception so that ``except JournalCorrupt`` and friends work as expected.
     """
     try:

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import trio
 
 from gateway import __version__
+from gateway.aio import service_nursery
 from gateway.config import parse_host_port
 from gateway.container.attributes import AttributeUpdate
 from gateway.container.container import AppendResult
@@ -315,17 +316,13 @@ async def open_client(
         raise ConnectionLost(address, f"cannot connect: {e.strerror or e}") from None
     client = Client(stream, address)
     try:
-        async with trio.open_nursery() as nursery:
+        async with service_nursery() as nursery:
             nursery.start_soon(client._receive_loop)
             try:
                 await client._hello(token, client_name)
                 yield client
             finally:
                 nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
     finally:
         await client.aclose()
 

@@ -353,16 +353,11 @@ async def open_segment_writer(
     numbering after a restart.
     """
     writer = SegmentWriter(address, segment, **kwargs)
-    try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(writer._run)
-            nursery.start_soon(writer._run_linger)
-            try:
-                yield writer
-                await writer.flush()
-            finally:
-                nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
+    async with service_nursery() as nursery:
+        await nursery.start(writer._run)
+        nursery.start_soon(writer._run_linger)
+        try:
+            yield writer
+            await writer.flush()
+        finally:
+            nursery.cancel_scope.cancel()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
-from collections.abc import Callable
+import subprocess
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -31,3 +33,17 @@ def small_journal_config(**overrides: Any) -> JournalConfig:
 def journal_config() -> Callable[..., JournalConfig]:
     """Factory for small journal configurations (keyword overrides allowed)."""
     return small_journal_config
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
+    """An 8 MiB tmpfs, so a journal can run out of space for real (needs root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], check=False)
+    if r.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)

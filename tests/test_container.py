@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import pathlib
 import random
-import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -51,6 +50,14 @@ async def container_at(config: Config) -> AsyncIterator[SegmentContainer]:
 @pytest.fixture
 def config(tmp_path: pathlib.Path) -> Config:
     return make_config(tmp_path)
+
+
+def assert_stored(config: Config, name: str, length: int, acked: list[tuple[int, bytes]]) -> None:
+    """Every acknowledged append is in the journal at its offset, and nothing else."""
+    data = journal_segments(config.journal_dir)[name]
+    assert len(data) == length == sum(len(d) for _, d in acked)
+    for off, d in acked:
+        assert data[off : off + len(d)] == d
 
 
 def upd(attr: bytes, verb: Verb, value: int, **kw: Any) -> AttributeUpdate:
@@ -309,18 +316,6 @@ async def test_restart_keeps_metadata_through_checkpoints_and_truncation(
         assert await snapshot_state(c) == before
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path: pathlib.Path) -> Any:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)]).returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
 async def test_disk_full_refuses_and_resumes_without_holes(small_tmpfs: pathlib.Path) -> None:
     config = make_config(small_tmpfs, container={"overload_timeout": 0.5})
     filler = small_tmpfs / "filler"
@@ -330,7 +325,6 @@ async def test_disk_full_refuses_and_resumes_without_holes(small_tmpfs: pathlib.
         st = os.statvfs(small_tmpfs)
         filler.write_bytes(bytes(st.f_bavail * st.f_frsize - 700 * 1024))
         refused = 0
-        ok_offsets: list[int] = []
 
         async def one(i: int) -> None:
             nonlocal refused
@@ -341,7 +335,6 @@ async def test_disk_full_refuses_and_resumes_without_holes(small_tmpfs: pathlib.
                 assert "disk is full" in str(e)
                 refused += 1
             else:
-                ok_offsets.append(r.offset)
                 acked.append((r.offset, data))
 
         for burst in range(10):
@@ -353,10 +346,7 @@ async def test_disk_full_refuses_and_resumes_without_holes(small_tmpfs: pathlib.
         for i in range(100, 110):
             await one(i)
         length = c.info("s").length
-    data = journal_segments(config.journal_dir)["s"]
-    assert len(data) == length == sum(len(d) for _, d in acked)
-    for off, d in acked:
-        assert data[off : off + len(d)] == d
+    assert_stored(config, "s", length, acked)
 
 
 async def test_slow_journal_delays_then_refuses_with_overloaded(
@@ -400,7 +390,4 @@ async def test_slow_journal_delays_then_refuses_with_overloaded(
         assert overloaded > 0, "a slow journal must turn into Overloaded"
         assert acked, "some appends must get through"
         length = c.info("s").length
-    data = journal_segments(config.journal_dir)["s"]
-    assert len(data) == length == sum(len(d) for _, d in acked)
-    for off, d in acked:
-        assert data[off : off + len(d)] == d
+    assert_stored(config, "s", length, acked)

@@ -336,20 +336,6 @@ async def test_close_drains_queued_appends(
     assert len(appends(replayed(tmp_path))) == 100
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path: pathlib.Path) -> pathlib.Path:
-    """A 6 MiB tmpfs, so the journal can run out of space for real."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)], check=False)
-    if r.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
 async def test_disk_full_refuses_then_resumes(
     small_tmpfs: pathlib.Path, journal_config: ConfigFactory
 ) -> None:
