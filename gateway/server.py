@@ -40,8 +40,9 @@ from gateway.errors import (
     Unauthorized,
     Unsupported,
 )
+from gateway.journal.format import Buffer
 from gateway.protocol import wire_pb2 as wire
-from gateway.protocol.framing import MessageStream, close_now
+from gateway.protocol.framing import MessageStream, close_now, split_append_request
 from gateway.protocol.metadata_pb2 import AttributeValue
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,9 @@ def _updates(updates: list[wire.AttributeUpdate]) -> list[AttributeUpdate]:
     return out
 
 
+#: Appends at least this large skip copying their data out of the message.
+_SPLIT_BYTES = 64 * 1024
+
 _MUTATING = frozenset({"create", "append", "seal", "truncate", "delete", "update_attributes"})
 
 
@@ -136,11 +140,15 @@ class Connection:
                 return
             if raw is None:
                 return
-            decoded = self._decode(raw)
-            if isinstance(decoded, _Item):
-                item = decoded
+            split = split_append_request(raw) if self.greeted and len(raw) >= _SPLIT_BYTES else None
+            if split is not None:
+                item = await self._prepare_split_append(*split, len(raw))
             else:
-                item = await self._prepare(decoded, len(raw))
+                decoded = self._decode(raw)
+                if isinstance(decoded, _Item):
+                    item = decoded
+                else:
+                    item = await self._prepare(decoded, len(raw))
             # Queued before any wait, so a prepared request is always answered.
             self.inflight_bytes += item.nbytes
             send.send_nowait(item)
@@ -225,6 +233,17 @@ class Connection:
 
         return _Item(rid, 0, produce)
 
+    async def _prepare_split_append(
+        self, rid: int, a: wire.AppendRequest, data: memoryview, nbytes: int
+    ) -> _Item:
+        """`_prepare` for a large append whose data is a view of the message."""
+        try:
+            await self.server.container.wait_for_capacity(nbytes)
+            produce = self._append_data(rid, a, data)
+        except GatewayError as e:
+            return self._ready_error(rid, e)
+        return _Item(rid, nbytes, produce)
+
     # -- request kinds: each prepares now and returns how to answer later -------
 
     @staticmethod
@@ -241,10 +260,12 @@ class Connection:
         return self._pending_info(req.request_id, op)
 
     def _append(self, req: wire.Request) -> Producer:
-        a = req.append
+        return self._append_data(req.request_id, req.append, req.append.data)
+
+    def _append_data(self, rid: int, a: wire.AppendRequest, data: Buffer) -> Producer:
         op = self.server.container.prepare_append(
             a.segment,
-            a.data,
+            data,
             expected_offset=a.expected_offset if a.HasField("expected_offset") else None,
             attribute_updates=_updates(list(a.attribute_updates)),
             writer_id=a.writer_id,
@@ -252,7 +273,6 @@ class Connection:
             previous_event_number=a.previous_event_number,
             event_count=a.event_count,
         )
-        rid = req.request_id
 
         async def produce() -> wire.Response:
             r: AppendResult = await op.wait()

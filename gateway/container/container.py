@@ -63,7 +63,7 @@ from gateway.errors import (
     Unavailable,
 )
 from gateway.journal import Journal, Ticket, open_journal
-from gateway.journal.format import encode_append
+from gateway.journal.format import Buffer, encode_append
 from gateway.protocol.journal_pb2 import (
     CreateSegment,
     DeleteSegment,
@@ -225,7 +225,7 @@ class SegmentContainer:
             raise SegmentNotFound(name)
         return seg
 
-    def _submit(self, parts: Sequence[bytes]) -> Ticket:
+    def _submit(self, parts: Sequence[Buffer]) -> Ticket:
         assert self._journal is not None
         try:
             return self._journal.submit(parts)
@@ -290,7 +290,7 @@ class SegmentContainer:
     def prepare_append(
         self,
         name: str,
-        data: bytes,
+        data: Buffer,
         expected_offset: int | None = None,
         attribute_updates: Sequence[AttributeUpdate] = (),
         writer_id: bytes = b"",
@@ -475,7 +475,7 @@ class SegmentContainer:
         info: SegmentInfo = await self.prepare_create(name, attributes).wait()
         return info
 
-    async def append(self, name: str, data: bytes, **kwargs: Any) -> AppendResult:
+    async def append(self, name: str, data: Buffer, **kwargs: Any) -> AppendResult:
         """Append; keyword arguments as in `prepare_append`."""
         await self.wait_for_capacity(len(data) + 1024)
         result: AppendResult = await self.prepare_append(name, data, **kwargs).wait()

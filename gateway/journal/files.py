@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.errors import JournalFull, JournalLocked
+from gateway.journal.format import Buffer
 
 SUFFIX = ".wal"
 _NAME = re.compile(r"^([0-9]{20})\.wal$")
@@ -135,7 +136,7 @@ class JournalFile:
             raise
         self._allocated = new_allocated
 
-    def write(self, buffers: Sequence[bytes]) -> None:
+    def write(self, buffers: Sequence[Buffer]) -> None:
         """Write ``buffers`` at the end of the data, in one or more pwritev calls."""
         offset = self.size
         pending = list(buffers)

@@ -98,7 +98,7 @@ def operation_prefix(length: int) -> bytes:
 _APPEND_TAG = bytes(((10 << 3) | 2,))
 
 
-def encode_trailing_bytes(head: bytes, field_number: int, data: bytes) -> bytes:
+def encode_trailing_bytes(head: bytes, field_number: int, data: Buffer) -> bytes:
     """The bytes that, followed by ``data``, serialize a message whose other
     fields serialize to ``head`` and whose bytes field ``field_number`` (the
     highest-numbered field) holds ``data``."""
@@ -108,8 +108,8 @@ def encode_trailing_bytes(head: bytes, field_number: int, data: bytes) -> bytes:
 
 
 def encode_append(
-    segment_id: int, offset: int, data: bytes, attributes: bytes = b"", at_ms: int = 0
-) -> tuple[bytes, bytes]:
+    segment_id: int, offset: int, data: Buffer, attributes: bytes = b"", at_ms: int = 0
+) -> tuple[bytes, Buffer]:
     """A serialized ``Operation(append=Append(...))`` as (head, data), data not copied.
 
     ``attributes`` is the serialized ``repeated AttributeValue`` field (field
@@ -154,9 +154,9 @@ def encode_header(
 COALESCE_BYTES = 64 * 1024
 
 
-def _coalesce(parts: Sequence[bytes]) -> list[bytes]:
-    out: list[bytes] = []
-    run: list[bytes] = []
+def _coalesce(parts: Sequence[Buffer]) -> list[Buffer]:
+    out: list[Buffer] = []
+    run: list[Buffer] = []
     for p in parts:
         if len(p) >= COALESCE_BYTES:
             if run:
@@ -171,13 +171,13 @@ def _coalesce(parts: Sequence[bytes]) -> list[bytes]:
 
 
 def encode_group(
-    parts: Sequence[bytes],
+    parts: Sequence[Buffer],
     ends: Sequence[int],
     sizes: Sequence[int],
     first_sequence: int,
     epoch: int,
     max_frame_bytes: int,
-) -> tuple[list[bytes], int, int]:
+) -> tuple[list[Buffer], int, int]:
     """Frame one write group; return (buffers for pwritev, total bytes, frame count).
 
     Operation ``k`` is ``parts[ends[k-1]:ends[k]]`` (its Frame-field prefix,
@@ -186,7 +186,7 @@ def encode_group(
     one larger operation gets a frame of its own. Every frame's group
     sequence number is ``first_sequence``.
     """
-    buffers: list[bytes] = []
+    buffers: list[Buffer] = []
     i, n, seq, total, frames, part_start = 0, len(sizes), first_sequence, 0, 0, 0
     while i < n:
         j, size = i + 1, sizes[i]

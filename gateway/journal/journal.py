@@ -41,7 +41,7 @@ from gateway.errors import (
     OperationTooLarge,
 )
 from gateway.journal.files import DirectoryLock, JournalFile, JournalFileName, fsync_directory
-from gateway.journal.format import encode_group, operation_prefix
+from gateway.journal.format import Buffer, encode_group, operation_prefix
 from gateway.journal.recovery import RecoveryResult, ReplayCallback, recover
 from gateway.protocol.journal_pb2 import Checkpoint, EpochStarted, Operation
 
@@ -57,7 +57,7 @@ class _Group:
 
     def __init__(self) -> None:
         #: Per operation: its Frame-field prefix, then its serialized buffers.
-        self.parts: list[bytes] = []
+        self.parts: list[Buffer] = []
         #: Per operation: the index in ``parts`` just past it.
         self.ends: list[int] = []
         #: Per operation: its payload bytes, prefix included.
@@ -187,7 +187,7 @@ class Journal:
         """
         return await self.append_parts((op.SerializeToString(),))
 
-    async def append_parts(self, parts: Sequence[bytes]) -> int:
+    async def append_parts(self, parts: Sequence[Buffer]) -> int:
         """`append` for an Operation already serialized into consecutive buffers.
 
         The buffers are written as they are, never copied (see
@@ -223,7 +223,7 @@ class Journal:
                 if self._closing:
                     raise JournalClosed()
 
-    def submit(self, parts: Sequence[bytes]) -> Ticket:
+    def submit(self, parts: Sequence[Buffer]) -> Ticket:
         """Queue an operation without waiting; `Ticket.wait` gives its sequence number.
 
         Operations are made durable in the order they are submitted. This
