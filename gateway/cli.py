@@ -180,6 +180,32 @@ def _cmd_append(args: argparse.Namespace) -> int:
     return trio.run(main)
 
 
+def _cmd_cat(args: argparse.Namespace) -> int:
+    out = sys.stdout.buffer
+
+    async def run(client: Any) -> int:
+        offset = args.offset
+        if offset is None:
+            offset = (await client.info(args.segment)).start_offset
+        while True:
+            got = 0
+            end = False
+            async for piece in client.read_pieces(
+                args.segment, offset, 8 << 20, wait=1.0 if args.follow else 0.0
+            ):
+                out.write(piece.data)
+                got += len(piece.data)
+                end = piece.end_of_segment or (
+                    not args.follow and piece.offset + len(piece.data) >= piece.length
+                )
+            out.flush()
+            offset += got
+            if end:
+                return 0
+
+    return _run_client(args, run)
+
+
 def _cmd_ls(args: argparse.Namespace) -> int:
     async def run(client: Any) -> int:
         infos = await client.list(args.prefix)
@@ -288,6 +314,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--create", action="store_true", help="create the segment if missing")
     p.add_argument("--writer-id", metavar="UUID",
                    help="continue an exactly-once writer (default: a new one)")  # fmt: skip
+    p = add("cat", _cmd_cat, "write a segment's bytes to stdout", client=True)
+    p.add_argument("segment")
+    p.add_argument("--offset", type=int, help="start here (default: the segment's start offset)")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="wait for appends like tail -f, until the segment is sealed")  # fmt: skip
     p = add("ls", _cmd_ls, "list segments", client=True)
     p.add_argument("prefix", nargs="?", default="")
     p.add_argument("-l", "--long", action="store_true", help="length, events, state, mtime")

@@ -14,6 +14,7 @@ For exactly-once event streams use `gateway.writer.SegmentWriter`.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -26,7 +27,7 @@ from gateway import __version__
 from gateway.aio import service_nursery
 from gateway.config import parse_host_port
 from gateway.container.attributes import AttributeUpdate
-from gateway.container.container import AppendResult
+from gateway.container.container import AppendResult, ReadResult
 from gateway.container.segment import SegmentInfo
 from gateway.errors import BY_WIRE_CODE, ConnectionLost, GatewayError, ProtocolError
 from gateway.protocol import wire_pb2 as wire
@@ -40,7 +41,7 @@ def error_from_wire(err: wire.Error) -> GatewayError:
     """The exception for an Error response."""
     cls = BY_WIRE_CODE.get(wire.ErrorCode.Name(err.code), GatewayError)
     e = cls.from_text(err.message)
-    if err.code == wire.BAD_OFFSET:
+    if err.code in (wire.BAD_OFFSET, wire.SEGMENT_TRUNCATED):
         e.expected_offset = err.expected_offset  # type: ignore[attr-defined]
     if err.code == wire.CONDITIONAL_CHECK_FAILED:
         e.last_event_number = err.last_event_number  # type: ignore[attr-defined]
@@ -111,6 +112,8 @@ class Client:
         self.address = address
         self._messages = MessageStream(stream, DEFAULT_MAX_MESSAGE)
         self._pending: dict[int, ResponseFuture] = {}
+        #: Requests answered by several responses (reads): their pieces go here.
+        self._streams: dict[int, trio.MemorySendChannel[wire.Response | GatewayError]] = {}
         self._next_id = 1
         self._send_lock = trio.Lock()
         self._broken: GatewayError | None = None
@@ -125,6 +128,10 @@ class Client:
         pending, self._pending = self._pending, {}
         for fut in pending.values():
             fut._set(None, error)
+        streams, self._streams = self._streams, {}
+        for channel in streams.values():
+            channel.send_nowait(error)
+            channel.close()
 
     async def _receive_loop(self) -> None:
         try:
@@ -134,6 +141,13 @@ class Client:
                     raise ConnectionLost(self.address, "the server closed the connection")
                 # upb parses any buffer; the stubs only say bytes.
                 response = wire.Response.FromString(raw)  # type: ignore[arg-type]
+                channel = self._streams.get(response.request_id)
+                if channel is not None:
+                    channel.send_nowait(response)
+                    if response.WhichOneof("kind") != "read" or response.read.last:
+                        del self._streams[response.request_id]
+                        channel.close()
+                    continue
                 fut = self._pending.pop(response.request_id, None)
                 if fut is not None:
                     fut._set(response)
@@ -172,6 +186,49 @@ class Client:
         self._pending[rid] = fut
         await self._send(build(rid))
         return fut
+
+    async def read_pieces(
+        self, segment: str, offset: int = 0, max_length: int = 1 << 20, wait: float = 0.0
+    ) -> AsyncIterator[ReadResult]:
+        """The answer to one read, piece by piece (each at most 1 MiB), as they arrive.
+
+        At the tail of an active segment the server waits up to ``wait``
+        seconds for data; an empty piece means none came. Raises
+        SegmentTruncated below the start offset.
+        """
+        if self._broken is not None:
+            raise self._broken
+        rid = self._next_id
+        self._next_id += 1
+        send, receive = trio.open_memory_channel[wire.Response | GatewayError](math.inf)
+        self._streams[rid] = send
+        req = wire.Request(
+            request_id=rid,
+            read=wire.ReadRequest(
+                segment=segment, offset=offset, max_length=max_length, wait_ms=int(wait * 1000)
+            ),
+        )
+        await self._send((req.SerializeToString(),))
+        async with receive:
+            async for item in receive:
+                if isinstance(item, GatewayError):
+                    raise item
+                if item.WhichOneof("kind") == "error":
+                    raise error_from_wire(item.error)
+                r = item.read
+                yield ReadResult(r.offset, r.data, r.length, r.start_offset, r.sealed)
+
+    async def read(
+        self, segment: str, offset: int = 0, max_length: int = 1 << 20, wait: float = 0.0
+    ) -> ReadResult:
+        """Up to ``max_length`` committed bytes from ``offset`` (see `read_pieces`)."""
+        data = bytearray()
+        last: ReadResult | None = None
+        async for piece in self.read_pieces(segment, offset, max_length, wait):
+            data += piece.data
+            last = piece
+        assert last is not None
+        return ReadResult(offset, bytes(data), last.length, last.start_offset, last.sealed)
 
     async def _call(self, **kind: Any) -> wire.Response:
         def build(rid: int) -> Sequence[bytes]:
@@ -404,6 +461,13 @@ class SyncClient:
         """See `Client.list`."""
         assert self._client is not None
         return self._run(self._client.list, prefix)
+
+    def read(
+        self, segment: str, offset: int = 0, max_length: int = 1 << 20, wait: float = 0.0
+    ) -> ReadResult:
+        """See `Client.read`."""
+        assert self._client is not None
+        return self._run(self._client.read, segment, offset, max_length, wait)
 
     def get_attributes(self, segment: str, ids: Iterable[bytes] = ()) -> dict[bytes, int]:
         """See `Client.get_attributes`."""

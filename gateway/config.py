@@ -236,6 +236,32 @@ class ContainerConfig:
     )
 
 
+def _budget(value: Any) -> int:
+    if value == "auto" or (value == 0 and not isinstance(value, bool)):
+        return 0  # 0 is how "auto" is kept once parsed
+    n = parse_size(value)
+    if n < 4 * MiB:
+        raise ValueError(f'must be "auto" or at least 4 MiB, got {n}')
+    return n
+
+
+def _fraction(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.05 <= value <= 0.95:
+        raise ValueError(f"must be a number between 0.05 and 0.95, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """``[cache]``: the RocksDB cache (unflushed append data and Tier-2 blocks)."""
+
+    dir: str = _key("", _abs_path_or_empty, 'cache directory; "" = <node.data_dir>/cache')
+    budget: int = _key(0, _budget, '"auto" (0: 4 GiB or 25% of free disk, the smaller) or a size')
+    pinned_share: float = _key(
+        0.5, _fraction, "share of the budget unflushed data may take before appends wait"
+    )
+
+
 @dataclass(frozen=True)
 class FuseConfig:
     """``[fuse]``: the read-only mount."""
@@ -300,6 +326,7 @@ class Config:
     node: NodeConfig = field(default_factory=NodeConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     container: ContainerConfig = field(default_factory=ContainerConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
     fuse: FuseConfig = field(default_factory=FuseConfig)
     tier2: Tier2Config = field(default_factory=Tier2Config)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -310,6 +337,11 @@ class Config:
     def journal_dir(self) -> pathlib.Path:
         """The journal directory, resolved against ``node.data_dir``."""
         return pathlib.Path(self.journal.dir or pathlib.Path(self.node.data_dir) / "journal")
+
+    @property
+    def cache_dir(self) -> pathlib.Path:
+        """The cache directory, resolved against ``node.data_dir``."""
+        return pathlib.Path(self.cache.dir or pathlib.Path(self.node.data_dir) / "cache")
 
     @classmethod
     def load(cls, path: str | pathlib.Path) -> Config:

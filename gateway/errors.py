@@ -158,6 +158,18 @@ class ConditionalCheckFailed(SegmentError):
     last_event_number: int = 0
 
 
+class SegmentTruncated(SegmentError):
+    """segment {!r}: offset {} was truncated (the segment starts at {})"""
+
+    exit_code = 26
+    wire_code = "SEGMENT_TRUNCATED"
+
+    def __init__(self, segment: str, offset: int, start_offset: int) -> None:
+        super().__init__(segment, offset, start_offset)
+        #: The segment's start offset: the first offset that can be read.
+        self.expected_offset = start_offset
+
+
 class BadAttributeUpdate(SegmentError):
     """segment {!r}: bad attribute update: {}"""
 
@@ -232,6 +244,7 @@ BY_WIRE_CODE: dict[str, type[GatewayError]] = {
     for cls in (
         GatewayError, TooLarge, SegmentNotFound, SegmentExists, SegmentSealed, BadOffset,
         ConditionalCheckFailed, BadAttributeUpdate, InvalidName, Overloaded, Unauthorized,
+        SegmentTruncated,
         LimitExceeded, Unavailable, BadRequest, ProtocolError, Unsupported,
     )
 }  # fmt: skip

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hmac
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
@@ -42,13 +42,21 @@ from gateway.errors import (
 )
 from gateway.journal.format import Buffer
 from gateway.protocol import wire_pb2 as wire
-from gateway.protocol.framing import MessageStream, close_now, split_append_request
+from gateway.protocol.framing import (
+    MessageStream,
+    close_now,
+    encode_read_response,
+    split_append_request,
+)
 from gateway.protocol.metadata_pb2 import AttributeValue
 
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = wire.PROTOCOL_VERSION_1
 MAX_LIST = 10_000
+#: A read request is answered with at most this much, in pieces of READ_PIECE.
+MAX_READ = 64 * 1024 * 1024
+READ_PIECE = 1024 * 1024
 
 Producer = Callable[[], Awaitable[wire.Response]]
 
@@ -106,6 +114,8 @@ class _Item:
     nbytes: int
     produce: Producer
     close_after: bool = False
+    #: For reads: the pieces of the answer, produced one at a time.
+    stream: Callable[[], AsyncIterator[list[bytes]]] | None = None
 
 
 class Connection:
@@ -126,9 +136,9 @@ class Connection:
             nursery.start_soon(self._respond, receive)
             async with send:
                 with self.reader_scope:
-                    await self._read(send)
+                    await self._read_loop(send)
 
-    async def _read(self, send: trio.MemorySendChannel[_Item]) -> None:
+    async def _read_loop(self, send: trio.MemorySendChannel[_Item]) -> None:
         while True:
             try:
                 raw = await self.messages.receive()
@@ -195,6 +205,8 @@ class Connection:
         """Prepare one request, in arrival order: it enters the journal now."""
         rid = req.request_id
         kind = req.WhichOneof("kind")
+        if kind == "read":
+            return self._read(req)
         try:
             if kind in _MUTATING:
                 await self.server.container.wait_for_capacity(nbytes)
@@ -352,17 +364,61 @@ class Connection:
 
         return produce
 
+    def _read(self, req: wire.Request) -> _Item:
+        r = req.read
+        rid = req.request_id
+        container = self.server.container
+
+        async def stream() -> AsyncIterator[list[bytes]]:
+            offset = r.offset
+            remaining = min(r.max_length, MAX_READ)
+            wait = r.wait_ms / 1000
+            while True:
+                result = await container.read(
+                    r.segment, offset, min(remaining, READ_PIECE), wait=wait
+                )
+                wait = 0.0  # only the first piece waits at the tail
+                offset += len(result.data)
+                remaining -= len(result.data)
+                last = not result.data or remaining <= 0 or offset >= result.length
+                head = wire.ReadResponse(
+                    offset=result.offset,
+                    length=result.length,
+                    start_offset=result.start_offset,
+                    sealed=result.sealed,
+                    last=last,
+                )
+                yield encode_read_response(rid, head, result.data)
+                if last:
+                    return
+
+        async def unused() -> wire.Response:  # pragma: no cover - streams use `stream`
+            raise AssertionError
+
+        return _Item(rid, 0, unused, stream=stream)
+
     # -- responses ---------------------------------------------------------------
+
+    async def _send_stream(self, item: _Item) -> None:
+        """Send a read's pieces as they are produced (errors end the answer)."""
+        assert item.stream is not None
+        async for parts in item.stream():
+            await self.messages.send(parts)
 
     async def _respond(self, receive: trio.MemoryReceiveChannel[_Item]) -> None:
         try:
             async for item in receive:
                 try:
-                    response = await item.produce()
-                except GatewayError as e:
-                    response = error_response(item.request_id, e)
-                try:
-                    await self.messages.send_message(response.SerializeToString())
+                    try:
+                        if item.stream is not None:
+                            await self._send_stream(item)
+                            response = None
+                        else:
+                            response = await item.produce()
+                    except GatewayError as e:
+                        response = error_response(item.request_id, e)
+                    if response is not None:
+                        await self.messages.send_message(response.SerializeToString())
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     self.reader_scope.cancel()
                     return

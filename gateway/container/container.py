@@ -26,6 +26,7 @@ deleted or truncated past it).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -35,6 +36,7 @@ from typing import Any
 
 import trio
 
+from cache import CacheStore
 from gateway.aio import service_nursery
 from gateway.config import Config, ContainerConfig
 from gateway.container.attributes import (
@@ -59,6 +61,7 @@ from gateway.errors import (
     SegmentExists,
     SegmentNotFound,
     SegmentSealed,
+    SegmentTruncated,
     TooLarge,
     Unavailable,
 )
@@ -73,6 +76,7 @@ from gateway.protocol.journal_pb2 import (
     UpdateAttributes,
 )
 from gateway.protocol.metadata_pb2 import AttributeValue, ContainerSnapshot
+from gateway.readindex import ReadIndex, SegmentView
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +95,22 @@ class AppendResult:
 
     offset: int
     length: int
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """Bytes read from a segment, and its committed state when they were read."""
+
+    offset: int
+    data: bytes
+    length: int
+    start_offset: int
+    sealed: bool
+
+    @property
+    def end_of_segment(self) -> bool:
+        """Sealed and read to the end: no byte will ever follow."""
+        return self.sealed and self.offset + len(self.data) >= self.length
 
 
 def _now_ms() -> int:
@@ -141,9 +161,13 @@ class PendingOperation:
 class SegmentContainer:
     """All segments of this node. Get one from `open_container`."""
 
-    def __init__(self, config: ContainerConfig) -> None:
+    def __init__(self, config: ContainerConfig, read_index: ReadIndex) -> None:
         self._cfg = config
         self._journal: Journal | None = None
+        self.read_index = read_index
+        #: Append bytes submitted but not yet applied (and so not yet cached).
+        self._pending_pinned = 0
+        self._pinned_freed = trio.Event()
         #: Live segments by name (including pending creates) and by id.
         self._segments: dict[str, Segment] = {}
         self._by_id: dict[int, Segment] = {}
@@ -334,9 +358,12 @@ class SegmentContainer:
         end = offset + len(data)
         seg.p_length = end
         seg.set_pending_attributes(values)
+        self._pending_pinned += len(data)
 
         def apply(seq: int) -> None:
+            self._pending_pinned -= len(data)
             self._apply_append(seg, offset, end, values, at_ms, self._file_of(seq))
+            self.read_index.on_append(seg.id, offset, data)
 
         return self._track(ticket, AppendResult(offset, end), apply, seg)
 
@@ -382,6 +409,7 @@ class SegmentContainer:
         def apply(seq: int) -> None:
             seg.sealed = True
             seg.last_modified_ms = at_ms
+            self.read_index.on_change(seg.id)
 
         return self._track(ticket, None, apply, seg)._with_result(lambda: seg.info())
 
@@ -405,6 +433,8 @@ class SegmentContainer:
         def apply(seq: int) -> None:
             seg.start_offset = max(seg.start_offset, offset)
             seg.last_modified_ms = at_ms
+            self.read_index.on_truncate(seg.id, seg.start_offset)
+            self._signal_pinned_freed()
 
         return self._track(ticket, None, apply, seg)._with_result(lambda: seg.info())
 
@@ -418,6 +448,8 @@ class SegmentContainer:
 
         def apply(seq: int) -> None:
             self._remove(seg)
+            self.read_index.on_delete(seg.id)
+            self._signal_pinned_freed()
 
         return self._track(ticket, None, apply, seg)
 
@@ -456,18 +488,70 @@ class SegmentContainer:
 
     # -- convenience: prepare and wait -------------------------------------------
 
+    def _signal_pinned_freed(self) -> None:
+        self._pinned_freed.set()
+        self._pinned_freed = trio.Event()
+
+    def _pinned_room(self, nbytes: int) -> bool:
+        return self.read_index.store.pinned_room(nbytes + self._pending_pinned)
+
     async def wait_for_capacity(self, nbytes: int) -> None:
-        """Wait until the journal can take ``nbytes``; Overloaded after the timeout."""
+        """Wait until the journal and the cache can take ``nbytes``; else Overloaded.
+
+        Unflushed append data is pinned in the cache until it is in Tier 2;
+        when it reaches its share of the cache budget, appends wait for room
+        (truncation, deletion, or a flush) and after ``overload_timeout`` are
+        refused: memory and disk stay bounded.
+        """
         assert self._journal is not None
-        if self._journal.has_space(nbytes):
+        if self._journal.has_space(nbytes) and self._pinned_room(nbytes):
             return
         with trio.move_on_after(self._cfg.overload_timeout):
             await self._journal.wait_for_space(nbytes)
+            while not self._pinned_room(nbytes):
+                await self._pinned_freed.wait()
             return
+        if not self._pinned_room(nbytes):
+            raise Overloaded(
+                "unflushed data fills its share of the cache budget "
+                f"(cache.budget x cache.pinned_share); waited {self._cfg.overload_timeout:g}s"
+            )
         raise Overloaded(
             f"the journal has not caught up within {self._cfg.overload_timeout:g}s "
             "(container.overload_timeout)"
         )
+
+    # -- reading -------------------------------------------------------------------
+
+    async def read(
+        self,
+        name: str,
+        offset: int,
+        max_length: int,
+        wait: float = 0.0,
+        zeros_below_start: bool = False,
+    ) -> ReadResult:
+        """Committed bytes of ``name`` from ``offset`` (at most ``max_length``).
+
+        Below the start offset: SegmentTruncated, or zeros with
+        ``zeros_below_start`` (file-like readers). At the tail of an active
+        segment, waits up to ``wait`` seconds for the next append.
+        """
+        seg = self._committed(name)
+        if offset < seg.start_offset and not zeros_below_start:
+            raise SegmentTruncated(name, offset, seg.start_offset)
+        if offset >= seg.length and not seg.sealed and wait > 0:
+            with trio.move_on_after(wait):
+                while True:
+                    changed = self.read_index.changed(seg.id)
+                    seg = self._committed(name)  # it may be gone now
+                    if offset < seg.length or seg.sealed:
+                        break
+                    await changed.wait()
+            seg = self._committed(name)
+        view = SegmentView(seg.id, seg.name, seg.start_offset, seg.length, seg.sealed)
+        data = await self.read_index.read(view, offset, max_length)
+        return ReadResult(offset, data, seg.length, seg.start_offset, seg.sealed)
 
     async def create(self, name: str, attributes: Sequence[AttributeUpdate] = ()) -> SegmentInfo:
         """Create a segment."""
@@ -525,6 +609,8 @@ class SegmentContainer:
             else:
                 if op._apply is not None:
                     op._apply(seq)
+        if not q:
+            self._pending_pinned = 0  # refused appends never reach apply
         if not q and self._dirty:
             # Nothing in flight: pending must equal committed. It already does
             # unless the journal refused operations; then undo their effects.
@@ -672,10 +758,11 @@ class _Replayer:
             return
         if kind == "append" and not self.based:
             # Before the first checkpoint of a truncated journal: the state is
-            # in that checkpoint, but where the data lies still matters.
+            # in that checkpoint, but the data (and where it lies) still matters.
             a = op.append
             usage = c._file_usage.setdefault(self.file, {})
             usage[a.segment_id] = a.offset + len(a.data)
+            c.read_index.on_append(a.segment_id, a.offset, a.data)
             return
         if not self.based or kind == "epoch_started":
             return
@@ -684,6 +771,7 @@ class _Replayer:
             seg = self._segment(a.segment_id, seq)
             values = {v.id: v.value for v in a.attributes}
             c._apply_append(seg, a.offset, a.offset + len(a.data), values, a.at_ms, self.file)
+            c.read_index.on_append(seg.id, a.offset, a.data)
         elif kind == "create_segment":
             cs = op.create_segment
             if cs.name in c._segments or cs.segment_id in c._by_id:
@@ -703,8 +791,11 @@ class _Replayer:
             seg = self._segment(t.segment_id, seq)
             seg.start_offset = max(seg.start_offset, t.offset)
             seg.last_modified_ms = t.at_ms
+            c.read_index.on_truncate(seg.id, seg.start_offset)
         elif kind == "delete_segment":
-            c._remove(self._segment(op.delete_segment.segment_id, seq))
+            seg = self._segment(op.delete_segment.segment_id, seq)
+            c._remove(seg)
+            c.read_index.on_delete(seg.id)
         elif kind == "update_attributes":
             u = op.update_attributes
             seg = self._segment(u.segment_id, seq)
@@ -724,8 +815,16 @@ class _Replayer:
             raise ContainerCorrupt(
                 f"the journal starts at sequence {self.first_seq} without a checkpoint"
             )
+        index = self.c.read_index
         for seg in self.c._segments.values():
             seg.reset_pending()
+            index.on_truncate(seg.id, seg.start_offset)
+        index.check_coverage(
+            [
+                SegmentView(s.id, s.name, s.start_offset, s.length, s.sealed)
+                for s in self.c._segments.values()
+            ]
+        )
 
 
 @asynccontextmanager
@@ -735,7 +834,29 @@ async def open_container(config: Config) -> AsyncIterator[SegmentContainer]:
     On a clean exit a final checkpoint is written, so the next start replays
     little.
     """
-    container = SegmentContainer(config.container)
+    store = await trio.to_thread.run_sync(
+        CacheStore.open, config.cache_dir, cache_budget(config), config.cache.pinned_share
+    )
+    try:
+        async with _open_container(config, store) as container:
+            yield container
+    finally:
+        await trio.to_thread.run_sync(store.close)
+
+
+def cache_budget(config: Config) -> int:
+    """``cache.budget``, or for "auto": 4 GiB or 25% of the free disk, the smaller."""
+    if config.cache.budget:
+        return config.cache.budget
+    directory = config.cache_dir
+    directory.mkdir(parents=True, exist_ok=True)
+    st = os.statvfs(directory)
+    return max(64 * 1024 * 1024, min(4 * 1024**3, st.f_bavail * st.f_frsize // 4))
+
+
+@asynccontextmanager
+async def _open_container(config: Config, store: CacheStore) -> AsyncIterator[SegmentContainer]:
+    container = SegmentContainer(config.container, ReadIndex(store))
     replayer = _Replayer(container)
     started = time.monotonic()
     async with open_journal(

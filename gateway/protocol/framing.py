@@ -16,12 +16,13 @@ from google.protobuf.message import DecodeError
 
 from gateway.errors import ProtocolError
 from gateway.journal.format import encode_trailing_bytes, varint
-from gateway.protocol.wire_pb2 import AppendRequest, Request
+from gateway.protocol.wire_pb2 import AppendRequest, ReadResponse, Request, Response
 
 LENGTH = struct.Struct(">I")
 #: Bigger receives make fewer syscalls; small messages are parsed from one read.
 _RECEIVE_BYTES = 256 * 1024
 _APPEND_FIELD_TAG = varint((4 << 3) | 2)  # Request.append
+_READ_FIELD_TAG = varint((9 << 3) | 2)  # Response.read
 #: Messages at least this large that are not yet buffered are received directly.
 _DIRECT_BYTES = 64 * 1024
 
@@ -195,6 +196,14 @@ def close_now(stream: trio.abc.Stream) -> None:
     sock = getattr(stream, "socket", None)
     if sock is not None:
         sock.close()
+
+
+def encode_read_response(request_id: int, read: ReadResponse, data: bytes) -> list[bytes]:
+    """A serialized ``Response(request_id, read=read with data)`` as buffers, data last."""
+    inner = encode_trailing_bytes(read.SerializeToString(), 15, data)
+    head = Response(request_id=request_id).SerializeToString()
+    head += _READ_FIELD_TAG + varint(len(inner) + len(data)) + inner
+    return [head, data] if data else [head]
 
 
 def encode_append_request(request_id: int, append: AppendRequest, data: bytes) -> list[bytes]:

@@ -38,6 +38,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LIMIT_EXCEEDED: _ClassVar[ErrorCode]
     UNAVAILABLE: _ClassVar[ErrorCode]
     BAD_REQUEST: _ClassVar[ErrorCode]
+    SEGMENT_TRUNCATED: _ClassVar[ErrorCode]
 PROTOCOL_VERSION_UNSPECIFIED: ProtocolVersion
 PROTOCOL_VERSION_1: ProtocolVersion
 REPLACE: AttributeVerb
@@ -60,9 +61,10 @@ UNSUPPORTED: ErrorCode
 LIMIT_EXCEEDED: ErrorCode
 UNAVAILABLE: ErrorCode
 BAD_REQUEST: ErrorCode
+SEGMENT_TRUNCATED: ErrorCode
 
 class Request(_message.Message):
-    __slots__ = ("request_id", "hello", "create", "append", "seal", "truncate", "delete", "update_attributes", "get_info", "list", "get_attributes")
+    __slots__ = ("request_id", "hello", "create", "append", "seal", "truncate", "delete", "update_attributes", "get_info", "list", "get_attributes", "read")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +76,7 @@ class Request(_message.Message):
     GET_INFO_FIELD_NUMBER: _ClassVar[int]
     LIST_FIELD_NUMBER: _ClassVar[int]
     GET_ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    READ_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     hello: Hello
     create: CreateSegmentRequest
@@ -85,7 +88,8 @@ class Request(_message.Message):
     get_info: GetInfoRequest
     list: ListSegmentsRequest
     get_attributes: GetAttributesRequest
-    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., create: _Optional[_Union[CreateSegmentRequest, _Mapping]] = ..., append: _Optional[_Union[AppendRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., truncate: _Optional[_Union[TruncateRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteRequest, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributesRequest, _Mapping]] = ..., get_info: _Optional[_Union[GetInfoRequest, _Mapping]] = ..., list: _Optional[_Union[ListSegmentsRequest, _Mapping]] = ..., get_attributes: _Optional[_Union[GetAttributesRequest, _Mapping]] = ...) -> None: ...
+    read: ReadRequest
+    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., create: _Optional[_Union[CreateSegmentRequest, _Mapping]] = ..., append: _Optional[_Union[AppendRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., truncate: _Optional[_Union[TruncateRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteRequest, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributesRequest, _Mapping]] = ..., get_info: _Optional[_Union[GetInfoRequest, _Mapping]] = ..., list: _Optional[_Union[ListSegmentsRequest, _Mapping]] = ..., get_attributes: _Optional[_Union[GetAttributesRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("protocol_version", "token", "client")
@@ -191,8 +195,20 @@ class GetAttributesRequest(_message.Message):
     ids: _containers.RepeatedScalarFieldContainer[bytes]
     def __init__(self, segment: _Optional[str] = ..., ids: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
+class ReadRequest(_message.Message):
+    __slots__ = ("segment", "offset", "max_length", "wait_ms")
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    segment: str
+    offset: int
+    max_length: int
+    wait_ms: int
+    def __init__(self, segment: _Optional[str] = ..., offset: _Optional[int] = ..., max_length: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
 class Response(_message.Message):
-    __slots__ = ("request_id", "error", "hello", "append", "info", "list", "attributes", "done")
+    __slots__ = ("request_id", "error", "hello", "append", "info", "list", "attributes", "done", "read")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +217,7 @@ class Response(_message.Message):
     LIST_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
+    READ_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     error: Error
     hello: HelloResponse
@@ -209,7 +226,24 @@ class Response(_message.Message):
     list: SegmentList
     attributes: Attributes
     done: Done
-    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., hello: _Optional[_Union[HelloResponse, _Mapping]] = ..., append: _Optional[_Union[AppendResponse, _Mapping]] = ..., info: _Optional[_Union[SegmentInfo, _Mapping]] = ..., list: _Optional[_Union[SegmentList, _Mapping]] = ..., attributes: _Optional[_Union[Attributes, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ...) -> None: ...
+    read: ReadResponse
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., hello: _Optional[_Union[HelloResponse, _Mapping]] = ..., append: _Optional[_Union[AppendResponse, _Mapping]] = ..., info: _Optional[_Union[SegmentInfo, _Mapping]] = ..., list: _Optional[_Union[SegmentList, _Mapping]] = ..., attributes: _Optional[_Union[Attributes, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., read: _Optional[_Union[ReadResponse, _Mapping]] = ...) -> None: ...
+
+class ReadResponse(_message.Message):
+    __slots__ = ("offset", "length", "start_offset", "sealed", "last", "data")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    length: int
+    start_offset: int
+    sealed: bool
+    last: bool
+    data: bytes
+    def __init__(self, offset: _Optional[int] = ..., length: _Optional[int] = ..., start_offset: _Optional[int] = ..., sealed: _Optional[bool] = ..., last: _Optional[bool] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Error(_message.Message):
     __slots__ = ("code", "message", "expected_offset", "last_event_number")

@@ -1,0 +1,231 @@
+"""The read index: where every committed byte of every segment is (Pravega's ReadIndex).
+
+One read path serves the protocol, the CLI and (later) the FUSE mount. Per
+segment the index holds sorted entries, one per append, saying where the
+bytes are: in the cache's pinned key space (unflushed append data, keyed by
+segment id and offset) or, once Tier 2 exists, in a chunk. Entries are added
+only when the segment container applies a durable append, so a read never
+sees an unacknowledged byte, and always sees an acknowledged one.
+
+``read`` returns the bytes available from an offset, zeros below the
+truncation offset (for file-like readers), and at the tail either returns
+empty or waits for the next append ("future read"), waking as soon as one is
+applied.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import trio
+
+from cache import CacheStore
+from gateway.errors import GatewayError
+from gateway.journal.format import Buffer
+
+log = logging.getLogger(__name__)
+
+#: Values at least this large are read from RocksDB in a worker thread.
+THREAD_READ_BYTES = 256 * 1024
+#: Recently fetched entries kept in memory: a sequential reader reading less
+#: than an entry at a time would otherwise fetch the entry once per read.
+RECENT_BYTES = 16 * 1024 * 1024
+
+
+class ReadIndexCorrupt(GatewayError):
+    """segment data is missing: {}. Run `segment-gateway fsck`"""
+
+    exit_code = 3
+
+
+@dataclass
+class _SegmentIndex:
+    """Entries of one segment: entry k covers [starts[k], ends[k])."""
+
+    starts: list[int] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)
+    #: Set (and replaced) whenever the segment grows, is sealed or deleted.
+    changed: trio.Event = field(default_factory=trio.Event)
+
+
+@dataclass
+class ReaderState:
+    """Per-reader access pattern, for prefetching layers (FUSE)."""
+
+    next_offset: int = -1
+    sequential_bytes: int = 0
+
+    def note(self, offset: int, length: int) -> bool:
+        """Record a read; return whether it continued the previous one."""
+        sequential = offset == self.next_offset
+        self.sequential_bytes = self.sequential_bytes + length if sequential else length
+        self.next_offset = offset + length
+        return sequential
+
+
+@dataclass(frozen=True)
+class SegmentView:
+    """What a read needs to know of a segment's committed metadata."""
+
+    id: int
+    name: str
+    start_offset: int
+    length: int
+    sealed: bool
+
+
+class ReadIndex:
+    """Committed bytes of all segments, over the cache store."""
+
+    def __init__(self, store: CacheStore) -> None:
+        self.store = store
+        self._segments: dict[int, _SegmentIndex] = {}
+        self._recent: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+        self._recent_bytes = 0
+        self.reads = 0
+        self.bytes_read = 0
+
+    # -- fed by the container (committed operations) ----------------------------
+
+    def on_append(self, segment_id: int, offset: int, data: Buffer) -> None:
+        """A durable append: keep its bytes (pinned) and index them."""
+        if not len(data):
+            return
+        self.store.put_append(segment_id, offset, data)
+        idx = self._segments.get(segment_id)
+        if idx is None:
+            idx = self._segments[segment_id] = _SegmentIndex()
+        idx.starts.append(offset)
+        idx.ends.append(offset + len(data))
+        self._wake(idx)
+
+    def on_truncate(self, segment_id: int, start_offset: int) -> None:
+        """Bytes below ``start_offset`` are gone: drop whole entries below it."""
+        idx = self._segments.get(segment_id)
+        if idx is None:
+            return
+        k = bisect.bisect_right(idx.ends, start_offset)
+        if k:
+            self.store.unpin_appends(segment_id, idx.ends[k - 1])
+            for start in idx.starts[:k]:
+                self._forget(segment_id, start)
+            del idx.starts[:k]
+            del idx.ends[:k]
+
+    def on_change(self, segment_id: int) -> None:
+        """The segment was sealed: wake readers waiting at its tail."""
+        idx = self._segments.get(segment_id)
+        if idx is not None:
+            self._wake(idx)
+
+    def on_delete(self, segment_id: int) -> None:
+        """The segment is gone: drop its data, wake its waiting readers."""
+        idx = self._segments.pop(segment_id, None)
+        self.store.drop_segment(segment_id)
+        if idx is not None:
+            for start in idx.starts:
+                self._forget(segment_id, start)
+            idx.changed.set()
+
+    def _forget(self, segment_id: int, start: int) -> None:
+        data = self._recent.pop((segment_id, start), None)
+        if data is not None:
+            self._recent_bytes -= len(data)
+
+    def _remember(self, key: tuple[int, int], data: bytes) -> None:
+        if len(data) > RECENT_BYTES // 4:
+            return
+        self._recent[key] = data
+        self._recent_bytes += len(data)
+        while self._recent_bytes > RECENT_BYTES:
+            _, old = self._recent.popitem(last=False)
+            self._recent_bytes -= len(old)
+
+    async def _entry(self, seg: SegmentView, start: int, size: int) -> bytes:
+        """The bytes of the entry starting at ``start`` (recently used ones from memory)."""
+        key = (seg.id, start)
+        data = self._recent.get(key)
+        if data is not None:
+            self._recent.move_to_end(key)
+            return data
+        if size >= THREAD_READ_BYTES:
+            fetched = await trio.to_thread.run_sync(self.store.get_append, seg.id, start)
+        else:
+            fetched = self.store.get_append(seg.id, start)
+        if fetched is None:
+            raise ReadIndexCorrupt(f"{seg.name!r}: cached bytes at offset {start} are missing")
+        self._remember(key, fetched)
+        return fetched
+
+    @staticmethod
+    def _wake(idx: _SegmentIndex) -> None:
+        idx.changed.set()
+        idx.changed = trio.Event()
+
+    def check_coverage(self, segments: list[SegmentView]) -> None:
+        """After recovery: every live segment's needed bytes are indexed, without gaps."""
+        for seg in segments:
+            idx = self._segments.get(seg.id)
+            starts = idx.starts if idx else []
+            ends = idx.ends if idx else []
+            if seg.length > seg.start_offset:
+                need = seg.start_offset
+                k = bisect.bisect_right(ends, need)
+                if k == len(ends) or starts[k] > need:
+                    raise ReadIndexCorrupt(f"{seg.name!r} has no bytes at offset {need}")
+                for j in range(k + 1, len(starts)):
+                    if starts[j] != ends[j - 1]:
+                        raise ReadIndexCorrupt(
+                            f"{seg.name!r} has a gap at [{ends[j - 1]}, {starts[j]})"
+                        )
+                if ends[-1] != seg.length:
+                    raise ReadIndexCorrupt(
+                        f"{seg.name!r} is indexed up to {ends[-1]}, its length is {seg.length}"
+                    )
+        live = {s.id for s in segments}
+        for segment_id in [s for s in self._segments if s not in live]:
+            self.on_delete(segment_id)
+
+    # -- reading ---------------------------------------------------------------------
+
+    def changed(self, segment_id: int) -> trio.Event:
+        """An event set when the segment next grows, is sealed or deleted."""
+        idx = self._segments.get(segment_id)
+        if idx is None:
+            idx = self._segments[segment_id] = _SegmentIndex()
+        return idx.changed
+
+    async def read(self, seg: SegmentView, offset: int, max_length: int) -> bytes:
+        """Up to ``max_length`` committed bytes from ``offset`` (< ``seg.length``).
+
+        Bytes below the truncation offset read as zeros. The caller handles
+        the tail (offset >= length) and waiting.
+        """
+        end = min(seg.length, offset + max_length)
+        if offset >= end:
+            return b""
+        out = bytearray()
+        if offset < seg.start_offset:
+            zeros = min(end, seg.start_offset) - offset
+            out += bytes(zeros)
+            offset += zeros
+        if offset < end:
+            idx = self._segments.get(seg.id)
+            if idx is None:
+                raise ReadIndexCorrupt(f"{seg.name!r} has no indexed bytes")
+            k = bisect.bisect_right(idx.starts, offset) - 1
+            while offset < end:
+                if k < 0 or k >= len(idx.starts) or not idx.starts[k] <= offset < idx.ends[k]:
+                    raise ReadIndexCorrupt(f"{seg.name!r} has no bytes at offset {offset}")
+                entry_start, entry_end = idx.starts[k], idx.ends[k]
+                data = await self._entry(seg, entry_start, entry_end - entry_start)
+                take_end = min(end, entry_end)
+                out += memoryview(data)[offset - entry_start : take_end - entry_start]
+                offset = take_end
+                k += 1
+        self.reads += 1
+        self.bytes_read += len(out)
+        return bytes(out)

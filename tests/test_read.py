@@ -1,0 +1,294 @@
+"""Reading segments: read-your-write, future reads, the Read request, budget, restarts."""
+
+from __future__ import annotations
+
+import pathlib
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway.client import SyncClient, open_client
+from gateway.config import Config
+from gateway.container import open_container
+from gateway.errors import Overloaded, SegmentNotFound, SegmentTruncated
+
+from .conftest import ROOT
+from .helpers.daemon import Daemon
+from .helpers.inprocess import served
+from .helpers.segments import make_config
+
+# -- read-your-write, with truncations and restarts (hypothesis) -------------------
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(1, 70_000)),
+        st.tuples(st.just("read"), st.floats(0, 1), st.integers(1, 200_000)),
+        st.tuples(st.just("truncate"), st.floats(0, 1)),
+        st.tuples(st.just("restart"), st.just(0)),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+async def _run_ops(config: Config, script: list[tuple[Any, ...]], seed: int) -> None:
+    rng = random.Random(seed)
+    model = bytearray()
+    start = 0
+    container_cm = open_container(config)
+    c = await container_cm.__aenter__()
+    try:
+        await c.create("s")
+        for op in script:
+            if op[0] == "append":
+                data = rng.randbytes(op[1])
+                r = await c.append("s", data)
+                assert r.offset == len(model)
+                model += data
+                # Read-your-write: the bytes just acknowledged read back at once.
+                got = await c.read("s", r.offset, len(data))
+                assert got.data == data
+            elif op[0] == "read":
+                offset = int(op[1] * len(model))
+                if offset < start:
+                    with pytest.raises(SegmentTruncated):
+                        await c.read("s", offset, op[2])
+                    got = await c.read("s", offset, op[2], zeros_below_start=True)
+                    expect = bytes(start - offset) + bytes(model[start : offset + op[2]])
+                    assert got.data == expect[: op[2]]
+                else:
+                    got = await c.read("s", offset, op[2])
+                    assert got.data == bytes(model[offset : offset + op[2]])
+                assert got.length == len(model)
+            elif op[0] == "truncate":
+                new_start = max(start, int(op[1] * len(model)))
+                await c.truncate("s", new_start)
+                start = new_start
+            else:
+                await container_cm.__aexit__(None, None, None)
+                container_cm = open_container(config)
+                c = await container_cm.__aenter__()
+        # Everything from the start offset on, in one read, after all of it.
+        got = await c.read("s", start, len(model))
+        assert got.data == bytes(model[start:])
+    finally:
+        await container_cm.__aexit__(None, None, None)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(script=ops, seed=st.integers(0, 2**32))
+def test_read_your_write(script: list[tuple[Any, ...]], seed: int) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        trio.run(_run_ops, make_config(pathlib.Path(d)), script, seed)
+
+
+# -- future reads -------------------------------------------------------------------
+
+
+async def test_tail_reader_wakes_on_append(tmp_path: pathlib.Path) -> None:
+    async with open_container(make_config(tmp_path)) as c:
+        await c.create("t")
+        await c.append("t", b"head")
+        delays: list[float] = []
+        for i in range(20):
+            woke = trio.Event()
+            appended_at = 0.0
+            offset = c.info("t").length
+
+            async def reader(offset: int = offset, woke: trio.Event = woke) -> None:
+                r = await c.read("t", offset, 100, wait=5.0)
+                assert r.data == b"x%02d" % i
+                delays.append(time.monotonic() - appended_at)
+                woke.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(reader)
+                await trio.sleep(0.01)  # the reader is waiting now
+                appended_at = time.monotonic()
+                await c.append("t", b"x%02d" % i)
+                await woke.wait()
+        delays.sort()
+        assert delays[-1] < 0.05, f"tail readers woke after {delays[-1] * 1000:.1f} ms"
+
+
+async def test_tail_wait_times_out_and_sees_seal_and_delete(tmp_path: pathlib.Path) -> None:
+    async with open_container(make_config(tmp_path)) as c:
+        await c.create("t")
+        await c.append("t", b"abc")
+        started = time.monotonic()
+        r = await c.read("t", 3, 10, wait=0.1)
+        assert r.data == b"" and 0.09 < time.monotonic() - started < 1.0
+        assert not r.end_of_segment
+        r = await c.read("t", 3, 10)  # no wait: at once
+        assert r.data == b""
+
+        async def seal_later() -> None:
+            await trio.sleep(0.05)
+            await c.seal("t")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(seal_later)
+            r = await c.read("t", 3, 10, wait=5.0)
+        assert r.data == b"" and r.end_of_segment
+
+        await c.create("d")
+
+        async def delete_later() -> None:
+            await trio.sleep(0.05)
+            await c.delete("d")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(delete_later)
+            with pytest.raises(SegmentNotFound):
+                await c.read("d", 0, 10, wait=5.0)
+
+
+# -- the Read request over the wire ---------------------------------------------------
+
+
+async def test_read_request_streams_large_reads(tmp_path: pathlib.Path) -> None:
+    data = random.Random(1).randbytes(5 * 1024 * 1024 + 123)
+    async with served(make_config(tmp_path)) as s, open_client(s.address) as c:
+        await c.create("big")
+        for i in range(0, len(data), 500_000):
+            await c.append("big", data[i : i + 500_000])
+        pieces = [p async for p in c.read_pieces("big", 0, 64 << 20)]
+        assert len(pieces) >= 5, "large reads come in pieces"
+        assert all(len(p.data) <= 1 << 20 for p in pieces)
+        assert b"".join(p.data for p in pieces) == data
+        r = await c.read("big", 1000, 3)
+        assert r.data == data[1000:1003] and r.length == len(data)
+        await c.truncate("big", 4096)
+        with pytest.raises(SegmentTruncated) as e:
+            await c.read("big", 10, 10)
+        assert e.value.expected_offset == 4096
+        with pytest.raises(SegmentNotFound):
+            await c.read("nope", 0, 10)
+        # The connection is still fine after errors.
+        assert (await c.read("big", 4096, 10)).data == data[4096:4106]
+
+
+# -- budget -----------------------------------------------------------------------------
+
+
+def _du(path: pathlib.Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+async def test_tiny_budget_turns_into_backpressure(tmp_path: pathlib.Path) -> None:
+    config = make_config(
+        tmp_path,
+        cache={"budget": "8 MiB", "pinned_share": 0.5},
+        container={"overload_timeout": 0.2},
+    )
+    acked: list[tuple[int, bytes]] = []
+    async with open_container(config) as c:
+        await c.create("s")
+        overloaded = 0
+        for i in range(40):
+            data = random.Random(i).randbytes(300_000)
+            try:
+                r = await c.append("s", data)
+            except Overloaded as e:
+                assert "cache budget" in str(e)
+                overloaded += 1
+            else:
+                acked.append((r.offset, data))
+        assert overloaded > 0, "pinned data past its share must push back"
+        assert sum(len(d) for _, d in acked) <= 4 * 1024 * 1024 + 300_000
+        for off, d in acked:
+            assert (await c.read("s", off, len(d))).data == d
+        # Truncating frees room: appends go through again.
+        await c.truncate("s", c.info("s").length)
+        await c.append("s", b"room again")
+    assert _du(config.cache_dir) < 8 * 1024 * 1024 * 1.5
+
+
+# -- restart after SIGKILL ---------------------------------------------------------------
+
+
+def test_unflushed_data_survives_sigkill(tmp_path: pathlib.Path) -> None:
+    d = Daemon(tmp_path / "node")
+    d.start()
+    try:
+        rng = random.Random(5)
+        expected: dict[str, bytes] = {}
+        with SyncClient(d.address) as c:
+            for k in range(5):
+                name = f"k/{k}"
+                c.create(name)
+                blob = b""
+                for _ in range(20):
+                    data = rng.randbytes(rng.randint(1, 40_000))
+                    c.append(name, data)
+                    blob += data
+                expected[name] = blob
+            c.truncate("k/0", 1000)
+        d.kill()
+        d.start()
+        with SyncClient(d.address) as c:
+            for name, blob in expected.items():
+                start = c.info(name).start_offset
+                assert c.read(name, start, len(blob)).data == blob[start:]
+        assert d.stop() == 0, d.log()
+    finally:
+        d.kill()
+
+
+# -- segment-gateway cat --------------------------------------------------------------
+
+
+def test_cat_and_follow(tmp_path: pathlib.Path) -> None:
+    d = Daemon(tmp_path / "node")
+    d.start()
+    try:
+        with SyncClient(d.address) as c:
+            c.create("c/log")
+            c.append("c/log", b"one\ntwo\n")
+        cat = [sys.executable, "-m", "gateway.cli", "cat", "--connect", d.address]
+        r = subprocess.run([*cat, "c/log"], capture_output=True, timeout=60, cwd=ROOT)
+        assert r.returncode == 0 and r.stdout == b"one\ntwo\n"
+        r = subprocess.run([*cat, "c/log", "--offset", "4"], capture_output=True, timeout=60,
+                           cwd=ROOT)  # fmt: skip
+        assert r.stdout == b"two\n"
+        follow = subprocess.Popen([*cat, "--follow", "c/log"], stdout=subprocess.PIPE, cwd=ROOT)
+        try:
+            time.sleep(1.0)
+            with SyncClient(d.address) as c:
+                c.append("c/log", b"three\n")
+                time.sleep(0.3)
+                c.append("c/log", b"four\n")
+                c.seal("c/log")
+            out, _ = follow.communicate(timeout=30)
+        finally:
+            if follow.poll() is None:
+                follow.kill()
+                follow.communicate()
+        assert follow.returncode == 0
+        assert out == b"one\ntwo\nthree\nfour\n"
+        assert d.stop() == 0, d.log()
+    finally:
+        d.kill()
+
+
+def test_cat_missing_segment(tmp_path: pathlib.Path) -> None:
+    d = Daemon(tmp_path / "node")
+    d.start()
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "cat", "--connect", d.address, "nope"],
+            capture_output=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+        assert r.returncode == 10 and b"does not exist" in r.stderr
+    finally:
+        d.stop()
