@@ -120,9 +120,11 @@ def _block_keys(blocks: Iterable[BlockId]) -> list[bytes]:
 def _write_buffer_size(budget_bytes: int) -> int:
     """Memtable size: a sixteenth of the budget, within 1..64 MiB.
 
-    Small against the budget because, at rest, up to 3 level-0 files (below
-    the compaction trigger of 4) plus the memtable flushed on close are
-    garbage-shadowing data on top of the budget: 4/16 = 1.25x at most.
+    At rest up to 3 level-0 files (one short of the compaction trigger) and
+    the memtable flushed on close hold evicted blocks' tombstones while the
+    evicted bytes still sit in the last level: 4 memtables of garbage, so at
+    most 1.25x the budget (1.5x below 16 MiB, where the 1 MiB floor applies).
+    An eighth left 1.5x after close at 32 MiB in some runs.
     """
     return max(1 * MiB, min(64 * MiB, budget_bytes // 16))
 
@@ -131,21 +133,21 @@ def _options(budget_bytes: int) -> rocksdict.Options:
     """RocksDB options that keep disk and memory near ``budget_bytes``.
 
     Disk: a deleted or replaced value takes space until a compaction rewrites
-    the file holding it together with its tombstone. Up to 8 memtables of
-    data (512 MiB) the LSM has a single level besides level 0, so every
-    level-0 compaction drops all garbage; above that, leveled compaction with
-    dynamic level sizes keeps the last level (most of the data) clean, and
-    RocksDB weighs files by their deletions ("compensated size") when picking
-    what to compact. Writes wait (see `CacheStore._write`) once 8 level-0
-    files or one budget of compaction debt pile up, so that a burst of inserts
-    cannot run far ahead of compaction. Measured with 10x the budget written
-    (budgets of 8 and 32 MiB; 4 KiB, 64 KiB and 1 MiB blocks; see
-    ``test_disk_stays_near_budget``): after close the directory holds
-    1.03-1.17x the budget; during a burst of 200-300 MB/s it peaks at 2.5-3.7x
-    (a compaction's inputs and outputs exist at once; RocksDB's default
-    triggers peaked at 4-5x); disk writes are about 3x the bytes inserted.
-    With a level base of 4 memtables instead (two levels at these budgets)
-    tombstones in the upper level left up to 1.75x after close.
+    the file holding it together with its tombstone. Up to 16 memtables of
+    data (1 GiB) the LSM has a single level besides level 0, so every level-0
+    compaction drops all garbage; above that, leveled compaction with dynamic
+    level sizes keeps the last level (most of the data) clean, and RocksDB
+    weighs files by their deletions ("compensated size") when picking what to
+    compact. Writes wait (see `CacheStore._write`) once 8 level-0 files or one
+    budget of compaction debt pile up, so that a burst of inserts cannot run
+    far ahead of compaction. Measured with 10x the budget written (32 MiB; 4
+    KiB, 64 KiB and 1 MiB blocks; see ``test_disk_stays_near_budget``): the
+    directory settles at 1.07-1.13x the budget, also after close; during a
+    burst of 200-300 MB/s it peaks at 2.5-3.5x (a compaction's inputs and
+    outputs exist at once; RocksDB's default triggers peaked at 4-5x); disk
+    writes are 3-4x the bytes inserted. With a level base of 4 memtables
+    (two levels at these budgets) tombstones in the upper level left up to
+    1.75x.
 
     Memory: two memtables of `_write_buffer_size` and a small block cache (the
     kernel's page cache holds hot files, and FUSE's page cache hot segment
@@ -174,7 +176,7 @@ def _options(budget_bytes: int) -> rocksdict.Options:
     # A new file in which some 64 consecutive entries hold 32 deletions is
     # compacted soon. Measured: without it, 10x the budget of 4 KiB blocks
     # left the directory at 1.8x the budget instead of 1.1x.
-    pass
+    options.add_compact_on_deletion_collector_factory(64, 32, 0.5)
     table = rocksdict.BlockBasedOptions()
     # Most gets of blocks miss (the read index asks before fetching from Tier
     # 2); a bloom filter answers them without reading data blocks.
