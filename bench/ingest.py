@@ -55,7 +55,7 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
-from journal import ensure_fio, median_of, run_fio  # noqa: E402
+from common import ensure_fio, median_of, replace_table, run_fio  # noqa: E402
 
 from gateway import __version__  # noqa: E402
 from gateway.client import ResponseFuture, open_client  # noqa: E402
@@ -339,9 +339,7 @@ def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
         f"({'met' if mib['met'] else 'NOT met'}).",
         TABLE_END,
     ]
-    text = path.read_text()
-    start, end = text.index(TABLE_START), text.index(TABLE_END) + len(TABLE_END)
-    path.write_text(text[:start] + "\n".join(lines) + text[end:])
+    replace_table(path, TABLE_START, TABLE_END, lines)
 
 
 def _on_sigterm(signum: int, frame: types.FrameType | None) -> None:

@@ -21,17 +21,18 @@ import os
 import pathlib
 import platform
 import shutil
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
 import trio
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+BENCH = pathlib.Path(__file__).resolve().parent
+ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(BENCH))
+
+from common import ensure_fio, median_of, replace_table, run_fio  # noqa: E402
 
 from gateway import __version__  # noqa: E402
 from gateway.config import JournalConfig  # noqa: E402
@@ -42,38 +43,6 @@ SIZES = [100, 1024, 64 * 1024, 1024 * 1024]
 CONCURRENCY = [1, 16, 256]
 TABLE_START = "<!-- bench/journal.py:start -->"
 TABLE_END = "<!-- bench/journal.py:end -->"
-
-
-def ensure_fio() -> str:
-    """fio's path, installing Debian's package if it is missing."""
-    path = shutil.which("fio")
-    if path:
-        return path
-    print("bench: installing fio", file=sys.stderr)
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "fio"], check=True, env=env)
-    path = shutil.which("fio")
-    if not path:
-        raise SystemExit("fio is not available")
-    return path
-
-
-def run_fio(fio: str, directory: pathlib.Path, bs: str, size: str) -> dict[str, float]:
-    """Sequential writes with fdatasync after each; bandwidth and IOPS."""
-    work = pathlib.Path(tempfile.mkdtemp(dir=directory, prefix="fio-"))
-    try:
-        out = subprocess.run(
-            [
-                fio, "--name=seqwrite", f"--directory={work}", "--rw=write", f"--bs={bs}",
-                f"--size={size}", "--fdatasync=1", "--ioengine=psync", "--output-format=json",
-            ],
-            check=True, capture_output=True, text=True, timeout=600,
-        ).stdout  # fmt: skip
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    job = json.loads(out)["jobs"][0]["write"]
-    return {"MBps": job["bw_bytes"] / 1e6, "iops": job["iops"]}
 
 
 async def run_journal(
@@ -115,10 +84,6 @@ async def run_journal(
         "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1e3,
         "ops_per_fdatasync": stats.operations / max(1, stats.groups),
     }
-
-
-def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
-    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
 def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
@@ -168,9 +133,7 @@ def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
         f"({'met' if t['100B_met'] else 'NOT met'}).",
         TABLE_END,
     ]
-    text = path.read_text()
-    start, end = text.index(TABLE_START), text.index(TABLE_END) + len(TABLE_END)
-    path.write_text(text[:start] + "\n".join(lines) + text[end:])
+    replace_table(path, TABLE_START, TABLE_END, lines)
 
 
 def main() -> int:

@@ -34,8 +34,12 @@ from typing import Any
 
 import trio
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+BENCH = pathlib.Path(__file__).resolve().parent
+ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(BENCH))
+
+from common import replace_table  # noqa: E402
 
 from gateway import __version__  # noqa: E402
 from gateway.config import Config  # noqa: E402
@@ -178,9 +182,7 @@ def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
         f"{t['p99_ms']:.2f} ms ({'met' if result['targets']['tail_met'] else 'NOT met'}).",
         TABLE_END,
     ]
-    text = path.read_text()
-    start, end = text.index(TABLE_START), text.index(TABLE_END) + len(TABLE_END)
-    path.write_text(text[:start] + "\n".join(lines) + text[end:])
+    replace_table(path, TABLE_START, TABLE_END, lines)
 
 
 def main() -> int:
