@@ -81,6 +81,15 @@ class ReadIndex:
     def __init__(self, store: CacheStore) -> None:
         self.store = store
         self._segments: dict[int, _SegmentIndex] = {}
+        #: Once the cache writer runs, store operations are queued for it, in
+        #: order, and appended bytes are served from here until they are put.
+        #: (During recovery, which runs in a worker thread, they go inline.)
+        self._background = False
+        self._unwritten: dict[tuple[int, int], Buffer] = {}
+        self.unwritten_bytes = 0
+        self._ops: list[tuple[str, int, int, Buffer]] = []
+        self._ops_ready = trio.Event()
+        self._ops_done = trio.Event()
         self._recent: OrderedDict[tuple[int, int], bytes] = OrderedDict()
         self._recent_bytes = 0
         self.reads = 0
@@ -92,7 +101,12 @@ class ReadIndex:
         """A durable append: keep its bytes (pinned) and index them."""
         if not len(data):
             return
-        self.store.put_append(segment_id, offset, data)
+        if self._background:
+            self._unwritten[(segment_id, offset)] = data
+            self.unwritten_bytes += len(data)
+            self._queue("put", segment_id, offset, data)
+        else:
+            self.store.put_append(segment_id, offset, data)
         idx = self._segments.get(segment_id)
         if idx is None:
             idx = self._segments[segment_id] = _SegmentIndex()
@@ -107,7 +121,7 @@ class ReadIndex:
             return
         k = bisect.bisect_right(idx.ends, start_offset)
         if k:
-            self.store.unpin_appends(segment_id, idx.ends[k - 1])
+            self._store_op("unpin", segment_id, idx.ends[k - 1])
             for start in idx.starts[:k]:
                 self._forget(segment_id, start)
             del idx.starts[:k]
@@ -122,11 +136,62 @@ class ReadIndex:
     def on_delete(self, segment_id: int) -> None:
         """The segment is gone: drop its data, wake its waiting readers."""
         idx = self._segments.pop(segment_id, None)
-        self.store.drop_segment(segment_id)
+        self._store_op("drop", segment_id, 0)
         if idx is not None:
             for start in idx.starts:
                 self._forget(segment_id, start)
             idx.changed.set()
+
+    # -- the cache writer: store operations off the event loop, in order ------------
+
+    def _queue(self, kind: str, segment_id: int, offset: int, data: Buffer = b"") -> None:
+        self._ops.append((kind, segment_id, offset, data))
+        self._ops_ready.set()
+
+    def _store_op(self, kind: str, segment_id: int, offset: int) -> None:
+        if self._background:
+            self._queue(kind, segment_id, offset)
+        elif kind == "unpin":
+            self.store.unpin_appends(segment_id, offset)
+        else:
+            self.store.drop_segment(segment_id)
+
+    def _apply_ops(self, ops: list[tuple[str, int, int, Buffer]]) -> None:
+        """Run queued store operations in order (worker thread)."""
+        for kind, segment_id, offset, data in ops:
+            if kind == "put":
+                self.store.put_append(segment_id, offset, data)
+            elif kind == "unpin":
+                self.store.unpin_appends(segment_id, offset)
+            else:
+                self.store.drop_segment(segment_id)
+
+    async def run_writer(self) -> None:
+        """Apply store operations in a worker thread, in the order they were queued.
+
+        RocksDB writes can stall while it compacts, and the store then backs
+        off with sleeps; in a worker thread those never hold up the event
+        loop. Reads of bytes not yet put are served from memory meanwhile.
+        """
+        self._background = True
+        while True:
+            if not self._ops:
+                self._ops_done.set()
+                self._ops_done = trio.Event()
+                await self._ops_ready.wait()
+                self._ops_ready = trio.Event()
+                continue
+            ops, self._ops = self._ops, []
+            await trio.to_thread.run_sync(self._apply_ops, ops)
+            for kind, segment_id, offset, data in ops:
+                if kind == "put" and self._unwritten.get((segment_id, offset)) is data:
+                    del self._unwritten[(segment_id, offset)]
+                    self.unwritten_bytes -= len(data)
+
+    async def wait_written(self) -> None:
+        """Wait until every queued store operation is done (before closing the store)."""
+        while self._ops or self._unwritten:
+            await self._ops_done.wait()
 
     def _forget(self, segment_id: int, start: int) -> None:
         data = self._recent.pop((segment_id, start), None)
@@ -149,6 +214,9 @@ class ReadIndex:
         if data is not None:
             self._recent.move_to_end(key)
             return data
+        unwritten = self._unwritten.get(key)
+        if unwritten is not None:
+            return bytes(unwritten)
         # Inline, whatever the size: rocksdict holds the GIL for a whole get,
         # so a worker thread would not free the event loop, only add its hop
         # (measured: a 1 MiB get takes ~120 us, a thread round trip 60-150 us).

@@ -7,6 +7,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -302,3 +303,40 @@ def test_reader_state_detects_sequential_runs() -> None:
     assert r.sequential_bytes == 16384
     assert not r.note(100_000, 4096)  # a jump resets the run
     assert r.sequential_bytes == 4096 and r.next_offset == 104_096
+
+
+async def test_stalled_cache_writes_do_not_block_reads_or_the_loop(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with open_container(make_config(tmp_path)) as c:
+        index = c.read_index
+        real = index._apply_ops
+        release = threading.Event()
+
+        def stalled(ops: list[Any]) -> None:
+            release.wait(10)  # a RocksDB write stall, in the worker thread
+            real(ops)
+
+        monkeypatch.setattr(index, "_apply_ops", stalled)
+        await c.create("s")
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await trio.sleep(0.01)
+                ticks += 1
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ticker)
+            data = random.Random(3).randbytes(200_000)
+            await c.append("s", data)
+            assert index.unwritten_bytes >= len(data)
+            assert (await c.read("s", 0, len(data))).data == data  # served from memory
+            await trio.sleep(0.2)
+            assert ticks >= 10, "the event loop must keep running during a stall"
+            release.set()
+            await index.wait_written()
+            assert index.unwritten_bytes == 0
+            assert (await c.read("s", 1000, 10)).data == data[1000:1010]
+            nursery.cancel_scope.cancel()

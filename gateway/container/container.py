@@ -493,7 +493,8 @@ class SegmentContainer:
         self._pinned_freed = trio.Event()
 
     def _pinned_room(self, nbytes: int) -> bool:
-        return self.read_index.store.pinned_room(nbytes + self._pending_pinned)
+        index = self.read_index
+        return index.store.pinned_room(nbytes + self._pending_pinned + index.unwritten_bytes)
 
     async def wait_for_capacity(self, nbytes: int) -> None:
         """Wait until the journal and the cache can take ``nbytes``; else Overloaded.
@@ -871,6 +872,7 @@ async def _open_container(config: Config, store: CacheStore) -> AsyncIterator[Se
         )
         async with service_nursery() as nursery:
             nursery.start_soon(container._run_maintenance)
+            nursery.start_soon(container.read_index.run_writer)
             try:
                 yield container
                 await container.wait_settled()
@@ -879,3 +881,8 @@ async def _open_container(config: Config, store: CacheStore) -> AsyncIterator[Se
             finally:
                 container._closing = True
                 container._maintenance.set()
+                # Shielded so a cancelled shutdown still empties the queue, but
+                # bounded: the data is in the journal either way.
+                with trio.CancelScope(shield=True), trio.move_on_after(30):
+                    await container.read_index.wait_written()
+                nursery.cancel_scope.cancel()
