@@ -29,7 +29,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -76,7 +76,7 @@ from gateway.protocol.journal_pb2 import (
     UpdateAttributes,
 )
 from gateway.protocol.metadata_pb2 import AttributeValue, ContainerSnapshot
-from gateway.readindex import ReadIndex, SegmentView
+from gateway.readindex import ReadIndex
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +267,15 @@ class SegmentContainer:
             self._dirty.add(seg)
         return op
 
+    def _check_attribute_room(
+        self, name: str, current: Mapping[bytes, int], values: Mapping[bytes, int]
+    ) -> None:
+        new_ids = sum(1 for k in values if k not in current)
+        if new_ids and len(current) + new_ids > self._cfg.max_attributes:
+            raise LimitExceeded(
+                f"segment {name!r} would have more than {self._cfg.max_attributes} attributes"
+            )
+
     def _start(self) -> None:
         """Common start of every prepare: settle, and refuse if the journal failed."""
         self._settle()
@@ -345,11 +354,7 @@ class SegmentContainer:
             values[writer_id] = event_number
         resolve(name, current, attribute_updates, values)
         values[EVENT_COUNT] = current.get(EVENT_COUNT, 0) + (event_count or 1)
-        new_ids = sum(1 for k in values if k not in current)
-        if new_ids and len(current) + new_ids > self._cfg.max_attributes:
-            raise LimitExceeded(
-                f"segment {name!r} would have more than {self._cfg.max_attributes} attributes"
-            )
+        self._check_attribute_room(name, current, values)
         offset = seg.p_length
         if expected_offset is not None and expected_offset != offset:
             raise BadOffset(name, f"append expected at offset {expected_offset}", offset)
@@ -362,8 +367,7 @@ class SegmentContainer:
 
         def apply(seq: int) -> None:
             self._pending_pinned -= len(data)
-            self._apply_append(seg, offset, end, values, at_ms, self._file_of(seq))
-            self.read_index.on_append(seg.id, offset, data)
+            self._apply_append(seg, offset, data, values, at_ms, self._file_of(seq))
 
         return self._track(ticket, AppendResult(offset, end), apply, seg)
 
@@ -407,9 +411,7 @@ class SegmentContainer:
         seg.p_sealed = True
 
         def apply(seq: int) -> None:
-            seg.sealed = True
-            seg.last_modified_ms = at_ms
-            self.read_index.on_change(seg.id)
+            self._apply_seal(seg, at_ms)
 
         return self._track(ticket, None, apply, seg)._with_result(lambda: seg.info())
 
@@ -431,10 +433,7 @@ class SegmentContainer:
         seg.p_start_offset = offset
 
         def apply(seq: int) -> None:
-            seg.start_offset = max(seg.start_offset, offset)
-            seg.last_modified_ms = at_ms
-            self.read_index.on_truncate(seg.id, seg.start_offset)
-            self._signal_pinned_freed()
+            self._apply_truncate(seg, offset, at_ms)
 
         return self._track(ticket, None, apply, seg)._with_result(lambda: seg.info())
 
@@ -447,9 +446,7 @@ class SegmentContainer:
         seg.p_deleted = True
 
         def apply(seq: int) -> None:
-            self._remove(seg)
-            self.read_index.on_delete(seg.id)
-            self._signal_pinned_freed()
+            self._apply_delete(seg)
 
         return self._track(ticket, None, apply, seg)
 
@@ -464,11 +461,7 @@ class SegmentContainer:
         current = seg.pending_attributes()
         values: dict[bytes, int] = {}
         resolve(name, current, updates, values)
-        new_ids = sum(1 for k in values if k not in current)
-        if new_ids and len(current) + new_ids > self._cfg.max_attributes:
-            raise LimitExceeded(
-                f"segment {name!r} would have more than {self._cfg.max_attributes} attributes"
-            )
+        self._check_attribute_room(name, current, values)
         at_ms = _now_ms()
         op = Operation(
             update_attributes=UpdateAttributes(
@@ -481,8 +474,7 @@ class SegmentContainer:
         seg.set_pending_attributes(values)
 
         def apply(seq: int) -> None:
-            seg.attributes.update(values)
-            seg.last_modified_ms = at_ms
+            self._apply_attributes(seg, values, at_ms)
 
         return self._track(ticket, None, apply, seg)._with_result(lambda: seg.info())
 
@@ -550,8 +542,7 @@ class SegmentContainer:
                         break
                     await changed.wait()
             seg = self._committed(name)
-        view = SegmentView(seg.id, seg.name, seg.start_offset, seg.length, seg.sealed)
-        data = await self.read_index.read(view, offset, max_length)
+        data = await self.read_index.read(seg.view(), offset, max_length)
         return ReadResult(offset, data, seg.length, seg.start_offset, seg.sealed)
 
     async def create(self, name: str, attributes: Sequence[AttributeUpdate] = ()) -> SegmentInfo:
@@ -630,12 +621,15 @@ class SegmentContainer:
         assert self._journal is not None
         return self._journal.file_of(seq)
 
+    # Each change to the committed view is written once, here, and used both
+    # when a live operation becomes durable and when recovery replays it.
+
     def _apply_append(
         self,
         seg: Segment,
         offset: int,
-        end: int,
-        values: dict[bytes, int],
+        data: Buffer,
+        values: Mapping[bytes, int],
         at_ms: int,
         file: int,
     ) -> None:
@@ -643,13 +637,38 @@ class SegmentContainer:
             raise ContainerCorrupt(
                 f"append to segment {seg.name!r} at offset {offset}, but its length is {seg.length}"
             )
+        end = offset + len(data)
         seg.length = end
         seg.attributes.update(values)
         seg.last_modified_ms = at_ms
+        self._note_file_usage(file, seg.id, end)
+        self.read_index.on_append(seg.id, offset, data)
+
+    def _note_file_usage(self, file: int, segment_id: int, end: int) -> None:
         usage = self._file_usage.get(file)
         if usage is None:
             usage = self._file_usage[file] = {}
-        usage[seg.id] = end
+        usage[segment_id] = end
+
+    def _apply_seal(self, seg: Segment, at_ms: int) -> None:
+        seg.sealed = True
+        seg.last_modified_ms = at_ms
+        self.read_index.on_change(seg.id)
+
+    def _apply_truncate(self, seg: Segment, offset: int, at_ms: int) -> None:
+        seg.start_offset = max(seg.start_offset, offset)
+        seg.last_modified_ms = at_ms
+        self.read_index.on_truncate(seg.id, seg.start_offset)
+        self._signal_pinned_freed()
+
+    def _apply_delete(self, seg: Segment) -> None:
+        self._remove(seg)
+        self.read_index.on_delete(seg.id)
+        self._signal_pinned_freed()
+
+    def _apply_attributes(self, seg: Segment, values: Mapping[bytes, int], at_ms: int) -> None:
+        seg.attributes.update(values)
+        seg.last_modified_ms = at_ms
 
     def _remove(self, seg: Segment) -> None:
         if self._segments.get(seg.name) is seg:
@@ -761,8 +780,7 @@ class _Replayer:
             # Before the first checkpoint of a truncated journal: the state is
             # in that checkpoint, but the data (and where it lies) still matters.
             a = op.append
-            usage = c._file_usage.setdefault(self.file, {})
-            usage[a.segment_id] = a.offset + len(a.data)
+            c._note_file_usage(self.file, a.segment_id, a.offset + len(a.data))
             c.read_index.on_append(a.segment_id, a.offset, a.data)
             return
         if not self.based or kind == "epoch_started":
@@ -771,8 +789,7 @@ class _Replayer:
             a = op.append
             seg = self._segment(a.segment_id, seq)
             values = {v.id: v.value for v in a.attributes}
-            c._apply_append(seg, a.offset, a.offset + len(a.data), values, a.at_ms, self.file)
-            c.read_index.on_append(seg.id, a.offset, a.data)
+            c._apply_append(seg, a.offset, a.data, values, a.at_ms, self.file)
         elif kind == "create_segment":
             cs = op.create_segment
             if cs.name in c._segments or cs.segment_id in c._by_id:
@@ -784,24 +801,17 @@ class _Replayer:
             c._by_id[seg.id] = seg
             c._next_id = max(c._next_id, seg.id + 1)
         elif kind == "seal_segment":
-            seg = self._segment(op.seal_segment.segment_id, seq)
-            seg.sealed = True
-            seg.last_modified_ms = op.seal_segment.at_ms
+            s = op.seal_segment
+            c._apply_seal(self._segment(s.segment_id, seq), s.at_ms)
         elif kind == "truncate_segment":
             t = op.truncate_segment
-            seg = self._segment(t.segment_id, seq)
-            seg.start_offset = max(seg.start_offset, t.offset)
-            seg.last_modified_ms = t.at_ms
-            c.read_index.on_truncate(seg.id, seg.start_offset)
+            c._apply_truncate(self._segment(t.segment_id, seq), t.offset, t.at_ms)
         elif kind == "delete_segment":
-            seg = self._segment(op.delete_segment.segment_id, seq)
-            c._remove(seg)
-            c.read_index.on_delete(seg.id)
+            c._apply_delete(self._segment(op.delete_segment.segment_id, seq))
         elif kind == "update_attributes":
             u = op.update_attributes
-            seg = self._segment(u.segment_id, seq)
-            seg.attributes.update({v.id: v.value for v in u.attributes})
-            seg.last_modified_ms = u.at_ms
+            values = {v.id: v.value for v in u.attributes}
+            c._apply_attributes(self._segment(u.segment_id, seq), values, u.at_ms)
         else:
             raise ContainerCorrupt(f"sequence {seq}: unknown operation kind {kind!r}")
 
@@ -820,12 +830,7 @@ class _Replayer:
         for seg in self.c._segments.values():
             seg.reset_pending()
             index.on_truncate(seg.id, seg.start_offset)
-        index.check_coverage(
-            [
-                SegmentView(s.id, s.name, s.start_offset, s.length, s.sealed)
-                for s in self.c._segments.values()
-            ]
-        )
+        index.check_coverage([s.view() for s in self.c._segments.values()])
 
 
 @asynccontextmanager

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from gateway.container.attributes import EVENT_COUNT
 from gateway.protocol.metadata_pb2 import AttributeValue, ChunkRecord, SegmentRecord
+from gateway.readindex import SegmentView
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,10 @@ class Segment:
         self.p_sealed = self.sealed
         self.p_deleted = False
         self.p_attributes = None
+
+    def view(self) -> SegmentView:
+        """What the read index needs of the committed view."""
+        return SegmentView(self.id, self.name, self.start_offset, self.length, self.sealed)
 
     def info(self) -> SegmentInfo:
         """The committed view as a SegmentInfo."""
