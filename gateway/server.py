@@ -61,6 +61,15 @@ READ_PIECE = 1024 * 1024
 Producer = Callable[[], Awaitable[wire.Response]]
 
 
+def _ready(response: wire.Response) -> Producer:
+    """A producer for an answer that is already known."""
+
+    async def produce() -> wire.Response:
+        return response
+
+    return produce
+
+
 def error_response(request_id: int, e: GatewayError) -> wire.Response:
     """The wire form of an error."""
     err = wire.Error(code=e.wire_code, message=str(e))
@@ -112,7 +121,8 @@ _MUTATING = frozenset({"create", "append", "seal", "truncate", "delete", "update
 class _Item:
     request_id: int
     nbytes: int
-    produce: Producer
+    #: How to answer (None for reads, which use `stream`).
+    produce: Producer | None
     close_after: bool = False
     #: For reads: the pieces of the answer, produced one at a time.
     stream: Callable[[], AsyncIterator[list[bytes]]] | None = None
@@ -168,12 +178,7 @@ class Connection:
                 await self._space.wait()
 
     def _ready_error(self, request_id: int, e: GatewayError, close: bool = False) -> _Item:
-        response = error_response(request_id, e)
-
-        async def produce() -> wire.Response:
-            return response
-
-        return _Item(request_id, 0, produce, close)
+        return _Item(request_id, 0, _ready(error_response(request_id, e)), close)
 
     def _decode(self, raw: bytes | bytearray) -> wire.Request | _Item:
         """The request, or the error item that answers (and ends) the connection."""
@@ -203,14 +208,20 @@ class Connection:
 
     async def _prepare(self, req: wire.Request, nbytes: int) -> _Item:
         """Prepare one request, in arrival order: it enters the journal now."""
-        rid = req.request_id
         kind = req.WhichOneof("kind")
         if kind == "read":
             return self._read(req)
+        handler = getattr(self, "_" + str(kind))
+        return await self._admit(req.request_id, nbytes, kind in _MUTATING, lambda: handler(req))
+
+    async def _admit(
+        self, rid: int, nbytes: int, mutating: bool, prepare: Callable[[], Producer]
+    ) -> _Item:
+        """Wait for room if the request changes anything, then prepare it."""
         try:
-            if kind in _MUTATING:
+            if mutating:
                 await self.server.container.wait_for_capacity(nbytes)
-            produce = getattr(self, "_" + str(kind))(req)
+            produce = prepare()
         except GatewayError as e:
             return self._ready_error(rid, e)
         return _Item(rid, nbytes, produce)
@@ -239,22 +250,13 @@ class Connection:
                 max_append_bytes=self.server.container_config_max_append,
             ),
         )
-
-        async def produce() -> wire.Response:
-            return response
-
-        return _Item(rid, 0, produce)
+        return _Item(rid, 0, _ready(response))
 
     async def _prepare_split_append(
         self, rid: int, a: wire.AppendRequest, data: memoryview, nbytes: int
     ) -> _Item:
         """`_prepare` for a large append whose data is a view of the message."""
-        try:
-            await self.server.container.wait_for_capacity(nbytes)
-            produce = self._append_data(rid, a, data)
-        except GatewayError as e:
-            return self._ready_error(rid, e)
-        return _Item(rid, nbytes, produce)
+        return await self._admit(rid, nbytes, True, lambda: self._append_data(rid, a, data))
 
     # -- request kinds: each prepares now and returns how to answer later -------
 
@@ -325,11 +327,7 @@ class Connection:
             request_id=req.request_id,
             info=info_message(self.server.container.info(req.get_info.segment)),
         )
-
-        async def produce() -> wire.Response:
-            return response
-
-        return produce
+        return _ready(response)
 
     def _list(self, req: wire.Request) -> Producer:
         r = req.list
@@ -341,11 +339,7 @@ class Connection:
                 segments=[info_message(i) for i in infos[:limit]], truncated=len(infos) > limit
             ),
         )
-
-        async def produce() -> wire.Response:
-            return response
-
-        return produce
+        return _ready(response)
 
     def _get_attributes(self, req: wire.Request) -> Producer:
         g = req.get_attributes
@@ -392,10 +386,7 @@ class Connection:
                 if last:
                     return
 
-        async def unused() -> wire.Response:  # pragma: no cover - streams use `stream`
-            raise AssertionError
-
-        return _Item(rid, 0, unused, stream=stream)
+        return _Item(rid, 0, None, stream=stream)
 
     # -- responses ---------------------------------------------------------------
 
@@ -414,6 +405,7 @@ class Connection:
                             await self._send_stream(item)
                             response = None
                         else:
+                            assert item.produce is not None
                             response = await item.produce()
                     except GatewayError as e:
                         response = error_response(item.request_id, e)
