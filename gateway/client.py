@@ -176,12 +176,16 @@ class Client:
                     raise self._broken or ConnectionLost(self.address, reason) from e
                 raise
 
-    async def start(self, build: Callable[[int], Sequence[bytes]]) -> ResponseFuture:
-        """Send a request built by ``build(request_id)``; return its future."""
+    def _new_request_id(self) -> int:
         if self._broken is not None:
             raise self._broken
         rid = self._next_id
         self._next_id += 1
+        return rid
+
+    async def start(self, build: Callable[[int], Sequence[bytes]]) -> ResponseFuture:
+        """Send a request built by ``build(request_id)``; return its future."""
+        rid = self._new_request_id()
         fut = ResponseFuture()
         self._pending[rid] = fut
         await self._send(build(rid))
@@ -196,10 +200,7 @@ class Client:
         seconds for data; an empty piece means none came. Raises
         SegmentTruncated below the start offset.
         """
-        if self._broken is not None:
-            raise self._broken
-        rid = self._next_id
-        self._next_id += 1
+        rid = self._new_request_id()
         send, receive = trio.open_memory_channel[wire.Response | GatewayError](math.inf)
         self._streams[rid] = send
         req = wire.Request(

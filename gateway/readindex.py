@@ -104,9 +104,7 @@ class ReadIndex:
         if self._background:
             self._unwritten[(segment_id, offset)] = data
             self.unwritten_bytes += len(data)
-            self._queue("put", segment_id, offset, data)
-        else:
-            self.store.put_append(segment_id, offset, data)
+        self._store_op("put", segment_id, offset, data)
         idx = self._segments.get(segment_id)
         if idx is None:
             idx = self._segments[segment_id] = _SegmentIndex()
@@ -144,17 +142,13 @@ class ReadIndex:
 
     # -- the cache writer: store operations off the event loop, in order ------------
 
-    def _queue(self, kind: str, segment_id: int, offset: int, data: Buffer = b"") -> None:
-        self._ops.append((kind, segment_id, offset, data))
-        self._ops_ready.set()
-
-    def _store_op(self, kind: str, segment_id: int, offset: int) -> None:
+    def _store_op(self, kind: str, segment_id: int, offset: int, data: Buffer = b"") -> None:
+        """Queue a store operation for the writer, or, before it runs, do it now."""
         if self._background:
-            self._queue(kind, segment_id, offset)
-        elif kind == "unpin":
-            self.store.unpin_appends(segment_id, offset)
+            self._ops.append((kind, segment_id, offset, data))
+            self._ops_ready.set()
         else:
-            self.store.drop_segment(segment_id)
+            self._apply_ops([(kind, segment_id, offset, data)])
 
     def _apply_ops(self, ops: list[tuple[str, int, int, Buffer]]) -> None:
         """Run queued store operations in order (worker thread)."""
