@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+READY_TIMEOUT = 60.0
+STOP_TIMEOUT = 30.0
 
 
 def ensure_fio() -> str:
@@ -53,3 +61,65 @@ def replace_table(path: pathlib.Path, start_marker: str, end_marker: str, lines:
     text = path.read_text()
     start, end = text.index(start_marker), text.index(end_marker) + len(end_marker)
     path.write_text(text[:start] + "\n".join(lines) + text[end:])
+
+
+@contextlib.contextmanager
+def running_daemon(
+    work: pathlib.Path, config_text: str, data_dir: pathlib.Path | None = None
+) -> Iterator[str]:
+    """Run a daemon (data in ``data_dir``, default a fresh ``work/data``); yield HOST:PORT.
+
+    It is stopped with SIGTERM (SIGKILL if it does not exit in time) however
+    the block is left, Ctrl-C included. Its own session keeps a terminal's
+    Ctrl-C from reaching it first: the shutdown is ours to do.
+    """
+    config = work / "gateway.toml"
+    config.write_text(config_text)
+    ready = work / "ready"
+    log_path = work / "daemon.log"
+    command = [
+        sys.executable, "-m", "gateway.cli", "--config", str(config),
+        "serve", "--data-dir", str(data_dir or work / "data"), "--listen", "127.0.0.1:0",
+        "--ready-file", str(ready),
+    ]  # fmt: skip
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not ready.exists():
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"the daemon exited with {proc.returncode} before it was ready:\n"
+                    + _tail(log_path)
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the daemon was not ready in {READY_TIMEOUT:.0f}s")
+            time.sleep(0.02)
+        yield ready.read_text().strip()
+    finally:
+        _stop(proc)
+    if proc.returncode != 0:
+        print(f"bench: daemon exited with {proc.returncode}:\n{_tail(log_path)}", file=sys.stderr)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        print("bench: the daemon did not stop in time; killing it", file=sys.stderr)
+        proc.kill()
+        proc.wait()
+    except BaseException:  # interrupted while waiting
+        proc.kill()
+        proc.wait()
+        raise
+
+
+def _tail(path: pathlib.Path, lines: int = 20) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

@@ -38,13 +38,12 @@ import pathlib
 import platform
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 import types
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +54,7 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
-from common import ensure_fio, median_of, replace_table, run_fio  # noqa: E402
+from common import ensure_fio, median_of, replace_table, run_fio, running_daemon  # noqa: E402
 
 from gateway import __version__  # noqa: E402
 from gateway.client import ResponseFuture, open_client  # noqa: E402
@@ -68,8 +67,6 @@ MIB = 1024 * 1024
 INFLIGHT = [1, 16]
 SAMPLE_EVERY = 500  # events between two latency samples (and deadline checks)
 POLL_INTERVAL = 0.0005  # seconds between two looks at the writers' acked_event
-READY_TIMEOUT = 60.0
-STOP_TIMEOUT = 30.0
 DAEMON_CONFIG = '[container]\nmax_append_bytes = "8 MiB"\n'
 TABLE_START = "<!-- bench/ingest.py:start -->"
 TABLE_END = "<!-- bench/ingest.py:end -->"
@@ -78,76 +75,13 @@ TARGET_EVENTS_P99_MS = 20.0
 TARGET_MIB_VS_FIO = 0.7
 
 
-# -- the daemon ---------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def running_daemon(work: pathlib.Path) -> Iterator[str]:
-    """Run a daemon on a fresh data directory in ``work``; yield its HOST:PORT.
-
-    It is stopped with SIGTERM (SIGKILL if it does not exit in time) however
-    the block is left, Ctrl-C included. Its own session keeps a terminal's
-    Ctrl-C from reaching it first: the shutdown is ours to do.
-    """
-    config = work / "gateway.toml"
-    config.write_text(DAEMON_CONFIG)
-    ready = work / "ready"
-    log_path = work / "daemon.log"
-    command = [
-        sys.executable, "-m", "gateway.cli", "--config", str(config),
-        "serve", "--data-dir", str(work / "data"), "--listen", "127.0.0.1:0",
-        "--ready-file", str(ready),
-    ]  # fmt: skip
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            start_new_session=True,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + READY_TIMEOUT
-        while not ready.exists():
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"the daemon exited with {proc.returncode} before it was ready:\n"
-                    + _tail(log_path)
-                )
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the daemon was not ready in {READY_TIMEOUT:.0f}s")
-            time.sleep(0.02)
-        yield ready.read_text().strip()
-    finally:
-        _stop(proc)
-    if proc.returncode != 0:
-        print(f"bench: daemon exited with {proc.returncode}:\n{_tail(log_path)}", file=sys.stderr)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(STOP_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        print("bench: the daemon did not stop in time; killing it", file=sys.stderr)
-        proc.kill()
-        proc.wait()
-    except BaseException:  # interrupted while waiting
-        proc.kill()
-        proc.wait()
-        raise
-
-
-def _tail(path: pathlib.Path, lines: int = 20) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
 def measure(
     root: pathlib.Path, name: str, fn: Callable[..., Awaitable[dict[str, float]]], *args: Any
 ) -> dict[str, float]:
     """``trio.run(fn, address, *args)`` against a daemon of its own, then clean up."""
     work = pathlib.Path(tempfile.mkdtemp(dir=root, prefix=f"{name}-"))
     try:
-        with running_daemon(work) as address:
+        with running_daemon(work, DAEMON_CONFIG) as address:
             return trio.run(fn, address, *args)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -39,7 +39,7 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
-from common import replace_table  # noqa: E402
+from common import replace_table, running_daemon  # noqa: E402
 
 from gateway import __version__  # noqa: E402
 from gateway.config import Config  # noqa: E402
@@ -48,6 +48,7 @@ from gateway.container import open_container  # noqa: E402
 TABLE_START = "<!-- bench/read.py:start -->"
 TABLE_END = "<!-- bench/read.py:end -->"
 READ_SIZES = [1024 * 1024, 128 * 1024]
+DAEMON_CONFIG = '[cache]\nbudget = "4 GiB"\n[container]\nmax_append_bytes = "8 MiB"\n'
 APPEND = 1024 * 1024
 
 
@@ -135,24 +136,6 @@ trio.run(main)
     return float(out.stdout.strip())
 
 
-def start_daemon(config_dir: pathlib.Path, data_dir: pathlib.Path) -> tuple[Any, str]:
-    cfg = config_dir / "gateway.toml"
-    cfg.write_text('[cache]\nbudget = "4 GiB"\n[container]\nmax_append_bytes = "8 MiB"\n')
-    ready = config_dir / "ready"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "--config", str(cfg), "serve",
-         "--data-dir", str(data_dir), "--listen", "127.0.0.1:0", "--ready-file", str(ready)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise SystemExit("the daemon did not start")
-        time.sleep(0.05)
-    return proc, ready.read_text().strip()
-
-
 def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
     lines = [
         TABLE_START,
@@ -212,16 +195,12 @@ def main() -> int:
                 runs[rs]["in"].append(trio.run(read_in_process, config, size, rs))
                 print(f"bench: rep {rep} {rs >> 10} KiB: local {runs[rs]['local'][-1]:.0f} "
                       f"in-process {runs[rs]['in'][-1]:.0f} MB/s", file=sys.stderr)  # fmt: skip
-        proc, address = start_daemon(work, data_dir)
-        try:
+        with running_daemon(work, DAEMON_CONFIG, data_dir) as address:
             for rep in range(args.repeat):
                 for rs in READ_SIZES:
                     runs[rs]["proto"].append(read_over_protocol(address, size, rs))
                     print(f"bench: rep {rep} {rs >> 10} KiB over the protocol: "
                           f"{runs[rs]['proto'][-1]:.0f} MB/s", file=sys.stderr)  # fmt: skip
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
         lat = sorted(trio.run(tail_latency, config, args.tail_samples))
     finally:
         shutil.rmtree(work, ignore_errors=True)
