@@ -254,10 +254,13 @@ class Journal:
         group.count += 1
         group.nbytes += nbytes
         self._pending_bytes += nbytes
+        self._wake_writer()
+        return Ticket(group, index)
+
+    def _wake_writer(self) -> None:
         if self._writer_idle:
             self._writer_idle = False
             self._wake.set()
-        return Ticket(group, index)
 
     def _close_open_group(self) -> None:
         self._queue.append(self._open_group)
@@ -471,9 +474,7 @@ class Journal:
 
     def _begin_close(self) -> None:
         self._closing = True
-        if self._writer_idle:
-            self._writer_idle = False
-            self._wake.set()
+        self._wake_writer()
 
     def _close_file(self) -> None:
         if self._file is not None:
