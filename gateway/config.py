@@ -275,6 +275,38 @@ class Tier2Config:
 
     url: str = _key("embedded", _tier2_url, "embedded, s3://bucket/prefix or file:///path")
     endpoint_url: str = _key("", _http_url_or_empty, "S3-compatible endpoint; empty = AWS")
+    region: str = _key("us-east-1", _string, "S3 region used to sign requests")
+    flush_size: int = _key(
+        8 * MiB, _size_in(4 * KiB, 1 * GiB), "flush a segment once this much is unflushed"
+    )
+    flush_interval: float = _key(
+        10.0, _duration_in(0.01, 86400), "flush once the oldest unflushed byte is this old"
+    )
+    max_chunk_size: int = _key(
+        64 * MiB, _size_in(64 * KiB, 5 * GiB), "roll to a new chunk once one reaches this size"
+    )
+    max_concurrency: int = _key(8, _int_in(1, 256), "Tier-2 requests in flight at once")
+    flush_concurrency: int = _key(4, _int_in(1, 64), "segments flushed at once")
+    request_timeout: float = _key(
+        30.0, _duration_in(0.1, 3600), "connect/read timeout of one Tier-2 request"
+    )
+    retry_deadline: float = _key(
+        60.0, _duration_in(0.1, 86400), "give up retrying one Tier-2 call after this long"
+    )
+    read_ahead: int = _key(
+        8, _int_in(0, 256), "1 MiB blocks fetched in parallel ahead of a sequential reader"
+    )
+    snapshot_interval: float = _key(
+        60.0, _duration_in(0.0, 86400), "at most one metadata snapshot upload per this interval"
+    )
+    snapshots_kept: int = _key(5, _int_in(1, 10_000), "metadata snapshots kept in Tier 2")
+    gc_interval: float = _key(600.0, _duration_in(0.1, 86400 * 7), "time between GC passes")
+    gc_grace: float = _key(
+        3600.0, _duration_in(0.0, 86400 * 30), "unreferenced objects younger than this are kept"
+    )
+    embedded_port: int = _key(
+        0, _int_in(0, 55535), "embedded S3 port (0 = a free one; gRPC ports are +10000)"
+    )
 
 
 @dataclass(frozen=True)
@@ -433,6 +465,11 @@ def _cross_checks(c: Config) -> list[str]:
         errors.append(
             f"container.max_append_bytes: {c.container.max_append_bytes} + 64 KiB exceeds "
             f"journal.max_operation_bytes ({j.max_operation_bytes})"
+        )
+    t = c.tier2
+    if t.flush_size > t.max_chunk_size:
+        errors.append(
+            f"tier2.flush_size: {t.flush_size} exceeds tier2.max_chunk_size ({t.max_chunk_size})"
         )
     if c.server.listen == c.metrics.listen:
         errors.append(f"metrics.listen: same address as server.listen ({c.server.listen})")

@@ -238,6 +238,27 @@ class ConnectionLost(GatewayError):
     exit_code = 24
 
 
+class Tier2Error(GatewayError):
+    """Tier 2 failed: {}"""
+
+    exit_code = 27
+    wire_code = "TIER2_UNAVAILABLE"
+
+
+class ChunkNotFound(Tier2Error):
+    """Tier-2 object {!r} does not exist"""
+
+
+class ChunkCorrupt(Tier2Error):
+    """Tier-2 object {!r} is corrupt: {}. Run `segment-gateway fsck`"""
+
+    exit_code = 3
+
+
+class BindingUnsupported(Tier2Error):
+    """the {} binding does not support {}"""
+
+
 #: Wire ErrorCode name -> the error class a client raises for it.
 BY_WIRE_CODE: dict[str, type[GatewayError]] = {
     cls.wire_code: cls
@@ -245,6 +266,6 @@ BY_WIRE_CODE: dict[str, type[GatewayError]] = {
         GatewayError, TooLarge, SegmentNotFound, SegmentExists, SegmentSealed, BadOffset,
         ConditionalCheckFailed, BadAttributeUpdate, InvalidName, Overloaded, Unauthorized,
         SegmentTruncated,
-        LimitExceeded, Unavailable, BadRequest, ProtocolError, Unsupported,
+        LimitExceeded, Unavailable, BadRequest, ProtocolError, Unsupported, Tier2Error,
     )
 }  # fmt: skip

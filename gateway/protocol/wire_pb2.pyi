@@ -39,6 +39,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNAVAILABLE: _ClassVar[ErrorCode]
     BAD_REQUEST: _ClassVar[ErrorCode]
     SEGMENT_TRUNCATED: _ClassVar[ErrorCode]
+    TIER2_UNAVAILABLE: _ClassVar[ErrorCode]
 PROTOCOL_VERSION_UNSPECIFIED: ProtocolVersion
 PROTOCOL_VERSION_1: ProtocolVersion
 REPLACE: AttributeVerb
@@ -62,6 +63,7 @@ LIMIT_EXCEEDED: ErrorCode
 UNAVAILABLE: ErrorCode
 BAD_REQUEST: ErrorCode
 SEGMENT_TRUNCATED: ErrorCode
+TIER2_UNAVAILABLE: ErrorCode
 
 class Request(_message.Message):
     __slots__ = ("request_id", "hello", "create", "append", "seal", "truncate", "delete", "update_attributes", "get_info", "list", "get_attributes", "read")
