@@ -6,12 +6,17 @@ import dataclasses
 import os
 import pathlib
 import subprocess
+import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from gateway.config import JournalConfig, KiB, MiB
+
+if TYPE_CHECKING:
+    from gateway.tier2.embedded import EmbeddedS3
+    from gateway.tier2.s3 import S3Storage
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -47,3 +52,37 @@ def small_tmpfs(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
         pytest.skip("cannot mount a tmpfs here")
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+# -- Tier 2 on a real S3 server ---------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
+    """One SeaweedFS for the whole session (~2.5 s to start), stopped at the end."""
+    from gateway.tier2.embedded import EmbeddedS3
+
+    server = EmbeddedS3(tmp_path_factory.mktemp("seaweedfs"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_storage(seaweedfs: EmbeddedS3) -> Iterator[S3Storage]:
+    """An `S3Storage` on a fresh bucket of the session's SeaweedFS, deleted afterwards."""
+    from gateway.tier2.s3 import S3Storage
+
+    storage = S3Storage(
+        f"test-{uuid.uuid4().hex[:16]}",
+        endpoint_url=seaweedfs.endpoint_url,
+        access_key=seaweedfs.access_key,
+        secret_key=seaweedfs.secret_key,
+        timeout=10.0,
+        max_pool_connections=16,
+    )
+    storage.create_bucket_if_missing()
+    yield storage
+    # SeaweedFS deletes a bucket with its objects (and frees its volume).
+    storage.client.delete_bucket(Bucket=storage.bucket)
+    storage.close()
