@@ -248,6 +248,15 @@ def _cmd_seal(args: argparse.Namespace) -> int:
     return _run_client(args, run)
 
 
+def _cmd_flush(args: argparse.Namespace) -> int:
+    async def run(client: Any) -> int:
+        await client.flush(args.segment)
+        print(f"flushed {args.segment or 'every segment'} to Tier 2")
+        return 0
+
+    return _run_client(args, run)
+
+
 def _cmd_truncate(args: argparse.Namespace) -> int:
     async def run(client: Any) -> int:
         info = await client.truncate(args.segment, args.offset)
@@ -327,6 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("segment")
     p = add("seal", _cmd_seal, "seal a segment (no more appends)", client=True)
     p.add_argument("segment")
+    p = add("flush", _cmd_flush, "flush to Tier 2 now and wait until it is there", client=True)
+    p.add_argument("segment", nargs="?", default="", help="one segment (default: all)")
     p = add("truncate", _cmd_truncate, "drop the bytes below OFFSET", client=True)
     p.add_argument("segment")
     p.add_argument("offset", type=int)

@@ -303,6 +303,10 @@ class Client:
         """Delete a segment."""
         await self._call(delete=wire.DeleteRequest(segment=segment))
 
+    async def flush(self, segment: str = "") -> None:
+        """Flush a segment ("" = all) to Tier 2; returns once it is there."""
+        await self._call(flush=wire.FlushRequest(segment=segment))
+
     async def info(self, segment: str) -> SegmentInfo:
         """A segment's committed metadata."""
         return info_from_wire(
@@ -442,6 +446,11 @@ class SyncClient:
         """See `Client.seal`."""
         assert self._client is not None
         return self._run(self._client.seal, segment)
+
+    def flush(self, segment: str = "") -> None:
+        """See `Client.flush`."""
+        assert self._client is not None
+        self._run(self._client.flush, segment)
 
     def truncate(self, segment: str, offset: int) -> SegmentInfo:
         """See `Client.truncate`."""

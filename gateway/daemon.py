@@ -1,11 +1,13 @@
 """``segment-gateway serve``: the daemon's lifecycle.
 
-Start: recover the container from the journal, then listen. Stop (SIGTERM
+Start: open Tier 2 (starting the embedded S3 server if configured), recover
+the container from the journal, start the storage writer, then listen. Stop (SIGTERM
 or SIGINT), in DESIGN.md's order: stop accepting connections, stop reading
 new requests and answer the ones already in flight (bounded by
 ``shutdown_timeout``), then close the container (final checkpoint) and the
-journal. Nothing acknowledged depends on the shutdown finishing: it is in the
-journal already.
+journal, and stop the storage writer (uploads in progress are abandoned:
+their objects are garbage for GC) and the embedded S3 server. Nothing
+acknowledged depends on the shutdown finishing: it is in the journal already.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import trio
 from gateway.config import Config
 from gateway.container import open_container
 from gateway.server import Server
+from gateway.tier2.bindings import open_tier2
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +41,7 @@ def _write_ready_file(path: pathlib.Path, text: str) -> None:
 async def run_daemon(config: Config, ready_file: pathlib.Path | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then shut down in order."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with open_container(config) as container:
+        async with open_tier2(config) as tier2, open_container(config, tier2) as container:
             server = Server(container, config.server, config.container.max_append_bytes)
             async with trio.open_nursery() as nursery:
                 addresses = await nursery.start(server.serve)

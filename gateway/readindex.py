@@ -18,13 +18,19 @@ from __future__ import annotations
 import bisect
 import logging
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import trio
 
 from cache import CacheStore
 from gateway.errors import GatewayError
 from gateway.journal.format import Buffer
+from gateway.protocol.metadata_pb2 import ChunkRecord
+
+if TYPE_CHECKING:
+    from gateway.tier2.reader import ChunkReader
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +53,9 @@ class _SegmentIndex:
     ends: list[int] = field(default_factory=list)
     #: Set (and replaced) whenever the segment grows, is sealed or deleted.
     changed: trio.Event = field(default_factory=trio.Event)
+    #: The latest storage length (a reader's view may be older than a flush
+    #: that dropped entries while it waited for Tier 2).
+    flushed: int = 0
 
 
 @dataclass
@@ -73,6 +82,9 @@ class SegmentView:
     start_offset: int
     length: int
     sealed: bool
+    #: Bytes [0, storage_length) are in Tier 2, in ``chunks`` (sorted by offset).
+    storage_length: int = 0
+    chunks: Sequence[ChunkRecord] = ()
 
 
 class ReadIndex:
@@ -90,10 +102,13 @@ class ReadIndex:
         self._ops: list[tuple[str, int, int, Buffer]] = []
         self._ops_ready = trio.Event()
         self._ops_done = trio.Event()
+        self._applying = False
         self._recent: OrderedDict[tuple[int, int], bytes] = OrderedDict()
         self._recent_bytes = 0
         self.reads = 0
         self.bytes_read = 0
+        #: Reads flushed bytes whose cache entries are gone (set once Tier 2 is open).
+        self.tier2: ChunkReader | None = None
 
     # -- fed by the container (committed operations) ----------------------------
 
@@ -113,7 +128,7 @@ class ReadIndex:
         self._wake(idx)
 
     def on_truncate(self, segment_id: int, start_offset: int) -> None:
-        """Bytes below ``start_offset`` are gone: drop whole entries below it."""
+        """Bytes below ``start_offset`` are gone (or flushed): drop whole entries below it."""
         idx = self._segments.get(segment_id)
         if idx is None:
             return
@@ -124,6 +139,17 @@ class ReadIndex:
                 self._forget(segment_id, start)
             del idx.starts[:k]
             del idx.ends[:k]
+
+    def on_flushed(self, segment_id: int, storage_length: int) -> None:
+        """Bytes below ``storage_length`` are in Tier 2: unpin the entries wholly below it.
+
+        An entry that straddles it stays (and keeps serving its bytes) until a
+        later flush covers it.
+        """
+        idx = self._segments.get(segment_id)
+        if idx is not None:
+            idx.flushed = max(idx.flushed, storage_length)
+        self.on_truncate(segment_id, storage_length)
 
     def on_change(self, segment_id: int) -> None:
         """The segment was sealed: wake readers waiting at its tail."""
@@ -176,7 +202,11 @@ class ReadIndex:
                 self._ops_ready = trio.Event()
                 continue
             ops, self._ops = self._ops, []
-            await trio.to_thread.run_sync(self._apply_ops, ops)
+            self._applying = True
+            try:
+                await trio.to_thread.run_sync(self._apply_ops, ops)
+            finally:
+                self._applying = False
             for kind, segment_id, offset, data in ops:
                 if kind == "put" and self._unwritten.get((segment_id, offset)) is data:
                     del self._unwritten[(segment_id, offset)]
@@ -184,7 +214,7 @@ class ReadIndex:
 
     async def wait_written(self) -> None:
         """Wait until every queued store operation is done (before closing the store)."""
-        while self._ops or self._unwritten:
+        while self._ops or self._unwritten or self._applying:
             await self._ops_done.wait()
 
     def _forget(self, segment_id: int, start: int) -> None:
@@ -231,8 +261,8 @@ class ReadIndex:
             idx = self._segments.get(seg.id)
             starts = idx.starts if idx else []
             ends = idx.ends if idx else []
-            if seg.length > seg.start_offset:
-                need = seg.start_offset
+            need = max(seg.start_offset, seg.storage_length)
+            if seg.length > need:
                 k = bisect.bisect_right(ends, need)
                 if k == len(ends) or starts[k] > need:
                     raise ReadIndexCorrupt(f"{seg.name!r} has no bytes at offset {need}")
@@ -277,18 +307,31 @@ class ReadIndex:
             offset += zeros
         if offset < end:
             idx = self._segments.get(seg.id)
-            if idx is None:
-                raise ReadIndexCorrupt(f"{seg.name!r} has no indexed bytes")
-            k = bisect.bisect_right(idx.starts, offset) - 1
+            starts = idx.starts if idx is not None else []
+            ends = idx.ends if idx is not None else []
+            k = bisect.bisect_right(starts, offset) - 1
             while offset < end:
-                if k < 0 or k >= len(idx.starts) or not idx.starts[k] <= offset < idx.ends[k]:
+                stored = max(seg.storage_length, idx.flushed if idx is not None else 0)
+                if 0 <= k < len(starts) and starts[k] <= offset < ends[k]:
+                    entry_start, entry_end = starts[k], ends[k]
+                    data = self._entry(seg, entry_start)
+                    take_end = min(end, entry_end)
+                    out += memoryview(data)[offset - entry_start : take_end - entry_start]
+                    offset = take_end
+                    k += 1
+                elif offset < stored and self.tier2 is not None:
+                    # Flushed bytes whose cache entries are gone: read them
+                    # from the chunks, up to the next entry still in the cache.
+                    stop = min(end, stored)
+                    if k + 1 < len(starts):
+                        stop = min(stop, starts[k + 1])
+                    out += await self.tier2.read(
+                        seg.id, seg.name, seg.chunks, offset, stop - offset
+                    )
+                    offset = stop
+                    k = bisect.bisect_right(starts, offset) - 1
+                else:
                     raise ReadIndexCorrupt(f"{seg.name!r} has no bytes at offset {offset}")
-                entry_start, entry_end = idx.starts[k], idx.ends[k]
-                data = self._entry(seg, entry_start)
-                take_end = min(end, entry_end)
-                out += memoryview(data)[offset - entry_start : take_end - entry_start]
-                offset = take_end
-                k += 1
         self.reads += 1
         self.bytes_read += len(out)
         return bytes(out)

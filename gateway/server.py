@@ -317,6 +317,19 @@ class Connection:
 
         return produce
 
+    def _flush(self, req: wire.Request) -> Producer:
+        container = self.server.container
+        rid = req.request_id
+        name = req.flush.segment
+        if name:
+            container.info(name)  # fail now if missing, in order
+
+        async def produce() -> wire.Response:
+            await container.flush(name)
+            return wire.Response(request_id=rid, done=wire.Done())
+
+        return produce
+
     def _update_attributes(self, req: wire.Request) -> Producer:
         u = req.update_attributes
         op = self.server.container.prepare_update_attributes(u.segment, _updates(list(u.updates)))

@@ -25,6 +25,7 @@ deleted or truncated past it).
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
 import time
@@ -32,7 +33,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -68,15 +69,20 @@ from gateway.errors import (
 from gateway.journal import Journal, Ticket, open_journal
 from gateway.journal.format import Buffer, encode_append
 from gateway.protocol.journal_pb2 import (
+    ChunkAdded,
     CreateSegment,
     DeleteSegment,
     Operation,
     SealSegment,
+    StorageSealed,
     TruncateSegment,
     UpdateAttributes,
 )
-from gateway.protocol.metadata_pb2 import AttributeValue, ContainerSnapshot
+from gateway.protocol.metadata_pb2 import AttributeValue, ChunkRecord, ContainerSnapshot
 from gateway.readindex import ReadIndex
+
+if TYPE_CHECKING:
+    from gateway.tier2.layer import ChunkLayer
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +117,25 @@ class ReadResult:
     def end_of_segment(self) -> bool:
         """Sealed and read to the end: no byte will ever follow."""
         return self.sealed and self.offset + len(self.data) >= self.length
+
+
+class StorageListener(Protocol):
+    """Told about committed changes that matter to Tier 2 (the storage writer)."""
+
+    def on_append(self, seg: Segment) -> None:
+        """The segment grew."""
+
+    def on_seal(self, seg: Segment) -> None:
+        """The segment was sealed."""
+
+    def on_dropped(self, seg: Segment, chunks: list[ChunkRecord], deleted: bool) -> None:
+        """Chunks left the segment's metadata (truncated, or the segment ``deleted``)."""
+
+    async def flush(self, segment_ids: list[int] | None = None) -> None:
+        """Flush now; return once what was committed before the call is in Tier 2."""
+
+    async def durability_barrier(self) -> None:
+        """Return once everything flushed so far is durable in Tier 2."""
 
 
 def _now_ms() -> int:
@@ -180,6 +205,8 @@ class SegmentContainer:
         self._file_usage: dict[int, dict[int, int]] = {}
         self._maintenance = trio.Event()
         self._closing = False
+        #: The storage writer, once Tier 2 runs (not during recovery).
+        self.storage: StorageListener | None = None
         self.checkpoints = 0
         self.journal_files_truncated = 0
 
@@ -368,6 +395,8 @@ class SegmentContainer:
         def apply(seq: int) -> None:
             self._pending_pinned -= len(data)
             self._apply_append(seg, offset, data, values, at_ms, self._file_of(seq))
+            if self.storage is not None:
+                self.storage.on_append(seg)
 
         return self._track(ticket, AppendResult(offset, end), apply, seg)
 
@@ -412,6 +441,8 @@ class SegmentContainer:
 
         def apply(seq: int) -> None:
             self._apply_seal(seg, at_ms)
+            if self.storage is not None:
+                self.storage.on_seal(seg)
 
         return self._track(ticket, None, apply, seg)._with_result(lambda: seg.info())
 
@@ -433,7 +464,9 @@ class SegmentContainer:
         seg.p_start_offset = offset
 
         def apply(seq: int) -> None:
-            self._apply_truncate(seg, offset, at_ms)
+            dropped = self._apply_truncate(seg, offset, at_ms)
+            if self.storage is not None:
+                self.storage.on_dropped(seg, dropped, deleted=False)
 
         return self._track(ticket, None, apply, seg)._with_result(lambda: seg.info())
 
@@ -447,6 +480,8 @@ class SegmentContainer:
 
         def apply(seq: int) -> None:
             self._apply_delete(seg)
+            if self.storage is not None:
+                self.storage.on_dropped(seg, list(seg.chunks), deleted=True)
 
         return self._track(ticket, None, apply, seg)
 
@@ -477,6 +512,62 @@ class SegmentContainer:
             self._apply_attributes(seg, values, at_ms)
 
         return self._track(ticket, None, apply, seg)._with_result(lambda: seg.info())
+
+    # -- Tier 2: the storage writer's operations ------------------------------------
+
+    def prepare_chunk_added(
+        self, segment_id: int, chunk: ChunkRecord, extends_last: bool
+    ) -> PendingOperation:
+        """Record an uploaded chunk (result: whether it was added; False if truncated away)."""
+        self._start()
+        seg = self._by_id.get(segment_id)
+        if seg is None or seg.p_deleted:
+            raise SegmentNotFound(f"segment id {segment_id}")
+        op = Operation(
+            chunk_added=ChunkAdded(segment_id=segment_id, chunk=chunk, extends_last=extends_last)
+        )
+        ticket = self._submit((op.SerializeToString(),))
+        pending = self._track(ticket, None, lambda seq: None, seg)
+
+        def apply(seq: int) -> None:
+            pending.result = self._apply_chunk_added(seg, chunk, extends_last)
+
+        pending._apply = apply
+        return pending
+
+    def prepare_storage_sealed(self, segment_id: int) -> PendingOperation:
+        """Mark a sealed segment whose bytes are all in Tier 2 as sealed there too."""
+        self._start()
+        seg = self._by_id.get(segment_id)
+        if seg is None or seg.p_deleted:
+            raise SegmentNotFound(f"segment id {segment_id}")
+        op = Operation(storage_sealed=StorageSealed(segment_id=segment_id))
+        ticket = self._submit((op.SerializeToString(),))
+        return self._track(ticket, None, lambda seq: self._apply_storage_sealed(seg), seg)
+
+    def segment_by_id(self, segment_id: int) -> Segment | None:
+        """The committed segment with this id, if it is live."""
+        seg = self._by_id.get(segment_id)
+        return seg if seg is not None and seg.durable else None
+
+    def segments(self) -> Sequence[Segment]:
+        """Every committed live segment (for the storage writer and GC)."""
+        return [s for s in self._segments.values() if s.durable]
+
+    def committed_snapshot(self) -> ContainerSnapshot:
+        """The committed view of every segment (Tier-2 metadata snapshots)."""
+        return ContainerSnapshot(
+            version=SNAPSHOT_VERSION,
+            next_segment_id=self._next_id,
+            segments=[s.committed_record() for s in self.segments()],
+        )
+
+    async def flush(self, name: str = "") -> None:
+        """Flush one segment (or all, for "") to Tier 2 and wait until it is there."""
+        if self.storage is None:
+            raise Unavailable("Tier 2 is not running in this process")
+        ids = [self._committed(name).id] if name else None
+        await self.storage.flush(ids)
 
     # -- convenience: prepare and wait -------------------------------------------
 
@@ -655,11 +746,51 @@ class SegmentContainer:
         seg.last_modified_ms = at_ms
         self.read_index.on_change(seg.id)
 
-    def _apply_truncate(self, seg: Segment, offset: int, at_ms: int) -> None:
+    def _apply_truncate(self, seg: Segment, offset: int, at_ms: int) -> builtins.list[ChunkRecord]:
+        """Returns the chunks that now lie wholly below the start offset (garbage)."""
         seg.start_offset = max(seg.start_offset, offset)
         seg.last_modified_ms = at_ms
+        # Bytes below the start offset never need flushing.
+        seg.storage_length = max(seg.storage_length, seg.start_offset)
+        n = 0
+        while n < len(seg.chunks) and seg.chunks[n].start_offset + seg.chunks[n].length <= offset:
+            n += 1
+        dropped = list(seg.chunks[:n])
+        del seg.chunks[:n]  # in place: readers hold the list
         self.read_index.on_truncate(seg.id, seg.start_offset)
         self._signal_pinned_freed()
+        return dropped
+
+    def _apply_chunk_added(self, seg: Segment, chunk: ChunkRecord, extends_last: bool) -> bool:
+        """Add (or grow) a chunk; False if it lies wholly below the storage length.
+
+        A chunk that grew while a truncation dropped its old record is added
+        as a new one: its object holds the bytes, and the storage writer does
+        not delete objects that a segment names.
+        """
+        end = chunk.start_offset + chunk.length
+        if end > seg.length:
+            raise ContainerCorrupt(
+                f"chunk {chunk.name!r} of {seg.name!r} ends at {end}, past the length {seg.length}"
+            )
+        if extends_last and seg.chunks and seg.chunks[-1].name == chunk.name:
+            seg.chunks[-1] = chunk
+        elif end <= seg.storage_length:
+            return False
+        elif chunk.start_offset > seg.storage_length:
+            raise ContainerCorrupt(
+                f"chunk {chunk.name!r} of {seg.name!r} starts at {chunk.start_offset}, "
+                f"past the storage length {seg.storage_length}"
+            )
+        else:
+            seg.chunks.append(chunk)
+        seg.storage_length = max(seg.storage_length, end)
+        self.read_index.on_flushed(seg.id, seg.storage_length)
+        self._signal_pinned_freed()
+        return True
+
+    def _apply_storage_sealed(self, seg: Segment) -> None:
+        seg.sealed_in_storage = True
 
     def _apply_delete(self, seg: Segment) -> None:
         self._remove(seg)
@@ -697,6 +828,14 @@ class SegmentContainer:
         seq = ticket.result()
         self.checkpoints += 1
         keep_from = self._oldest_needed_file()
+        if self.storage is not None:
+            # Files about to go may hold the only durable copy of bytes that
+            # Tier 2 acknowledged from its page cache (the embedded server).
+            try:
+                await self.storage.durability_barrier()
+            except GatewayError as e:
+                log.warning("not truncating the journal: %s", e)
+                return seq
         deleted = await self._journal.truncate(seq, keep_from)
         if deleted:
             self.journal_files_truncated += deleted
@@ -812,6 +951,13 @@ class _Replayer:
             u = op.update_attributes
             values = {v.id: v.value for v in u.attributes}
             c._apply_attributes(self._segment(u.segment_id, seq), values, u.at_ms)
+        elif kind == "chunk_added":
+            a2 = op.chunk_added
+            chunk = ChunkRecord()
+            chunk.CopyFrom(a2.chunk)
+            c._apply_chunk_added(self._segment(a2.segment_id, seq), chunk, a2.extends_last)
+        elif kind == "storage_sealed":
+            c._apply_storage_sealed(self._segment(op.storage_sealed.segment_id, seq))
         else:
             raise ContainerCorrupt(f"sequence {seq}: unknown operation kind {kind!r}")
 
@@ -830,13 +976,33 @@ class _Replayer:
         for seg in self.c._segments.values():
             seg.reset_pending()
             index.on_truncate(seg.id, seg.start_offset)
+            index.on_flushed(seg.id, seg.storage_length)
+            _check_chunks(seg)
         index.check_coverage([s.view() for s in self.c._segments.values()])
 
 
+def _check_chunks(seg: Segment) -> None:
+    """The chunks cover [start_offset, storage_length) without gaps or overlaps."""
+    need = seg.start_offset
+    for c in seg.chunks:
+        if c.start_offset > need:
+            raise ContainerCorrupt(f"{seg.name!r} has no chunk for [{need}, {c.start_offset})")
+        need = max(need, c.start_offset + c.length)
+    if need < seg.storage_length:
+        raise ContainerCorrupt(
+            f"{seg.name!r} is in Tier 2 up to {seg.storage_length}, its chunks end at {need}"
+        )
+
+
 @asynccontextmanager
-async def open_container(config: Config) -> AsyncIterator[SegmentContainer]:
+async def open_container(
+    config: Config, tier2: ChunkLayer | None = None
+) -> AsyncIterator[SegmentContainer]:
     """Recover the container from its journal and serve operations until exit.
 
+    With ``tier2``, flushed bytes are read back from it and the storage
+    writer moves committed bytes there in the background; without it (unit
+    tests of the container), everything stays in the journal and the cache.
     On a clean exit a final checkpoint is written, so the next start replays
     little.
     """
@@ -844,7 +1010,7 @@ async def open_container(config: Config) -> AsyncIterator[SegmentContainer]:
         CacheStore.open, config.cache_dir, cache_budget(config), config.cache.pinned_share
     )
     try:
-        async with _open_container(config, store) as container:
+        async with _open_container(config, store, tier2) as container:
             yield container
     finally:
         await trio.to_thread.run_sync(store.close)
@@ -861,7 +1027,13 @@ def cache_budget(config: Config) -> int:
 
 
 @asynccontextmanager
-async def _open_container(config: Config, store: CacheStore) -> AsyncIterator[SegmentContainer]:
+async def _open_container(
+    config: Config, store: CacheStore, tier2: ChunkLayer | None
+) -> AsyncIterator[SegmentContainer]:
+    # Imported here: the storage writer builds on the container.
+    from gateway.tier2.reader import ChunkReader
+    from gateway.tier2.storage_writer import StorageWriter
+
     container = SegmentContainer(config.container, ReadIndex(store))
     replayer = _Replayer(container)
     started = time.monotonic()
@@ -878,6 +1050,15 @@ async def _open_container(config: Config, store: CacheStore) -> AsyncIterator[Se
         async with service_nursery() as nursery:
             nursery.start_soon(container._run_maintenance)
             nursery.start_soon(container.read_index.run_writer)
+            if tier2 is not None:
+                reader = ChunkReader(tier2, store, read_ahead=config.tier2.read_ahead)
+                await nursery.start(reader.run)
+                container.read_index.tier2 = reader
+                writer = StorageWriter(
+                    container, tier2, config.tier2, config.node.id, journal.epoch, reader
+                )
+                container.storage = writer
+                await nursery.start(writer.run)
             try:
                 yield container
                 await container.wait_settled()
@@ -885,6 +1066,7 @@ async def _open_container(config: Config, store: CacheStore) -> AsyncIterator[Se
                     await container.checkpoint()
             finally:
                 container._closing = True
+                container.storage = None
                 container._maintenance.set()
                 # Shielded so a cancelled shutdown still empties the queue, but
                 # bounded: the data is in the journal either way.

@@ -102,7 +102,15 @@ class Segment:
 
     def view(self) -> SegmentView:
         """What the read index needs of the committed view."""
-        return SegmentView(self.id, self.name, self.start_offset, self.length, self.sealed)
+        return SegmentView(
+            self.id,
+            self.name,
+            self.start_offset,
+            self.length,
+            self.sealed,
+            self.storage_length,
+            self.chunks,
+        )
 
     def info(self) -> SegmentInfo:
         """The committed view as a SegmentInfo."""
@@ -136,6 +144,22 @@ class Segment:
             attributes=[
                 AttributeValue(id=k, value=v) for k, v in self.pending_attributes().items()
             ],
+            chunks=self.chunks,
+        )
+
+    def committed_record(self) -> SegmentRecord:
+        """The committed view as a snapshot record (Tier-2 metadata snapshots)."""
+        return SegmentRecord(
+            id=self.id,
+            name=self.name,
+            start_offset=self.start_offset,
+            length=self.length,
+            storage_length=self.storage_length,
+            sealed=self.sealed,
+            sealed_in_storage=self.sealed_in_storage,
+            created_at_ms=self.created_at_ms,
+            last_modified_ms=self.last_modified_ms,
+            attributes=[AttributeValue(id=k, value=v) for k, v in self.attributes.items()],
             chunks=self.chunks,
         )
 

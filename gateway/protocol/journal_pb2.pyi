@@ -14,7 +14,7 @@ class Frame(_message.Message):
     def __init__(self, operations: _Optional[_Iterable[_Union[Operation, _Mapping]]] = ...) -> None: ...
 
 class Operation(_message.Message):
-    __slots__ = ("epoch_started", "checkpoint", "append", "create_segment", "seal_segment", "truncate_segment", "delete_segment", "update_attributes")
+    __slots__ = ("epoch_started", "checkpoint", "append", "create_segment", "seal_segment", "truncate_segment", "delete_segment", "update_attributes", "chunk_added", "storage_sealed")
     EPOCH_STARTED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     APPEND_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,8 @@ class Operation(_message.Message):
     TRUNCATE_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     DELETE_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     UPDATE_ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_ADDED_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_SEALED_FIELD_NUMBER: _ClassVar[int]
     epoch_started: EpochStarted
     checkpoint: Checkpoint
     append: Append
@@ -31,7 +33,9 @@ class Operation(_message.Message):
     truncate_segment: TruncateSegment
     delete_segment: DeleteSegment
     update_attributes: UpdateAttributes
-    def __init__(self, epoch_started: _Optional[_Union[EpochStarted, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., append: _Optional[_Union[Append, _Mapping]] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., seal_segment: _Optional[_Union[SealSegment, _Mapping]] = ..., truncate_segment: _Optional[_Union[TruncateSegment, _Mapping]] = ..., delete_segment: _Optional[_Union[DeleteSegment, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributes, _Mapping]] = ...) -> None: ...
+    chunk_added: ChunkAdded
+    storage_sealed: StorageSealed
+    def __init__(self, epoch_started: _Optional[_Union[EpochStarted, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., append: _Optional[_Union[Append, _Mapping]] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., seal_segment: _Optional[_Union[SealSegment, _Mapping]] = ..., truncate_segment: _Optional[_Union[TruncateSegment, _Mapping]] = ..., delete_segment: _Optional[_Union[DeleteSegment, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributes, _Mapping]] = ..., chunk_added: _Optional[_Union[ChunkAdded, _Mapping]] = ..., storage_sealed: _Optional[_Union[StorageSealed, _Mapping]] = ...) -> None: ...
 
 class EpochStarted(_message.Message):
     __slots__ = ("epoch", "started_at_ms", "software_version")
@@ -108,3 +112,19 @@ class UpdateAttributes(_message.Message):
     attributes: _containers.RepeatedCompositeFieldContainer[_metadata_pb2.AttributeValue]
     at_ms: int
     def __init__(self, segment_id: _Optional[int] = ..., attributes: _Optional[_Iterable[_Union[_metadata_pb2.AttributeValue, _Mapping]]] = ..., at_ms: _Optional[int] = ...) -> None: ...
+
+class ChunkAdded(_message.Message):
+    __slots__ = ("segment_id", "chunk", "extends_last")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    EXTENDS_LAST_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    chunk: _metadata_pb2.ChunkRecord
+    extends_last: bool
+    def __init__(self, segment_id: _Optional[int] = ..., chunk: _Optional[_Union[_metadata_pb2.ChunkRecord, _Mapping]] = ..., extends_last: _Optional[bool] = ...) -> None: ...
+
+class StorageSealed(_message.Message):
+    __slots__ = ("segment_id",)
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    def __init__(self, segment_id: _Optional[int] = ...) -> None: ...

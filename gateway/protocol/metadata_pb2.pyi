@@ -15,16 +15,18 @@ class AttributeValue(_message.Message):
     def __init__(self, id: _Optional[bytes] = ..., value: _Optional[int] = ...) -> None: ...
 
 class ChunkRecord(_message.Message):
-    __slots__ = ("name", "start_offset", "length", "crc32c")
+    __slots__ = ("name", "start_offset", "length", "crc32c", "epoch")
     NAME_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     name: str
     start_offset: int
     length: int
     crc32c: int
-    def __init__(self, name: _Optional[str] = ..., start_offset: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ...) -> None: ...
+    epoch: int
+    def __init__(self, name: _Optional[str] = ..., start_offset: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class SegmentRecord(_message.Message):
     __slots__ = ("id", "name", "start_offset", "length", "storage_length", "sealed", "sealed_in_storage", "created_at_ms", "last_modified_ms", "attributes", "chunks")
@@ -61,3 +63,19 @@ class ContainerSnapshot(_message.Message):
     next_segment_id: int
     segments: _containers.RepeatedCompositeFieldContainer[SegmentRecord]
     def __init__(self, version: _Optional[int] = ..., next_segment_id: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentRecord, _Mapping]]] = ...) -> None: ...
+
+class MetadataSnapshot(_message.Message):
+    __slots__ = ("version", "node", "epoch", "created_at_ms", "software_version", "container")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    SOFTWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    node: str
+    epoch: int
+    created_at_ms: int
+    software_version: str
+    container: ContainerSnapshot
+    def __init__(self, version: _Optional[int] = ..., node: _Optional[str] = ..., epoch: _Optional[int] = ..., created_at_ms: _Optional[int] = ..., software_version: _Optional[str] = ..., container: _Optional[_Union[ContainerSnapshot, _Mapping]] = ...) -> None: ...

@@ -66,7 +66,7 @@ SEGMENT_TRUNCATED: ErrorCode
 TIER2_UNAVAILABLE: ErrorCode
 
 class Request(_message.Message):
-    __slots__ = ("request_id", "hello", "create", "append", "seal", "truncate", "delete", "update_attributes", "get_info", "list", "get_attributes", "read")
+    __slots__ = ("request_id", "hello", "create", "append", "seal", "truncate", "delete", "update_attributes", "get_info", "list", "get_attributes", "read", "flush")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class Request(_message.Message):
     LIST_FIELD_NUMBER: _ClassVar[int]
     GET_ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     READ_FIELD_NUMBER: _ClassVar[int]
+    FLUSH_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     hello: Hello
     create: CreateSegmentRequest
@@ -91,7 +92,8 @@ class Request(_message.Message):
     list: ListSegmentsRequest
     get_attributes: GetAttributesRequest
     read: ReadRequest
-    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., create: _Optional[_Union[CreateSegmentRequest, _Mapping]] = ..., append: _Optional[_Union[AppendRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., truncate: _Optional[_Union[TruncateRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteRequest, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributesRequest, _Mapping]] = ..., get_info: _Optional[_Union[GetInfoRequest, _Mapping]] = ..., list: _Optional[_Union[ListSegmentsRequest, _Mapping]] = ..., get_attributes: _Optional[_Union[GetAttributesRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ...) -> None: ...
+    flush: FlushRequest
+    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., create: _Optional[_Union[CreateSegmentRequest, _Mapping]] = ..., append: _Optional[_Union[AppendRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., truncate: _Optional[_Union[TruncateRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteRequest, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributesRequest, _Mapping]] = ..., get_info: _Optional[_Union[GetInfoRequest, _Mapping]] = ..., list: _Optional[_Union[ListSegmentsRequest, _Mapping]] = ..., get_attributes: _Optional[_Union[GetAttributesRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ..., flush: _Optional[_Union[FlushRequest, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("protocol_version", "token", "client")
@@ -160,6 +162,12 @@ class TruncateRequest(_message.Message):
     def __init__(self, segment: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class DeleteRequest(_message.Message):
+    __slots__ = ("segment",)
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    segment: str
+    def __init__(self, segment: _Optional[str] = ...) -> None: ...
+
+class FlushRequest(_message.Message):
     __slots__ = ("segment",)
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
     segment: str

@@ -23,11 +23,21 @@ def free_port() -> int:
 class Daemon:
     """One daemon process on a fixed port, so it can be killed and restarted in place."""
 
-    def __init__(self, data_dir: pathlib.Path, config_text: str = "", port: int = 0) -> None:
+    def __init__(
+        self,
+        data_dir: pathlib.Path,
+        config_text: str = "",
+        port: int = 0,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         self.config_path = data_dir / "gateway.toml"
+        if "[tier2]" not in config_text:
+            # The filesystem binding: no S3 server to start for every daemon.
+            config_text += f'\n[tier2]\nurl = "file://{data_dir}/tier2"\n'
         self.config_path.write_text(config_text)
+        self.env = env or {}
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.ready_file = data_dir / "ready"
@@ -47,7 +57,7 @@ class Daemon:
                 "--ready-file", str(self.ready_file),
             ],
             cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env={**os.environ, "PYTHONPATH": str(ROOT), **self.env},
             stdout=log,
             stderr=subprocess.STDOUT,
         )  # fmt: skip

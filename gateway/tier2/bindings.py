@@ -1,0 +1,70 @@
+"""Opening the Tier-2 binding that ``[tier2] url`` names.
+
+- ``embedded``: SeaweedFS as a child process (`gateway.tier2.embedded`), data
+  under ``<node.data_dir>/s3``, reached through the S3 binding;
+- ``s3://BUCKET[/PREFIX]``: the S3 binding (``endpoint_url`` for S3-compatible
+  servers; credentials from the usual AWS sources);
+- ``file:///PATH``: the filesystem binding.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import trio
+
+from gateway.config import Config
+from gateway.tier2.layer import ChunkLayer
+from gateway.tier2.storage import ChunkStorage
+
+
+@asynccontextmanager
+async def open_tier2(config: Config) -> AsyncIterator[ChunkLayer]:
+    """The configured binding behind a `ChunkLayer`; the embedded server lives as long."""
+    t = config.tier2
+    async with AsyncExitStack() as stack:
+        storage: ChunkStorage
+        barrier: Callable[[], None] | None = None
+        if t.url == "embedded":
+            from gateway.tier2.embedded import run_embedded_s3
+            from gateway.tier2.s3 import S3Storage
+
+            server = await stack.enter_async_context(
+                run_embedded_s3(pathlib.Path(config.node.data_dir) / "s3", port=t.embedded_port)
+            )
+            storage = S3Storage(
+                server.bucket,
+                endpoint_url=server.endpoint_url,
+                region=t.region,
+                max_pool_connections=t.max_concurrency,
+                timeout=t.request_timeout,
+                access_key=server.access_key,
+                secret_key=server.secret_key,
+            )
+            barrier = server.sync
+        elif t.url.startswith("s3://"):
+            from gateway.tier2.s3 import S3Storage
+
+            storage = S3Storage.from_url(
+                t.url,
+                endpoint_url=t.endpoint_url,
+                region=t.region,
+                max_pool_connections=t.max_concurrency,
+                timeout=t.request_timeout,
+            )
+        else:
+            from gateway.tier2.filesystem import FileStorage
+
+            storage = FileStorage.from_url(t.url)
+        layer = ChunkLayer(
+            storage,
+            max_concurrency=t.max_concurrency,
+            retry_deadline=t.retry_deadline,
+            barrier=barrier,
+        )
+        try:
+            yield layer
+        finally:
+            await trio.to_thread.run_sync(storage.close)

@@ -1,0 +1,66 @@
+"""Object keys and user metadata of Tier-2 objects (docs/FORMATS.md, "Tier 2").
+
+Every key is relative to the binding's prefix (``s3://bucket/PREFIX``):
+
+- chunks: ``<node>/chunks/<segment id>/<start offset, 20 digits>.e<epoch>.<uuid hex>``
+- metadata snapshots: ``<node>/meta/<Unix ms, 20 digits>.e<epoch>.snapshot``
+
+A chunk's user metadata names what it holds, so an operator (or fsck) can
+tell from the object alone (Pulsar's offload metadata).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import gateway
+
+#: Version of the chunk format: the object is the segment's bytes, nothing else.
+CHUNK_FORMAT_VERSION = 1
+
+_CHUNK_NAME = re.compile(r"(?:.*/)?chunks/(\d+)/(\d{20})\.e(\d+)\.[0-9a-f]{32}")
+
+
+def node_prefix(node: str) -> str:
+    """Every object of ``node`` lies under this prefix."""
+    return f"{node}/"
+
+
+def chunks_prefix(node: str) -> str:
+    """Chunks of ``node``."""
+    return f"{node}/chunks/"
+
+
+def meta_prefix(node: str) -> str:
+    """Metadata snapshots of ``node``."""
+    return f"{node}/meta/"
+
+
+def chunk_key(node: str, segment_id: int, start_offset: int, epoch: int) -> str:
+    """A new, unique chunk key."""
+    return f"{node}/chunks/{segment_id}/{start_offset:020d}.e{epoch}.{uuid.uuid4().hex}"
+
+
+def chunk_epoch(key: str) -> int | None:
+    """The epoch a chunk key carries, or None if ``key`` is not a chunk key."""
+    m = _CHUNK_NAME.fullmatch(key)
+    return int(m.group(3)) if m else None
+
+
+def snapshot_key(node: str, at_ms: int, epoch: int) -> str:
+    """Key of a metadata snapshot taken at ``at_ms``; keys sort by time."""
+    return f"{node}/meta/{at_ms:020d}.e{epoch}.snapshot"
+
+
+def chunk_metadata(segment: str, offset: int, length: int, crc: int, epoch: int) -> dict[str, str]:
+    """User metadata of a chunk object (S3 ``x-amz-meta-*``; ASCII only)."""
+    return {
+        "segment": segment,
+        "offset": str(offset),
+        "length": str(length),
+        "crc32c": f"{crc:08x}",
+        "epoch": str(epoch),
+        "format-version": str(CHUNK_FORMAT_VERSION),
+        "software-version": gateway.__version__,
+    }

@@ -1,0 +1,504 @@
+"""`StorageWriter`: moves committed bytes to Tier 2 in the background (Pravega's storage writer).
+
+Per segment, the bytes between its storage length and its length are
+*unflushed*: pinned in the cache and needed in the journal. A segment is
+flushed when
+
+- its unflushed bytes reach ``tier2.flush_size``,
+- its oldest unflushed byte is older than ``tier2.flush_interval``,
+- it is sealed (then it is also marked sealed in storage), or
+- someone asks (`StorageWriter.flush`, the ``flush`` command).
+
+A flush reads the unflushed bytes through the read index, uploads them as a
+new chunk -- or, on bindings with append, appends them to the segment's last
+chunk if this epoch wrote it and it is below ``tier2.max_chunk_size`` --, and
+only then journals ``ChunkAdded``. Applying that advances the storage length
+and unpins the cache entries; the next checkpoint lets the journal drop
+files that held only flushed data. A crash between the upload and the
+journal leaves an object nobody names (garbage for GC), never a hole.
+
+Chunks dropped by truncation or deletion are deleted in the background, with
+the retry policy; what fails is left to GC. After flushes, a metadata
+snapshot is uploaded at most every ``tier2.snapshot_interval``, and GC runs
+every ``tier2.gc_interval``.
+
+While Tier 2 is unreachable, flushes fail and are retried with backoff; the
+unflushed bytes grow until the cache's pinned share pushes back on appends
+(the container's ``wait_for_capacity``: delayed, then ``Overloaded``). When
+Tier 2 returns, the backlog drains.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import crc32c
+import trio
+
+import gateway
+from gateway import failpoints
+from gateway.config import Tier2Config
+from gateway.container.container import SegmentContainer
+from gateway.container.segment import Segment
+from gateway.errors import GatewayError, SegmentNotFound, Tier2Error, Unavailable
+from gateway.protocol.metadata_pb2 import ChunkRecord, MetadataSnapshot
+from gateway.tier2 import gc, names
+from gateway.tier2.layer import ChunkLayer
+from gateway.tier2.reader import ChunkReader
+
+log = logging.getLogger(__name__)
+
+#: Longest wait before retrying a segment whose flush failed.
+MAX_RETRY_WAIT = 30.0
+#: A CRC over more than this runs in a worker thread (crc32c releases the GIL).
+_CRC_INLINE_BYTES = 1024 * 1024
+
+
+@dataclass
+class _Failure:
+    count: int
+    retry_at: float
+    error: GatewayError
+
+
+@dataclass(frozen=True)
+class StorageWriterStatistics:
+    """Counters of a `StorageWriter`."""
+
+    flushes: int
+    bytes_flushed: int
+    chunks_created: int
+    chunk_appends: int
+    flush_failures: int
+    unflushed_segments: int
+    unflushed_bytes: int
+    chunks_deleted: int
+    delete_failures: int
+    snapshots: int
+    snapshot_failures: int
+    gc_passes: int
+    gc_deleted: int
+    gc_failures: int
+
+
+class StorageWriter:
+    """Flushes segments to Tier 2; also runs chunk deletion, snapshots and GC."""
+
+    def __init__(
+        self,
+        container: SegmentContainer,
+        layer: ChunkLayer,
+        config: Tier2Config,
+        node: str,
+        epoch: int,
+        reader: ChunkReader | None = None,
+    ) -> None:
+        self.container = container
+        self.layer = layer
+        self.cfg = config
+        self.node = node
+        self.epoch = epoch
+        self.reader = reader
+        #: segment id -> trio time of its oldest unflushed byte (or of the
+        #: event that made it need a flush: seal, request).
+        self._unflushed: dict[int, float] = {}
+        #: Segments to flush now, whatever the policy says.
+        self._urgent: set[int] = set()
+        self._busy: set[int] = set()
+        self._failures: dict[int, _Failure] = {}
+        #: Object keys being uploaded and not yet named by applied metadata:
+        #: GC and the deleter must leave them alone.
+        self.uploading: set[str] = set()
+        self._deletes: deque[tuple[str, int]] = deque()
+        self._deletes_ready = trio.Event()
+        self._wake = trio.Event()
+        self._progress = trio.Event()
+        self._flushed_since_snapshot = trio.Event()
+        self._limiter = trio.CapacityLimiter(config.flush_concurrency)
+        self._nursery: trio.Nursery | None = None
+        self.flushes = 0
+        self.bytes_flushed = 0
+        self.chunks_created = 0
+        self.chunk_appends = 0
+        self.flush_failures = 0
+        self.chunks_deleted = 0
+        self.delete_failures = 0
+        self.snapshots = 0
+        self.snapshot_failures = 0
+        self.gc_passes = 0
+        self.gc_deleted = 0
+        self.gc_failures = 0
+
+    # -- told by the container (committed changes) ------------------------------------
+
+    def on_append(self, seg: Segment) -> None:
+        """The segment grew."""
+        if seg.id not in self._unflushed:
+            self._unflushed[seg.id] = trio.current_time()
+            self._wake.set()
+        elif seg.length - seg.storage_length >= self.cfg.flush_size and seg.id not in self._busy:
+            self._wake.set()
+
+    def on_seal(self, seg: Segment) -> None:
+        """A sealed segment is flushed right away and sealed in storage."""
+        self._unflushed.setdefault(seg.id, trio.current_time())
+        self._urgent.add(seg.id)
+        self._wake.set()
+
+    def on_dropped(self, seg: Segment, chunks: list[ChunkRecord], deleted: bool) -> None:
+        """Delete the objects of chunks that left the metadata, in the background."""
+        for c in chunks:
+            self._deletes.append((c.name, seg.id))
+        if chunks:
+            self._deletes_ready.set()
+        if deleted:
+            self._unflushed.pop(seg.id, None)
+            self._urgent.discard(seg.id)
+            self._failures.pop(seg.id, None)
+            if self.reader is not None:
+                self.reader.forget_segment(seg.id)
+        self._wake.set()
+        self._progress.set()  # flush waiters re-check: the segment may be gone
+
+    # -- the flush loop ----------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Flush by policy, delete dropped chunks, snapshot and collect garbage until cancelled."""
+        now = trio.current_time()
+        for seg in self.container.segments():
+            if self._needs_flush(seg):
+                # Unknown age (recovered): treat it as old, flush soon.
+                self._unflushed[seg.id] = now - self.cfg.flush_interval
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._run_deletes)
+            nursery.start_soon(self._run_snapshots)
+            nursery.start_soon(self._run_gc)
+            task_status.started()
+            while True:
+                next_due = self._start_due_flushes()
+                with trio.move_on_at(next_due):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+
+    def _needs_flush(self, seg: Segment) -> bool:
+        return seg.storage_length < seg.length or (seg.sealed and not seg.sealed_in_storage)
+
+    def _start_due_flushes(self) -> float:
+        """Start the flushes that are due; return when the next one will be."""
+        assert self._nursery is not None
+        now = trio.current_time()
+        next_due = math.inf
+        for seg_id, since in list(self._unflushed.items()):
+            if seg_id in self._busy:
+                continue
+            seg = self.container.segment_by_id(seg_id)
+            if seg is None or not self._needs_flush(seg):
+                del self._unflushed[seg_id]
+                self._urgent.discard(seg_id)
+                continue
+            failure = self._failures.get(seg_id)
+            if failure is not None and failure.retry_at > now:
+                next_due = min(next_due, failure.retry_at)
+                continue
+            due = since + self.cfg.flush_interval
+            if (
+                seg_id in self._urgent
+                or seg.length - seg.storage_length >= self.cfg.flush_size
+                or (seg.sealed and seg.storage_length >= seg.length)
+                or due <= now
+            ):
+                self._busy.add(seg_id)
+                self._urgent.discard(seg_id)
+                self._nursery.start_soon(self._flush_task, seg_id)
+            else:
+                next_due = min(next_due, due)
+        return next_due
+
+    async def _flush_task(self, seg_id: int) -> None:
+        try:
+            async with self._limiter:
+                await self._flush_segment(seg_id)
+            self._failures.pop(seg_id, None)
+        except SegmentNotFound:
+            self._unflushed.pop(seg_id, None)
+        except (Tier2Error, Unavailable) as e:
+            self.flush_failures += 1
+            old = self._failures.get(seg_id)
+            count = old.count + 1 if old else 1
+            wait = min(MAX_RETRY_WAIT, 0.5 * 2 ** (count - 1))
+            self._failures[seg_id] = _Failure(count, trio.current_time() + wait, e)
+            log.warning("flush of segment id %d failed (retry in %.1fs): %s", seg_id, wait, e)
+        finally:
+            self._busy.discard(seg_id)
+            seg = self.container.segment_by_id(seg_id)
+            if seg is not None and seg_id in self._unflushed:
+                if self._needs_flush(seg):
+                    # What arrived during the flush is as old as the flush.
+                    self._unflushed[seg_id] = max(self._unflushed[seg_id], trio.current_time())
+                else:
+                    del self._unflushed[seg_id]
+            self._wake.set()
+            self._progress.set()
+            self._progress = trio.Event()
+
+    async def _flush_segment(self, seg_id: int) -> None:
+        """Upload everything unflushed of one segment (one flush at a time per segment)."""
+        seg = self.container.segment_by_id(seg_id)
+        # Up to the length now: bytes that arrive meanwhile wait for the policy
+        # (else a steady trickle would be uploaded in tiny pieces, back to back).
+        target = seg.length if seg is not None else 0
+        while True:
+            seg = self.container.segment_by_id(seg_id)
+            if seg is None:
+                raise SegmentNotFound(f"segment id {seg_id}")
+            start = seg.storage_length
+            if start >= target:
+                break
+            last = seg.chunks[-1] if seg.chunks else None
+            extend = (
+                self.layer.storage.supports_append
+                and last is not None
+                and last.epoch == self.epoch
+                and last.start_offset + last.length == start
+                and last.length < self.cfg.max_chunk_size
+            )
+            room = self.cfg.max_chunk_size - (last.length if extend and last else 0)
+            n = min(seg.length - start, room)
+            data = await self.container.read_index.read(seg.view(), start, n)
+            await self._upload(seg, start, data, last if extend else None)
+        if seg.sealed and not seg.sealed_in_storage and seg.storage_length >= seg.length:
+            await self.container.prepare_storage_sealed(seg.id).wait()
+
+    async def _crc(self, data: bytes, value: int = 0) -> int:
+        if len(data) <= _CRC_INLINE_BYTES:
+            return int(crc32c.crc32c(data, value))
+        return int(await trio.to_thread.run_sync(crc32c.crc32c, data, value))
+
+    async def _upload(
+        self, seg: Segment, start: int, data: bytes, extend: ChunkRecord | None
+    ) -> None:
+        """Upload one piece, journal it, and account for it."""
+        if extend is not None:
+            key = extend.name
+            crc = await self._crc(data, extend.crc32c)
+            record = ChunkRecord(
+                name=key,
+                start_offset=extend.start_offset,
+                length=extend.length + len(data),
+                crc32c=crc,
+                epoch=self.epoch,
+            )
+        else:
+            key = names.chunk_key(self.node, seg.id, start, self.epoch)
+            crc = await self._crc(data)
+            record = ChunkRecord(
+                name=key, start_offset=start, length=len(data), crc32c=crc, epoch=self.epoch
+            )
+        metadata = names.chunk_metadata(
+            seg.name, record.start_offset, record.length, record.crc32c, self.epoch
+        )
+        self.uploading.add(key)
+        try:
+            if extend is not None:
+                await self.layer.append(key, extend.length, data, metadata)
+            else:
+                await self.layer.write(key, data, metadata)
+            failpoints.hit("after_chunk_upload")
+            try:
+                added = await self.container.prepare_chunk_added(
+                    seg.id, record, extends_last=extend is not None
+                ).wait()
+            except SegmentNotFound:
+                added = False
+        finally:
+            self.uploading.discard(key)
+        if not added:
+            # Truncated past it or deleted while it was uploading.
+            self._deletes.append((key, seg.id))
+            self._deletes_ready.set()
+            if not self.container.segment_by_id(seg.id):
+                raise SegmentNotFound(seg.name)
+            return
+        self.flushes += 1
+        self.bytes_flushed += len(data)
+        if extend is not None:
+            self.chunk_appends += 1
+        else:
+            self.chunks_created += 1
+        self._flushed_since_snapshot.set()
+
+    async def durability_barrier(self) -> None:
+        """Everything flushed so far survives a power loss of the Tier-2 server."""
+        await self.layer.durability_barrier()
+
+    # -- flush on request --------------------------------------------------------------
+
+    async def flush(self, segment_ids: list[int] | None = None) -> None:
+        """Flush now and wait until every byte committed before the call is in Tier 2.
+
+        ``None`` flushes every segment. Raises the error of a flush attempt
+        that failed after the call (the caller may retry).
+        """
+        if segment_ids is None:
+            segment_ids = [s.id for s in self.container.segments() if self._needs_flush(s)]
+        targets: dict[int, int] = {}
+        for seg_id in segment_ids:
+            seg = self.container.segment_by_id(seg_id)
+            if seg is not None and self._needs_flush(seg):
+                targets[seg_id] = seg.length
+                self._unflushed.setdefault(seg_id, trio.current_time())
+                self._urgent.add(seg_id)
+                # A request skips the backoff of earlier failures.
+                failure = self._failures.get(seg_id)
+                if failure is not None:
+                    failure.retry_at = 0.0
+        started = trio.current_time()
+        self._wake.set()
+        while targets:
+            for seg_id, target in list(targets.items()):
+                seg = self.container.segment_by_id(seg_id)
+                done = seg is None or (
+                    seg.storage_length >= target
+                    and (not seg.sealed or seg.sealed_in_storage or seg.length > target)
+                )
+                if done:
+                    del targets[seg_id]
+                    continue
+                failure = self._failures.get(seg_id)
+                if failure is not None and failure.retry_at > started and seg_id not in self._busy:
+                    assert seg is not None
+                    raise Tier2Error(f"flush of {seg.name!r} failed: {failure.error}")
+            if targets:
+                await self._progress.wait()
+
+    # -- background deletion -------------------------------------------------------------
+
+    def _still_named(self, key: str, seg_id: int) -> bool:
+        seg = self.container.segment_by_id(seg_id)
+        return seg is not None and any(c.name == key for c in seg.chunks)
+
+    async def _run_deletes(self) -> None:
+        while True:
+            if not self._deletes:
+                await self._deletes_ready.wait()
+                self._deletes_ready = trio.Event()
+                continue
+            key, seg_id = self._deletes.popleft()
+            if key in self.uploading or self._still_named(key, seg_id):
+                continue
+            try:
+                await self.layer.delete(key)
+                self.chunks_deleted += 1
+            except Tier2Error as e:
+                self.delete_failures += 1
+                log.warning("cannot delete chunk %s (GC will): %s", key, e)
+            if self.reader is not None:
+                self.reader.drop_chunks([key])
+            await trio.to_thread.run_sync(self.container.read_index.store.drop_chunk, key)
+
+    # -- metadata snapshots ----------------------------------------------------------------
+
+    async def _run_snapshots(self) -> None:
+        last = -math.inf
+        while True:
+            await self._flushed_since_snapshot.wait()
+            wait_until = last + self.cfg.snapshot_interval
+            if trio.current_time() < wait_until:
+                await trio.sleep_until(wait_until)
+            self._flushed_since_snapshot = trio.Event()
+            last = trio.current_time()
+            try:
+                await self.upload_snapshot()
+            except Tier2Error as e:
+                self.snapshot_failures += 1
+                self._flushed_since_snapshot.set()  # try again next interval
+                log.warning("metadata snapshot upload failed: %s", e)
+
+    async def upload_snapshot(self) -> str:
+        """Upload a metadata snapshot now and delete the oldest beyond ``snapshots_kept``."""
+        at_ms = int(time.time() * 1000)
+        snapshot = MetadataSnapshot(
+            version=1,
+            node=self.node,
+            epoch=self.epoch,
+            created_at_ms=at_ms,
+            software_version=gateway.__version__,
+            container=self.container.committed_snapshot(),
+        ).SerializeToString()
+        key = names.snapshot_key(self.node, at_ms, self.epoch)
+        crc = await self._crc(snapshot)
+        await self.layer.write(
+            key,
+            snapshot,
+            {
+                "crc32c": f"{crc:08x}",
+                "format-version": "1",
+                "software-version": gateway.__version__,
+            },
+        )
+        self.snapshots += 1
+        kept = await self.layer.list(names.meta_prefix(self.node))
+        old = sorted(o.key for o in kept if o.key.endswith(".snapshot"))
+        for stale in old[: max(0, len(old) - self.cfg.snapshots_kept)]:
+            await self.layer.delete(stale)
+        return key
+
+    # -- garbage collection ----------------------------------------------------------------
+
+    def _referenced(self) -> set[str]:
+        named = {c.name for s in self.container.segments() for c in s.chunks}
+        return named | self.uploading
+
+    async def _run_gc(self) -> None:
+        while True:
+            await trio.sleep(self.cfg.gc_interval)
+            await self.collect_garbage()
+
+    async def collect_garbage(self) -> gc.GcResult | None:
+        """One GC pass now; None if it failed (logged)."""
+        try:
+            result = await gc.collect(
+                self.layer, self.node, self._referenced, grace=self.cfg.gc_grace
+            )
+        except Tier2Error as e:
+            self.gc_failures += 1
+            log.warning("garbage collection failed: %s", e)
+            return None
+        self.gc_passes += 1
+        self.gc_deleted += result.deleted
+        for key in result.deleted_keys:
+            if self.reader is not None:
+                self.reader.drop_chunks([key])
+            await trio.to_thread.run_sync(self.container.read_index.store.drop_chunk, key)
+        return result
+
+    # -- observability -----------------------------------------------------------------------
+
+    def statistics(self) -> StorageWriterStatistics:
+        """Counters now."""
+        unflushed = 0
+        for seg_id in self._unflushed:
+            seg = self.container.segment_by_id(seg_id)
+            if seg is not None:
+                unflushed += seg.length - seg.storage_length
+        return StorageWriterStatistics(
+            flushes=self.flushes,
+            bytes_flushed=self.bytes_flushed,
+            chunks_created=self.chunks_created,
+            chunk_appends=self.chunk_appends,
+            flush_failures=self.flush_failures,
+            unflushed_segments=len(self._unflushed),
+            unflushed_bytes=unflushed,
+            chunks_deleted=self.chunks_deleted,
+            delete_failures=self.delete_failures,
+            snapshots=self.snapshots,
+            snapshot_failures=self.snapshot_failures,
+            gc_passes=self.gc_passes,
+            gc_deleted=self.gc_deleted,
+            gc_failures=self.gc_failures,
+        )

@@ -1,0 +1,285 @@
+"""The storage writer and reads from Tier 2, in-process, over every binding.
+
+The container runs in the test's trio loop with a `ChunkLayer` over the
+filesystem binding, the S3 binding on a real SeaweedFS (``s3_storage``), or
+the in-memory binding (with and without append, and with outages injected).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import random
+import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+
+from gateway.config import Config
+from gateway.container import SegmentContainer, open_container
+from gateway.errors import Overloaded
+from gateway.tier2 import names
+from gateway.tier2.filesystem import FileStorage
+from gateway.tier2.layer import ChunkLayer
+from gateway.tier2.memory import MemoryStorage
+from gateway.tier2.storage import ChunkStorage
+from gateway.tier2.storage_writer import StorageWriter
+from tests.helpers.segments import make_config
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+def tier2_config(data_dir: pathlib.Path, **tier2: Any) -> Config:
+    values: dict[str, Any] = {
+        "flush_size": "64 KiB",
+        "flush_interval": "30s",
+        "max_chunk_size": "256 KiB",
+        "retry_deadline": "2s",
+        "snapshot_interval": "0s",
+        "gc_interval": "1h",
+        "gc_grace": "0s",
+    }
+    values.update(tier2)
+    return make_config(data_dir, tier2=values, cache={"budget": "64 MiB"})
+
+
+@pytest.fixture(params=["file", "s3", "memory-no-append"])
+def storage(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> ChunkStorage:
+    """A Tier-2 binding: filesystem, S3 (SeaweedFS), memory without append."""
+    if request.param == "file":
+        return FileStorage(tmp_path / "tier2")
+    if request.param == "s3":
+        s3: ChunkStorage = request.getfixturevalue("s3_storage")
+        return s3
+    return MemoryStorage(supports_append=False)
+
+
+@asynccontextmanager
+async def running(
+    config: Config, storage: ChunkStorage
+) -> AsyncIterator[tuple[SegmentContainer, StorageWriter]]:
+    layer = ChunkLayer(storage, max_concurrency=4, retry_deadline=config.tier2.retry_deadline)
+    async with open_container(config, layer) as container:
+        writer = container.storage
+        assert isinstance(writer, StorageWriter)
+        yield container, writer
+
+
+def chunk_bytes(storage: ChunkStorage, container: SegmentContainer, name: str) -> bytes:
+    """The segment's flushed bytes, read straight from its chunk objects."""
+    seg = container._committed(name)
+    out = bytearray()
+    for c in seg.chunks:
+        assert c.start_offset == len(out) or c.start_offset >= seg.start_offset
+        out[c.start_offset :] = storage.read(c.name, 0, c.length)
+    return bytes(out)
+
+
+async def wait_until(predicate: Any, seconds: float = 10.0) -> None:
+    with trio.fail_after(seconds):
+        while not predicate():  # noqa: ASYNC110 - polls state that has no event
+            await trio.sleep(0.01)
+
+
+async def test_flush_by_size_moves_bytes_to_chunks(
+    tmp_path: pathlib.Path, storage: ChunkStorage
+) -> None:
+    config = tier2_config(tmp_path)
+    rng = random.Random(1)
+    data = rng.randbytes(700 * KiB)
+    async with running(config, storage) as (c, writer):
+        await c.create("a/b")
+        for i in range(0, len(data), 10 * KiB):
+            await c.append("a/b", data[i : i + 10 * KiB])
+        # Everything at or past flush_size is flushed without being asked.
+        await wait_until(lambda: c.info("a/b").storage_length >= len(data) - 64 * KiB)
+        await c.flush("a/b")
+        info = c.info("a/b")
+        assert info.storage_length == len(data)
+        assert chunk_bytes(storage, c, "a/b") == data
+        chunks = c._committed("a/b").chunks
+        assert all(ch.length <= 256 * KiB for ch in chunks)
+        assert all(names.chunk_epoch(ch.name) == writer.epoch for ch in chunks)
+        if storage.supports_append:
+            assert writer.chunk_appends > 0
+            assert len(chunks) == 3  # 700 KiB in chunks of at most 256 KiB
+        # Flushed entries are unpinned: the cache no longer holds them.
+        await c.read_index.wait_written()
+        assert c.read_index.store.statistics().pinned_bytes == 0
+        r = await c.read("a/b", 0, len(data))
+        assert r.data == data
+        meta = storage.stat(chunks[0].name).metadata
+        assert meta["segment"] == "a/b" and meta["offset"] == "0"
+        assert int(meta["crc32c"], 16) == chunks[0].crc32c
+
+
+async def test_flush_interval_flushes_a_trickle(tmp_path: pathlib.Path) -> None:
+    storage = FileStorage(tmp_path / "tier2")
+    config = tier2_config(tmp_path, flush_interval="200ms")
+    async with running(config, storage) as (c, _):
+        await c.create("s")
+        await c.append("s", b"x" * 100)
+        await wait_until(lambda: c.info("s").storage_length == 100, seconds=3)
+
+
+async def test_seal_flushes_and_seals_in_storage(tmp_path: pathlib.Path) -> None:
+    storage = MemoryStorage()
+    async with running(tier2_config(tmp_path), storage) as (c, _):
+        await c.create("s")
+        await c.append("s", b"abc")
+        await c.seal("s")
+        await wait_until(lambda: c.info("s").sealed_in_storage)
+        assert c.info("s").storage_length == 3
+
+
+async def test_cold_read_after_cache_wiped_and_restart(
+    tmp_path: pathlib.Path, storage: ChunkStorage
+) -> None:
+    config = tier2_config(tmp_path, read_ahead=4)
+    rng = random.Random(2)
+    data = {f"seg{i}": rng.randbytes(rng.randrange(1, 3 * MiB)) for i in range(4)}
+    async with running(config, storage) as (c, _):
+        for name, d in data.items():
+            await c.create(name)
+            for i in range(0, len(d), 200 * KiB):
+                await c.append(name, d[i : i + 200 * KiB])
+        await c.flush()
+    shutil.rmtree(config.cache_dir)
+    async with running(config, storage) as (c, _):
+        for name, d in data.items():
+            assert c.info(name).storage_length == len(d)
+            got = bytearray()
+            while len(got) < len(d):
+                got += (await c.read(name, len(got), 1 * MiB)).data
+            assert got == d
+            # Random ranges too.
+            for _ in range(5):
+                a = rng.randrange(len(d))
+                r = await c.read(name, a, rng.randrange(1, 2 * MiB))
+                assert r.data == d[a : a + len(r.data)] and r.data
+        stats = c.read_index.tier2.statistics() if c.read_index.tier2 else {}
+        assert stats["blocks_fetched"] > 0
+
+
+async def test_truncate_and_delete_remove_chunks(
+    tmp_path: pathlib.Path, storage: ChunkStorage
+) -> None:
+    async with running(tier2_config(tmp_path), storage) as (c, writer):
+        await c.create("t")
+        await c.create("d")
+        for _ in range(8):
+            await c.append("t", b"t" * (100 * KiB))
+            await c.append("d", b"d" * (100 * KiB))
+        await c.flush()
+        t_chunks = list(c._committed("t").chunks)
+        d_chunks = list(c._committed("d").chunks)
+        assert len(t_chunks) >= 3
+        cut = t_chunks[1].start_offset + t_chunks[1].length  # first two wholly below
+        await c.truncate("t", cut + 10)
+        await c.delete("d")
+        gone = {x.name for x in t_chunks[:2] + d_chunks}
+        await wait_until(lambda: not gone & {o.key for o in storage.list("")})
+        assert {x.name for x in c._committed("t").chunks} == {x.name for x in t_chunks[2:]}
+        r = await c.read("t", 0, 800 * KiB, zeros_below_start=True)
+        assert r.data == bytes(cut + 10) + b"t" * (800 * KiB - cut - 10)
+        assert writer.chunks_deleted == len(gone)
+
+
+async def test_restart_never_appends_to_an_earlier_epochs_chunk(tmp_path: pathlib.Path) -> None:
+    storage = FileStorage(tmp_path / "tier2")
+    config = tier2_config(tmp_path)
+    async with running(config, storage) as (c, w1):
+        await c.create("s")
+        await c.append("s", b"a" * 1000)
+        await c.flush("s")
+        first = list(c._committed("s").chunks)
+    async with running(config, storage) as (c, w2):
+        assert w2.epoch > w1.epoch
+        await c.append("s", b"b" * 1000)
+        await c.flush("s")
+        chunks = list(c._committed("s").chunks)
+        assert chunks[0] == first[0]  # untouched
+        assert len(chunks) == 2 and names.chunk_epoch(chunks[1].name) == w2.epoch
+        assert chunk_bytes(storage, c, "s") == b"a" * 1000 + b"b" * 1000
+
+
+async def test_outage_backpressure_then_drain(tmp_path: pathlib.Path) -> None:
+    """While Tier 2 is down appends land in the journal until the pinned share is
+    full, then wait and are refused with Overloaded; after it returns all drains."""
+    storage = MemoryStorage(supports_append=False)
+    config = make_config(
+        tmp_path,
+        tier2={"flush_size": "64 KiB", "retry_deadline": "200ms", "flush_interval": "30s"},
+        cache={"budget": "8 MiB", "pinned_share": 0.25},
+        container={"overload_timeout": "300ms"},
+    )
+    storage.set_down(True)
+    acked = bytearray()
+    async with running(config, storage) as (c, writer):
+        await c.create("s")
+        with pytest.raises(Overloaded):
+            for _ in range(200):
+                piece = random.randbytes(64 * KiB)
+                await c.append("s", piece)
+                acked += piece
+        assert 1 * MiB <= len(acked) <= 3 * MiB
+        assert writer.flush_failures > 0
+        storage.set_down(False)
+        await c.flush("s")  # the request skips the backoff of the earlier failures
+        assert c.info("s").storage_length == len(acked)
+        assert chunk_bytes(storage, c, "s") == acked
+        await c.append("s", b"after")  # room again
+
+
+async def test_flush_reports_failure_while_down(tmp_path: pathlib.Path) -> None:
+    storage = MemoryStorage()
+    config = tier2_config(tmp_path, retry_deadline="100ms")
+    async with running(config, storage) as (c, _):
+        await c.create("s")
+        await c.append("s", b"x")
+        storage.set_down(True)
+        with pytest.raises(Exception, match="flush of 's' failed"):
+            await c.flush("s")
+        storage.set_down(False)
+        await c.flush("s")
+        assert c.info("s").storage_length == 1
+
+
+async def test_journal_is_truncated_once_flushed(tmp_path: pathlib.Path) -> None:
+    storage = FileStorage(tmp_path / "tier2")
+    config = tier2_config(tmp_path, max_chunk_size="1 MiB", flush_size="256 KiB")
+    journal_dir = config.journal_dir
+    async with running(config, storage) as (c, _):
+        await c.create("s")
+        sizes = []
+        for _ in range(6):
+            for _ in range(40):
+                await c.append("s", random.randbytes(100 * KiB))
+            await c.flush("s")
+            await c.checkpoint()
+            sizes.append(sum(p.stat().st_size for p in journal_dir.glob("*.wal")))
+        # 24 MiB went through 1 MiB journal files; only a few stay.
+        assert c.statistics()["journal_files_truncated"] >= 15
+        assert max(sizes[2:]) <= 6 * MiB, sizes
+
+
+async def test_snapshots_kept_and_gc_removes_orphans(tmp_path: pathlib.Path) -> None:
+    storage = FileStorage(tmp_path / "tier2")
+    config = tier2_config(tmp_path, snapshots_kept=2)
+    orphan = names.chunk_key("node-1", 1, 0, 1)
+    storage.write(orphan, b"orphan", {})
+    async with running(config, storage) as (c, writer):
+        await c.create("s")
+        for _ in range(4):
+            await c.append("s", b"x" * 100)
+            await c.flush("s")
+            await writer.upload_snapshot()
+        metas = [o.key for o in storage.list(names.meta_prefix("node-1"))]
+        assert len(metas) == 2
+        result = await writer.collect_garbage()
+        assert result is not None and result.deleted_keys == [orphan]
+        keys = {o.key for o in storage.list(names.chunks_prefix("node-1"))}
+        assert keys == {ch.name for ch in c._committed("s").chunks}
