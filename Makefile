@@ -8,11 +8,12 @@ PY := $(VENV)/bin/python
 install:
 	@scripts/bootstrap.sh
 
-# Runs the daemon in the foreground with its data in ./data. Tier 2 (the
-# embedded S3 server) and the FUSE mount at ./mnt join it in later issues.
+# Runs the daemon in the foreground with its data in ./data and Tier 2 in an
+# embedded S3 server (SeaweedFS, data in ./data/s3). The FUSE mount at ./mnt
+# joins it in a later issue.
 run: install
-	@echo "make run: serving the protocol on 127.0.0.1:9410, data in ./data (Ctrl-C stops)."
-	@echo "          Not built yet: Tier 2 (embedded S3) and the FUSE mount at ./mnt."
+	@echo "make run: serving the protocol on 127.0.0.1:9410, data in ./data, Tier 2 embedded (Ctrl-C stops)."
+	@echo "          Not built yet: the FUSE mount at ./mnt."
 	$(VENV)/bin/segment-gateway serve --data-dir $(CURDIR)/data --listen 127.0.0.1:9410
 
 test: install

@@ -61,6 +61,15 @@ def test_segment_lifecycle_from_the_command_line(daemon: Daemon) -> None:
     r = sg(daemon, "seal", "cli/one")
     assert r.returncode == 0 and b"sealed cli/one at length 17" in r.stdout
 
+    r = sg(daemon, "flush", "cli/one")
+    assert r.returncode == 0 and b"flushed cli/one" in r.stdout, r.stderr
+    doc = json.loads(sg(daemon, "stat", "cli/one").stdout)
+    assert doc["storage_length"] == 17 and doc["sealed_in_storage"] and doc["chunk_count"] == 1
+    r = sg(daemon, "cat", "cli/one")
+    assert r.stdout == b"beta\ngamma\n"  # from the start offset
+    r = sg(daemon, "flush", "cli/nothing")
+    assert r.returncode == 10 and b"does not exist" in r.stderr
+
     r = sg(daemon, "append", "cli/one", stdin=b"late\n")
     assert r.returncode == 12, r.stderr
     assert b"is sealed" in r.stderr and b"Traceback" not in r.stderr

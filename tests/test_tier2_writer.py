@@ -19,7 +19,7 @@ import trio
 
 from gateway.config import Config
 from gateway.container import SegmentContainer, open_container
-from gateway.errors import Overloaded
+from gateway.errors import Overloaded, Tier2Error
 from gateway.tier2 import names
 from gateway.tier2.filesystem import FileStorage
 from gateway.tier2.layer import ChunkLayer
@@ -283,3 +283,36 @@ async def test_snapshots_kept_and_gc_removes_orphans(tmp_path: pathlib.Path) -> 
         assert result is not None and result.deleted_keys == [orphan]
         keys = {o.key for o in storage.list(names.chunks_prefix("node-1"))}
         assert keys == {ch.name for ch in c._committed("s").chunks}
+
+
+async def test_journal_truncation_waits_for_the_durability_barrier(tmp_path: pathlib.Path) -> None:
+    """The embedded server acknowledges from its page cache: before journal files
+    holding flushed data go, the layer's barrier (syncfs there) must have run."""
+    calls: list[float] = []
+    config = tier2_config(tmp_path)
+    layer = ChunkLayer(MemoryStorage(), barrier=lambda: calls.append(1.0))
+    async with open_container(config, layer) as c:
+        await c.create("s")
+        await c.append("s", b"x" * 1000)
+        await c.flush("s")
+        assert calls == []
+        await c.checkpoint()
+        assert len(calls) == 1
+
+
+async def test_read_of_flushed_bytes_while_tier2_is_down_fails_cleanly(
+    tmp_path: pathlib.Path,
+) -> None:
+    storage = MemoryStorage()
+    config = tier2_config(tmp_path, retry_deadline="200ms")
+    async with running(config, storage) as (c, _):
+        await c.create("s")
+        await c.append("s", b"y" * 5000)
+        await c.flush("s")
+    shutil.rmtree(config.cache_dir)
+    async with running(config, storage) as (c, _):
+        storage.set_down(True)
+        with pytest.raises(Tier2Error):
+            await c.read("s", 0, 100)
+        storage.set_down(False)
+        assert (await c.read("s", 0, 5000)).data == b"y" * 5000

@@ -19,8 +19,8 @@ to the committed one and nothing later can depend on a refused operation.
 Checkpoints snapshot the pending view at the moment of submission -- it holds
 exactly the operations before the checkpoint in the journal -- and after one
 is durable the journal is truncated up to the oldest file whose append data
-is still needed (until Tier 2 exists, data is needed unless its segment was
-deleted or truncated past it).
+is still needed: data is needed unless it is in Tier 2 (below the storage
+length), its segment was deleted, or it was truncated away.
 """
 
 from __future__ import annotations
