@@ -32,6 +32,7 @@ bench: install
 	$(PY) bench/journal.py --write-table docs/PERFORMANCE.md
 	$(PY) bench/ingest.py --write-table docs/PERFORMANCE.md
 	$(PY) bench/read.py --write-table docs/PERFORMANCE.md
+	$(PY) bench/tier2.py --write-table docs/PERFORMANCE.md
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
