@@ -444,6 +444,11 @@ class CacheStore:
                     self._lru.move_to_end(block)
         return value
 
+    def block_size(self, chunk: str, index: int) -> int | None:
+        """Size of the cached block ``index`` of ``chunk``, or None (no RocksDB call)."""
+        with self._lock:
+            return self._lru.get((chunk, index))
+
     def drop_chunk(self, chunk: str) -> int:
         """Delete every cached block of ``chunk``; returns the bytes freed."""
         with self._write_lock:

@@ -294,7 +294,7 @@ class Tier2Config:
         60.0, _duration_in(0.1, 86400), "give up retrying one Tier-2 call after this long"
     )
     read_ahead: int = _key(
-        8, _int_in(0, 256), "1 MiB blocks fetched in parallel ahead of a sequential reader"
+        32, _int_in(0, 1024), "MiB fetched ahead of a sequential reader (8 MiB GETs)"
     )
     snapshot_interval: float = _key(
         60.0, _duration_in(0.0, 86400), "at most one metadata snapshot upload per this interval"

@@ -294,16 +294,28 @@ class ReadIndex:
         Bytes below the truncation offset read as zeros. The caller handles
         the tail (offset >= length) and waiting.
         """
+        pieces = await self.read_pieces(seg, offset, max_length)
+        if len(pieces) == 1 and isinstance(pieces[0], bytes):
+            return pieces[0]  # a whole entry or block: no copy
+        return b"".join(pieces)
+
+    async def read_pieces(self, seg: SegmentView, offset: int, max_length: int) -> list[Buffer]:
+        """Like `read`, but the bytes as pieces (views of entries), not joined.
+
+        For callers that hand the bytes on in a worker thread (the storage
+        writer's uploads): joining 64 MiB on the event loop would stall it.
+        """
         # A checkpoint per read: the bytes come from the cache without
         # blocking, and a reader in a tight loop must not starve other tasks.
         await trio.lowlevel.checkpoint()
         end = min(seg.length, offset + max_length)
+        pieces: list[Buffer] = []
         if offset >= end:
-            return b""
-        out = bytearray()
+            return pieces
+        total = end - offset
         if offset < seg.start_offset:
             zeros = min(end, seg.start_offset) - offset
-            out += bytes(zeros)
+            pieces.append(bytes(zeros))
             offset += zeros
         if offset < end:
             idx = self._segments.get(seg.id)
@@ -316,7 +328,12 @@ class ReadIndex:
                     entry_start, entry_end = starts[k], ends[k]
                     data = self._entry(seg, entry_start)
                     take_end = min(end, entry_end)
-                    out += memoryview(data)[offset - entry_start : take_end - entry_start]
+                    if offset == entry_start and take_end == entry_end:
+                        pieces.append(data)
+                    else:
+                        pieces.append(
+                            memoryview(data)[offset - entry_start : take_end - entry_start]
+                        )
                     offset = take_end
                     k += 1
                 elif offset < stored and self.tier2 is not None:
@@ -325,13 +342,13 @@ class ReadIndex:
                     stop = min(end, stored)
                     if k + 1 < len(starts):
                         stop = min(stop, starts[k + 1])
-                    out += await self.tier2.read(
-                        seg.id, seg.name, seg.chunks, offset, stop - offset
+                    pieces.append(
+                        await self.tier2.read(seg.id, seg.name, seg.chunks, offset, stop - offset)
                     )
                     offset = stop
                     k = bisect.bisect_right(starts, offset) - 1
                 else:
                     raise ReadIndexCorrupt(f"{seg.name!r} has no bytes at offset {offset}")
         self.reads += 1
-        self.bytes_read += len(out)
-        return bytes(out)
+        self.bytes_read += total
+        return pieces

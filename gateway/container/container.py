@@ -828,7 +828,7 @@ class SegmentContainer:
         seq = ticket.result()
         self.checkpoints += 1
         keep_from = self._oldest_needed_file()
-        if self.storage is not None:
+        if self.storage is not None and self._journal.would_truncate(seq, keep_from):
             # Files about to go may hold the only durable copy of bytes that
             # Tier 2 acknowledged from its page cache (the embedded server).
             try:

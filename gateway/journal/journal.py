@@ -322,6 +322,11 @@ class Journal:
             self._delete_files_before, limit, limiter=self._limiter
         )
 
+    def would_truncate(self, checkpoint_sequence: int, keep_from: int | None = None) -> bool:
+        """Whether `truncate` with these arguments would delete a file."""
+        limit = checkpoint_sequence if keep_from is None else min(keep_from, checkpoint_sequence)
+        return len(self._files) >= 2 and self._files[1].first_sequence <= limit
+
     def _delete_files_before(self, limit: int) -> int:
         doomed = []
         # A file may go when the next one starts at or before the limit:

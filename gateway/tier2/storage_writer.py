@@ -45,6 +45,7 @@ from gateway.config import Tier2Config
 from gateway.container.container import SegmentContainer
 from gateway.container.segment import Segment
 from gateway.errors import GatewayError, SegmentNotFound, Tier2Error, Unavailable
+from gateway.journal.format import Buffer
 from gateway.protocol.metadata_pb2 import ChunkRecord, MetadataSnapshot
 from gateway.tier2 import gc, names
 from gateway.tier2.layer import ChunkLayer
@@ -56,6 +57,12 @@ log = logging.getLogger(__name__)
 MAX_RETRY_WAIT = 30.0
 #: A CRC over more than this runs in a worker thread (crc32c releases the GIL).
 _CRC_INLINE_BYTES = 1024 * 1024
+
+
+def _join_and_crc(pieces: list[Buffer], crc: int) -> tuple[bytes, int]:
+    """The pieces as one buffer, and the CRC32C continued over it (worker thread)."""
+    data = pieces[0] if len(pieces) == 1 and isinstance(pieces[0], bytes) else b"".join(pieces)
+    return data, int(crc32c.crc32c(data, crc))
 
 
 @dataclass
@@ -269,8 +276,14 @@ class StorageWriter:
             )
             room = self.cfg.max_chunk_size - (last.length if extend and last else 0)
             n = min(seg.length - start, room)
-            data = await self.container.read_index.read(seg.view(), start, n)
-            await self._upload(seg, start, data, last if extend else None)
+            pieces = await self.container.read_index.read_pieces(seg.view(), start, n)
+            extends = last if extend else None
+            # Joining and checksumming up to max_chunk_size bytes takes tens
+            # of milliseconds: in a worker thread, not on the event loop.
+            data, crc = await trio.to_thread.run_sync(
+                _join_and_crc, pieces, extends.crc32c if extends else 0
+            )
+            await self._upload(seg, start, data, crc, extends)
         if seg.sealed and not seg.sealed_in_storage and seg.storage_length >= seg.length:
             await self.container.prepare_storage_sealed(seg.id).wait()
 
@@ -280,12 +293,11 @@ class StorageWriter:
         return int(await trio.to_thread.run_sync(crc32c.crc32c, data, value))
 
     async def _upload(
-        self, seg: Segment, start: int, data: bytes, extend: ChunkRecord | None
+        self, seg: Segment, start: int, data: bytes, crc: int, extend: ChunkRecord | None
     ) -> None:
-        """Upload one piece, journal it, and account for it."""
+        """Upload one piece (``crc``: of the whole chunk after it), journal it, account for it."""
         if extend is not None:
             key = extend.name
-            crc = await self._crc(data, extend.crc32c)
             record = ChunkRecord(
                 name=key,
                 start_offset=extend.start_offset,
@@ -295,7 +307,6 @@ class StorageWriter:
             )
         else:
             key = names.chunk_key(self.node, seg.id, start, self.epoch)
-            crc = await self._crc(data)
             record = ChunkRecord(
                 name=key, start_offset=start, length=len(data), crc32c=crc, epoch=self.epoch
             )
