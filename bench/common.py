@@ -63,6 +63,15 @@ def replace_table(path: pathlib.Path, start_marker: str, end_marker: str, lines:
     path.write_text(text[:start] + "\n".join(lines) + text[end:])
 
 
+#: Config for Tier-1 benchmarks: a filesystem Tier 2 (under ``{root}``) that
+#: never flushes during a run, so the figures are the journal's and the
+#: cache's alone (bench/tier2.py measures flushing).
+TIER2_OFF = (
+    '[tier2]\nurl = "file://{root}/tier2"\n'
+    'flush_size = "5 GiB"\nmax_chunk_size = "5 GiB"\nflush_interval = "24h"\n'
+)
+
+
 @contextlib.contextmanager
 def running_daemon(
     work: pathlib.Path, config_text: str, data_dir: pathlib.Path | None = None

@@ -54,7 +54,7 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
-from common import ensure_fio, median_of, replace_table, run_fio, running_daemon  # noqa: E402
+from common import TIER2_OFF, ensure_fio, median_of, replace_table, run_fio, running_daemon  # noqa: E402
 
 from gateway import __version__  # noqa: E402
 from gateway.client import ResponseFuture, open_client  # noqa: E402
@@ -81,7 +81,7 @@ def measure(
     """``trio.run(fn, address, *args)`` against a daemon of its own, then clean up."""
     work = pathlib.Path(tempfile.mkdtemp(dir=root, prefix=f"{name}-"))
     try:
-        with running_daemon(work, DAEMON_CONFIG) as address:
+        with running_daemon(work, DAEMON_CONFIG + TIER2_OFF.format(root=work)) as address:
             return trio.run(fn, address, *args)
     finally:
         shutil.rmtree(work, ignore_errors=True)

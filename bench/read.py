@@ -39,7 +39,7 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
-from common import replace_table, running_daemon  # noqa: E402
+from common import TIER2_OFF, replace_table, running_daemon  # noqa: E402
 
 from gateway import __version__  # noqa: E402
 from gateway.config import Config  # noqa: E402
@@ -195,7 +195,7 @@ def main() -> int:
                 runs[rs]["in"].append(trio.run(read_in_process, config, size, rs))
                 print(f"bench: rep {rep} {rs >> 10} KiB: local {runs[rs]['local'][-1]:.0f} "
                       f"in-process {runs[rs]['in'][-1]:.0f} MB/s", file=sys.stderr)  # fmt: skip
-        with running_daemon(work, DAEMON_CONFIG, data_dir) as address:
+        with running_daemon(work, DAEMON_CONFIG + TIER2_OFF.format(root=work), data_dir) as address:
             for rep in range(args.repeat):
                 for rs in READ_SIZES:
                     runs[rs]["proto"].append(read_over_protocol(address, size, rs))

@@ -277,7 +277,7 @@ class Tier2Config:
     endpoint_url: str = _key("", _http_url_or_empty, "S3-compatible endpoint; empty = AWS")
     region: str = _key("us-east-1", _string, "S3 region used to sign requests")
     flush_size: int = _key(
-        8 * MiB, _size_in(4 * KiB, 1 * GiB), "flush a segment once this much is unflushed"
+        8 * MiB, _size_in(4 * KiB, 5 * GiB), "flush a segment once this much is unflushed"
     )
     flush_interval: float = _key(
         10.0, _duration_in(0.01, 86400), "flush once the oldest unflushed byte is this old"
