@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Iterator
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -70,6 +71,15 @@ TIER2_OFF = (
     '[tier2]\nurl = "file://{root}/tier2"\n'
     'flush_size = "5 GiB"\nmax_chunk_size = "5 GiB"\nflush_interval = "24h"\n'
 )
+
+
+def sigterm_as_interrupt(signum: int, frame: types.FrameType | None) -> None:
+    """A SIGTERM handler that behaves like Ctrl-C, so servers and files are cleaned up."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)  # raises, or trio raises later
+        return
+    raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

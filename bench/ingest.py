@@ -41,7 +41,6 @@ import signal
 import sys
 import tempfile
 import time
-import types
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -54,7 +53,15 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
-from common import TIER2_OFF, ensure_fio, median_of, replace_table, run_fio, running_daemon  # noqa: E402
+from common import (  # noqa: E402
+    TIER2_OFF,
+    ensure_fio,
+    median_of,
+    replace_table,
+    run_fio,
+    running_daemon,
+    sigterm_as_interrupt,
+)
 
 from gateway import __version__  # noqa: E402
 from gateway.client import ResponseFuture, open_client  # noqa: E402
@@ -276,19 +283,6 @@ def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
     replace_table(path, TABLE_START, TABLE_END, lines)
 
 
-def _on_sigterm(signum: int, frame: types.FrameType | None) -> None:
-    """SIGTERM behaves like Ctrl-C, so the daemon is stopped on the way out.
-
-    The SIGINT handler in place does it: Python's, or trio's inside
-    `trio.run`, which delivers the KeyboardInterrupt at a safe point.
-    """
-    handler = signal.getsignal(signal.SIGINT)
-    if callable(handler):
-        handler(signal.SIGINT, frame)  # raises, or trio raises later
-        return
-    raise KeyboardInterrupt
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -305,7 +299,7 @@ def main() -> int:
     # Stop cleanly on Ctrl-C and SIGTERM, even as a background job (which
     # starts with SIGINT ignored).
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGTERM, sigterm_as_interrupt)
     fio = ensure_fio()
     created = not args.dir.exists()
     args.dir.mkdir(parents=True, exist_ok=True)

@@ -57,7 +57,6 @@ import statistics
 import sys
 import tempfile
 import time
-import types
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -71,7 +70,7 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
-from common import replace_table  # noqa: E402
+from common import replace_table, sigterm_as_interrupt  # noqa: E402
 
 from gateway import __version__  # noqa: E402
 from gateway.config import Config  # noqa: E402
@@ -709,15 +708,6 @@ def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
     replace_table(path, TABLE_START, TABLE_END, lines)
 
 
-def _on_sigterm(signum: int, frame: types.FrameType | None) -> None:
-    """SIGTERM behaves like Ctrl-C, so the S3 server and the files are cleaned up."""
-    handler = signal.getsignal(signal.SIGINT)
-    if callable(handler):
-        handler(signal.SIGINT, frame)
-        return
-    raise KeyboardInterrupt
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -740,7 +730,7 @@ def main() -> int:
         args.repeat, args.read_size, args.latency_seconds, scale = 1, 256 * MiB, 4.0, 0.125
     parts = set(args.parts.split(","))
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGTERM, sigterm_as_interrupt)
     created = not args.dir.exists()
     args.dir.mkdir(parents=True, exist_ok=True)
     root = pathlib.Path(tempfile.mkdtemp(dir=args.dir, prefix="tier2-"))

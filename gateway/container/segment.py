@@ -131,35 +131,29 @@ class Segment:
 
     def pending_record(self) -> SegmentRecord:
         """The pending view as a snapshot record (checkpoints snapshot it)."""
-        return SegmentRecord(
-            id=self.id,
-            name=self.name,
-            start_offset=self.p_start_offset,
-            length=self.p_length,
-            storage_length=self.storage_length,
-            sealed=self.p_sealed,
-            sealed_in_storage=self.sealed_in_storage,
-            created_at_ms=self.created_at_ms,
-            last_modified_ms=self.last_modified_ms,
-            attributes=[
-                AttributeValue(id=k, value=v) for k, v in self.pending_attributes().items()
-            ],
-            chunks=self.chunks,
+        return self._record(
+            self.p_start_offset, self.p_length, self.p_sealed, self.pending_attributes()
         )
 
     def committed_record(self) -> SegmentRecord:
         """The committed view as a snapshot record (Tier-2 metadata snapshots)."""
+        return self._record(self.start_offset, self.length, self.sealed, self.attributes)
+
+    def _record(
+        self, start_offset: int, length: int, sealed: bool, attributes: Mapping[bytes, int]
+    ) -> SegmentRecord:
+        # Storage fields change only when applied, so both views share them.
         return SegmentRecord(
             id=self.id,
             name=self.name,
-            start_offset=self.start_offset,
-            length=self.length,
+            start_offset=start_offset,
+            length=length,
             storage_length=self.storage_length,
-            sealed=self.sealed,
+            sealed=sealed,
             sealed_in_storage=self.sealed_in_storage,
             created_at_ms=self.created_at_ms,
             last_modified_ms=self.last_modified_ms,
-            attributes=[AttributeValue(id=k, value=v) for k, v in self.attributes.items()],
+            attributes=[AttributeValue(id=k, value=v) for k, v in attributes.items()],
             chunks=self.chunks,
         )
 
