@@ -288,6 +288,11 @@ class ReadIndex:
             idx = self._segments[segment_id] = _SegmentIndex()
         return idx.changed
 
+    @staticmethod
+    def _stored(seg: SegmentView, idx: _SegmentIndex | None) -> int:
+        """The storage length now: ``seg`` may predate a flush applied since."""
+        return max(seg.storage_length, idx.flushed if idx is not None else 0)
+
     async def read(self, seg: SegmentView, offset: int, max_length: int) -> bytes:
         """Up to ``max_length`` committed bytes from ``offset`` (< ``seg.length``).
 
@@ -323,7 +328,6 @@ class ReadIndex:
             ends = idx.ends if idx is not None else []
             k = bisect.bisect_right(starts, offset) - 1
             while offset < end:
-                stored = max(seg.storage_length, idx.flushed if idx is not None else 0)
                 if 0 <= k < len(starts) and starts[k] <= offset < ends[k]:
                     entry_start, entry_end = starts[k], ends[k]
                     data = self._entry(seg, entry_start)
@@ -336,7 +340,7 @@ class ReadIndex:
                         )
                     offset = take_end
                     k += 1
-                elif offset < stored and self.tier2 is not None:
+                elif self.tier2 is not None and offset < (stored := self._stored(seg, idx)):
                     # Flushed bytes whose cache entries are gone: read them
                     # from the chunks, up to the next entry still in the cache.
                     stop = min(end, stored)

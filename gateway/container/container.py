@@ -515,32 +515,33 @@ class SegmentContainer:
 
     # -- Tier 2: the storage writer's operations ------------------------------------
 
+    def _pending_by_id(self, segment_id: int) -> Segment:
+        seg = self._by_id.get(segment_id)
+        if seg is None or seg.p_deleted:
+            raise SegmentNotFound(f"segment id {segment_id}")
+        return seg
+
     def prepare_chunk_added(
         self, segment_id: int, chunk: ChunkRecord, extends_last: bool
     ) -> PendingOperation:
         """Record an uploaded chunk (result: whether it was added; False if truncated away)."""
         self._start()
-        seg = self._by_id.get(segment_id)
-        if seg is None or seg.p_deleted:
-            raise SegmentNotFound(f"segment id {segment_id}")
+        seg = self._pending_by_id(segment_id)
         op = Operation(
             chunk_added=ChunkAdded(segment_id=segment_id, chunk=chunk, extends_last=extends_last)
         )
         ticket = self._submit((op.SerializeToString(),))
-        pending = self._track(ticket, None, lambda seq: None, seg)
+        added: list[bool] = []
 
         def apply(seq: int) -> None:
-            pending.result = self._apply_chunk_added(seg, chunk, extends_last)
+            added.append(self._apply_chunk_added(seg, chunk, extends_last))
 
-        pending._apply = apply
-        return pending
+        return self._track(ticket, None, apply, seg)._with_result(lambda: added[0])
 
     def prepare_storage_sealed(self, segment_id: int) -> PendingOperation:
         """Mark a sealed segment whose bytes are all in Tier 2 as sealed there too."""
         self._start()
-        seg = self._by_id.get(segment_id)
-        if seg is None or seg.p_deleted:
-            raise SegmentNotFound(f"segment id {segment_id}")
+        seg = self._pending_by_id(segment_id)
         op = Operation(storage_sealed=StorageSealed(segment_id=segment_id))
         ticket = self._submit((op.SerializeToString(),))
         return self._track(ticket, None, lambda seq: self._apply_storage_sealed(seg), seg)
@@ -953,6 +954,8 @@ class _Replayer:
             c._apply_attributes(self._segment(u.segment_id, seq), values, u.at_ms)
         elif kind == "chunk_added":
             a2 = op.chunk_added
+            # A copy: a sub-message would keep the whole frame's message
+            # (appended data included) alive as long as the chunk record.
             chunk = ChunkRecord()
             chunk.CopyFrom(a2.chunk)
             c._apply_chunk_added(self._segment(a2.segment_id, seq), chunk, a2.extends_last)

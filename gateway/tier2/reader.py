@@ -255,13 +255,12 @@ class ChunkReader:
             self.bytes_fetched += len(data)
             for key, block in zip(keys, blocks, strict=True):
                 self._remember(key, block)
-            if not cache:
-                pass
-            elif self._nursery is not None and self._cache_queue_bytes < CACHE_QUEUE_BYTES:
-                self._cache_queue_bytes += len(data)
-                self._nursery.start_soon(self._cache, keys, blocks)
-            else:
-                self.cache_writes_skipped += count
+            if cache:
+                if self._nursery is not None and self._cache_queue_bytes < CACHE_QUEUE_BYTES:
+                    self._cache_queue_bytes += len(data)
+                    self._nursery.start_soon(self._cache, keys, blocks)
+                else:
+                    self.cache_writes_skipped += count
             return blocks
         finally:
             for key in keys:
@@ -293,10 +292,9 @@ class ChunkReader:
         finally:
             self._cache_queue_bytes -= sum(len(b) for b in blocks)
 
-    def drop_chunks(self, names: Sequence[str]) -> None:
-        """Chunks are gone (truncated or deleted): forget their blocks in memory."""
-        gone = set(names)
-        for key in [k for k in self._ready if k[0] in gone]:
+    def drop_chunk(self, name: str) -> None:
+        """A chunk is gone (truncated, deleted, garbage): forget its blocks in memory."""
+        for key in [k for k in self._ready if k[0] == name]:
             self._ready_bytes -= len(self._ready.pop(key))
 
     def statistics(self) -> dict[str, int]:

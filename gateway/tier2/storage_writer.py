@@ -267,17 +267,19 @@ class StorageWriter:
             if start >= target:
                 break
             last = seg.chunks[-1] if seg.chunks else None
-            extend = (
-                self.layer.storage.supports_append
+            # Grow the last chunk where the binding can and this epoch wrote it.
+            extends = (
+                last
+                if self.layer.storage.supports_append
                 and last is not None
                 and last.epoch == self.epoch
                 and last.start_offset + last.length == start
                 and last.length < self.cfg.max_chunk_size
+                else None
             )
-            room = self.cfg.max_chunk_size - (last.length if extend and last else 0)
+            room = self.cfg.max_chunk_size - (extends.length if extends else 0)
             n = min(seg.length - start, room)
             pieces = await self.container.read_index.read_pieces(seg.view(), start, n)
-            extends = last if extend else None
             # Joining and checksumming up to max_chunk_size bytes takes tens
             # of milliseconds: in a worker thread, not on the event loop.
             data, crc = await trio.to_thread.run_sync(
@@ -296,20 +298,14 @@ class StorageWriter:
         self, seg: Segment, start: int, data: bytes, crc: int, extend: ChunkRecord | None
     ) -> None:
         """Upload one piece (``crc``: of the whole chunk after it), journal it, account for it."""
-        if extend is not None:
-            key = extend.name
-            record = ChunkRecord(
-                name=key,
-                start_offset=extend.start_offset,
-                length=extend.length + len(data),
-                crc32c=crc,
-                epoch=self.epoch,
-            )
-        else:
-            key = names.chunk_key(self.node, seg.id, start, self.epoch)
-            record = ChunkRecord(
-                name=key, start_offset=start, length=len(data), crc32c=crc, epoch=self.epoch
-            )
+        key = extend.name if extend else names.chunk_key(self.node, seg.id, start, self.epoch)
+        record = ChunkRecord(
+            name=key,
+            start_offset=extend.start_offset if extend else start,
+            length=(extend.length if extend else 0) + len(data),
+            crc32c=crc,
+            epoch=self.epoch,
+        )
         metadata = names.chunk_metadata(
             seg.name, record.start_offset, record.length, record.crc32c, self.epoch
         )
@@ -408,9 +404,13 @@ class StorageWriter:
             except Tier2Error as e:
                 self.delete_failures += 1
                 log.warning("cannot delete chunk %s (GC will): %s", key, e)
-            if self.reader is not None:
-                self.reader.drop_chunks([key])
-            await trio.to_thread.run_sync(self.container.read_index.store.drop_chunk, key)
+            await self._forget_chunk(key)
+
+    async def _forget_chunk(self, key: str) -> None:
+        """A chunk object is gone: drop its blocks from memory and the cache store."""
+        if self.reader is not None:
+            self.reader.drop_chunk(key)
+        await trio.to_thread.run_sync(self.container.read_index.store.drop_chunk, key)
 
     # -- metadata snapshots ----------------------------------------------------------------
 
@@ -483,9 +483,7 @@ class StorageWriter:
         self.gc_passes += 1
         self.gc_deleted += result.deleted
         for key in result.deleted_keys:
-            if self.reader is not None:
-                self.reader.drop_chunks([key])
-            await trio.to_thread.run_sync(self.container.read_index.store.drop_chunk, key)
+            await self._forget_chunk(key)
         return result
 
     # -- observability -----------------------------------------------------------------------
