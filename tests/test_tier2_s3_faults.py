@@ -20,7 +20,7 @@ from gateway.tier2.s3 import S3Storage
 from gateway.tier2.storage import ChunkStorage
 from tests.helpers.s3proxy import S3FaultProxy
 from tests.helpers.segments import make_config
-from tests.test_tier2_writer import chunk_bytes, running
+from tests.test_tier2_writer import chunk_bytes, read_all, running
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -84,10 +84,7 @@ async def test_bulk_ingest_is_byte_exact_in_s3_and_after_cache_wipe(
     shutil.rmtree(config.cache_dir)
     async with running(config, s3_storage) as (c, _):
         for n in names:
-            got = bytearray()
-            while len(got) < len(acked[n]):
-                got += (await c.read(n, len(got), 4 * MiB)).data
-            assert got == acked[n], n
+            assert await read_all(c, n, len(acked[n]), 4 * MiB) == acked[n], n
 
 
 @pytest.mark.slow
@@ -178,7 +175,4 @@ async def test_slowdown_and_dropped_connections_are_retried(
         proxy.drop(None, when="response", fraction=0.1)
         async with running(config, storage) as (c, _):
             for n in names:
-                got = bytearray()
-                while len(got) < len(acked[n]):
-                    got += (await c.read(n, len(got), 1 * MiB)).data
-                assert got == acked[n], n
+                assert await read_all(c, n, len(acked[n]), 1 * MiB) == acked[n], n

@@ -78,6 +78,14 @@ def chunk_bytes(storage: ChunkStorage, container: SegmentContainer, name: str) -
     return bytes(out)
 
 
+async def read_all(c: SegmentContainer, name: str, length: int, piece: int) -> bytes:
+    """Bytes [0, length) of ``name``, read sequentially in reads of ``piece`` bytes."""
+    got = bytearray()
+    while len(got) < length:
+        got += (await c.read(name, len(got), piece)).data
+    return bytes(got)
+
+
 async def wait_until(predicate: Any, seconds: float = 10.0) -> None:
     with trio.fail_after(seconds):
         while not predicate():  # noqa: ASYNC110 - polls state that has no event
@@ -151,10 +159,7 @@ async def test_cold_read_after_cache_wiped_and_restart(
     async with running(config, storage) as (c, _):
         for name, d in data.items():
             assert c.info(name).storage_length == len(d)
-            got = bytearray()
-            while len(got) < len(d):
-                got += (await c.read(name, len(got), 1 * MiB)).data
-            assert got == d
+            assert await read_all(c, name, len(d), 1 * MiB) == d
             # Random ranges too.
             for _ in range(5):
                 a = rng.randrange(len(d))
