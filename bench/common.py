@@ -84,9 +84,14 @@ def sigterm_as_interrupt(signum: int, frame: types.FrameType | None) -> None:
 
 @contextlib.contextmanager
 def running_daemon(
-    work: pathlib.Path, config_text: str, data_dir: pathlib.Path | None = None
+    work: pathlib.Path,
+    config_text: str,
+    data_dir: pathlib.Path | None = None,
+    mountpoint: pathlib.Path | None = None,
 ) -> Iterator[str]:
     """Run a daemon (data in ``data_dir``, default a fresh ``work/data``); yield HOST:PORT.
+
+    It mounts the segments at ``mountpoint`` if given (no mount otherwise).
 
     It is stopped with SIGTERM (SIGKILL if it does not exit in time) however
     the block is left, Ctrl-C included. Its own session keeps a terminal's
@@ -99,7 +104,7 @@ def running_daemon(
     command = [
         sys.executable, "-m", "gateway.cli", "--config", str(config),
         "serve", "--data-dir", str(data_dir or work / "data"), "--listen", "127.0.0.1:0",
-        "--ready-file", str(ready),
+        "--ready-file", str(ready), "--mountpoint", str(mountpoint or ""),
     ]  # fmt: skip
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(

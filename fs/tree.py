@@ -71,18 +71,23 @@ class Tree:
             self._dirs[parent].entries[base] = inode
         return inode
 
-    def remove_segment(self, segment_id: int) -> None:
-        """The segment is gone: remove its file and the directories it leaves empty."""
+    def remove_segment(self, segment_id: int) -> list[tuple[int, str, int]]:
+        """The segment is gone: remove its file and the directories it leaves empty.
+
+        Returns the entries that went, as (directory inode, name, inode): the
+        kernel's cached names for them must be invalidated.
+        """
         inode = self.segment_inode(segment_id)
         found = self._segments.pop(inode, None)
         if found is None:
-            return
+            return []
         name, parent = found
         if inode in self._hidden:
             self._hidden.discard(inode)
-            return
-        del self._dirs[parent].entries[name.rpartition("/")[2]]
-        self._prune(parent)
+            return []
+        base = name.rpartition("/")[2]
+        del self._dirs[parent].entries[base]
+        return [(parent, base, inode), *self._prune(parent)]
 
     def _make_dirs(self, path: str) -> int:
         inode = self._dir_by_path.get(path)
@@ -101,14 +106,17 @@ class Tree:
         entries[base] = inode
         return inode
 
-    def _prune(self, inode: int) -> None:
+    def _prune(self, inode: int) -> list[tuple[int, str, int]]:
+        gone = []
         while inode != ROOT_INODE and not self._dirs[inode].entries:
             d = self._dirs.pop(inode)
             del self._dir_by_path[d.path]
             base = d.path.rpartition("/")[2]
             del self._dirs[d.parent].entries[base]
+            gone.append((d.parent, base, inode))
             self._unhide(d.path, d.parent, base)
             inode = d.parent
+        return gone
 
     def _unhide(self, path: str, parent: int, base: str) -> None:
         """A directory went away: a segment hidden by it shows again."""
@@ -124,6 +132,11 @@ class Tree:
         """The inode of ``name`` in directory ``parent``, or None."""
         d = self._dirs.get(parent)
         return None if d is None else d.entries.get(name)
+
+    def path_of(self, inode: int) -> str | None:
+        """The path of a live directory ("" for the root), or None."""
+        d = self._dirs.get(inode)
+        return None if d is None else d.path
 
     def is_dir(self, inode: int) -> bool:
         """Whether ``inode`` is a live directory."""

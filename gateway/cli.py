@@ -96,6 +96,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         overrides.setdefault("server", {})["listen"] = args.listen
     if args.data_dir:
         overrides.setdefault("node", {})["data_dir"] = str(pathlib.Path(args.data_dir).resolve())
+    if args.mountpoint is not None:
+        mountpoint = str(pathlib.Path(args.mountpoint).resolve()) if args.mountpoint else ""
+        overrides.setdefault("fuse", {})["mountpoint"] = mountpoint
     if overrides:
         config = _override(config, overrides)
     logging.getLogger().setLevel(config.logging.level.upper() if not args.verbose else "DEBUG")
@@ -309,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("serve", _cmd_serve, "run the daemon in the foreground")
     p.add_argument("--listen", metavar="HOST:PORT", help="override server.listen (port 0: any)")
     p.add_argument("--data-dir", metavar="DIR", help="override node.data_dir")
+    p.add_argument("--mountpoint", metavar="DIR",
+                   help='override fuse.mountpoint ("" = no mount)')  # fmt: skip
     p.add_argument("--ready-file", metavar="FILE", help="write HOST:PORT here once serving")
 
     p = add("create", _cmd_create, "create a segment", client=True)

@@ -11,7 +11,9 @@ Sizes accept a byte count or a string with a unit (``"64 MiB"``, ``"512KiB"``,
 from __future__ import annotations
 
 import dataclasses
+import grp
 import pathlib
+import pwd
 import re
 import tomllib
 from collections.abc import Callable, Mapping
@@ -90,6 +92,34 @@ def parse_host_port(value: str) -> tuple[str, int]:
     if port > 65535:
         raise ValueError(f"port {port} is out of range 0..65535")
     return host, port
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {type(value).__name__}")
+    return value
+
+
+def _user(value: Any) -> str:
+    """A user name or numeric uid that exists here ("" = the daemon's)."""
+    text = _string(value)
+    if text and not text.isdigit():
+        try:
+            pwd.getpwnam(text)
+        except KeyError:
+            raise ValueError(f"no user named {text!r} on this machine") from None
+    return text
+
+
+def _group(value: Any) -> str:
+    """A group name or numeric gid that exists here ("" = the daemon's)."""
+    text = _string(value)
+    if text and not text.isdigit():
+        try:
+            grp.getgrnam(text)
+        except KeyError:
+            raise ValueError(f"no group named {text!r} on this machine") from None
+    return text
 
 
 def _string(value: Any) -> str:
@@ -267,6 +297,25 @@ class FuseConfig:
     """``[fuse]``: the read-only mount."""
 
     mountpoint: str = _key("/srv/segments", _abs_path_or_empty, '"" disables the mount')
+    allow_other: bool = _key(
+        False, _bool, "let users other than the daemon's read the mount (FUSE allow_other)"
+    )
+    owner: str = _key("", _user, 'owner of every file and directory (name or uid; "" = daemon)')
+    group: str = _key("", _group, 'group of every file and directory (name or gid; "" = daemon)')
+    active_timeout: float = _key(
+        1.0, _duration_in(0.0, 1.0), "kernel attribute/entry cache time for active segments"
+    )
+    sealed_timeout: float = _key(
+        3600.0, _duration_in(0.0, 86400 * 365), "kernel cache time for sealed segments"
+    )
+    read_ahead_kb: int = _key(
+        4096, _int_in(0, 1024 * 1024), "kernel read-ahead of the mount (0 = leave the default)"
+    )
+    prefetch_memory: int = _key(
+        256 * MiB,
+        _size_in(16 * MiB, 64 * GiB),
+        "memory for Tier-2 blocks fetched ahead of readers (all handles together)",
+    )
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,15 @@
 """``segment-gateway serve``: the daemon's lifecycle.
 
 Start: open Tier 2 (starting the embedded S3 server if configured), recover
-the container from the journal, start the storage writer, then listen. Stop (SIGTERM
-or SIGINT), in DESIGN.md's order: stop accepting connections, stop reading
-new requests and answer the ones already in flight (bounded by
-``shutdown_timeout``), then close the container (final checkpoint) and the
-journal, and stop the storage writer (uploads in progress are abandoned:
-their objects are garbage for GC) and the embedded S3 server. Nothing
-acknowledged depends on the shutdown finishing: it is in the journal already.
+the container from the journal, start the storage writer, mount the segments
+at ``fuse.mountpoint`` (unless it is ""), then listen. Stop (SIGTERM or
+SIGINT), in DESIGN.md's order: stop accepting connections, stop reading new
+requests and answer the ones already in flight (bounded by
+``shutdown_timeout``), unmount, then close the container (final checkpoint)
+and the journal, and stop the storage writer (uploads in progress are
+abandoned: their objects are garbage for GC) and the embedded S3 server.
+Nothing acknowledged depends on the shutdown finishing: it is in the journal
+already.
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ async def run_daemon(config: Config, ready_file: pathlib.Path | None = None) -> 
         async with open_tier2(config) as tier2, open_container(config, tier2) as container:
             server = Server(container, config.server, config.container.max_append_bytes)
             async with trio.open_nursery() as nursery:
+                if config.fuse.mountpoint:
+                    from fs.mount import serve_mount  # pyfuse3 only when mounting
+
+                    await nursery.start(serve_mount, container, config)
                 addresses = await nursery.start(server.serve)
                 host, port = addresses[0]
                 log.info("ready: %d segment(s), listening on %s:%d",

@@ -259,6 +259,12 @@ class BindingUnsupported(Tier2Error):
     """the {} binding does not support {}"""
 
 
+class MountError(GatewayError):
+    """cannot mount the segments at {}: {}"""
+
+    exit_code = 28
+
+
 #: Wire ErrorCode name -> the error class a client raises for it.
 BY_WIRE_CODE: dict[str, type[GatewayError]] = {
     cls.wire_code: cls

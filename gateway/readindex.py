@@ -58,21 +58,6 @@ class _SegmentIndex:
     flushed: int = 0
 
 
-@dataclass
-class ReaderState:
-    """Per-reader access pattern, for prefetching layers (FUSE)."""
-
-    next_offset: int = -1
-    sequential_bytes: int = 0
-
-    def note(self, offset: int, length: int) -> bool:
-        """Record a read; return whether it continued the previous one."""
-        sequential = offset == self.next_offset
-        self.sequential_bytes = self.sequential_bytes + length if sequential else length
-        self.next_offset = offset + length
-        return sequential
-
-
 @dataclass(frozen=True)
 class SegmentView:
     """What a read needs to know of a segment's committed metadata."""
@@ -293,18 +278,23 @@ class ReadIndex:
         """The storage length now: ``seg`` may predate a flush applied since."""
         return max(seg.storage_length, idx.flushed if idx is not None else 0)
 
-    async def read(self, seg: SegmentView, offset: int, max_length: int) -> bytes:
+    async def read(
+        self, seg: SegmentView, offset: int, max_length: int, read_ahead: bool = True
+    ) -> bytes:
         """Up to ``max_length`` committed bytes from ``offset`` (< ``seg.length``).
 
         Bytes below the truncation offset read as zeros. The caller handles
-        the tail (offset >= length) and waiting.
+        the tail (offset >= length) and waiting. ``read_ahead=False``: the
+        caller prefetches Tier-2 bytes itself (see `ChunkReader.read`).
         """
-        pieces = await self.read_pieces(seg, offset, max_length)
+        pieces = await self.read_pieces(seg, offset, max_length, read_ahead)
         if len(pieces) == 1 and isinstance(pieces[0], bytes):
             return pieces[0]  # a whole entry or block: no copy
         return b"".join(pieces)
 
-    async def read_pieces(self, seg: SegmentView, offset: int, max_length: int) -> list[Buffer]:
+    async def read_pieces(
+        self, seg: SegmentView, offset: int, max_length: int, read_ahead: bool = True
+    ) -> list[Buffer]:
         """Like `read`, but the bytes as pieces (views of entries), not joined.
 
         For callers that hand the bytes on in a worker thread (the storage
@@ -347,7 +337,9 @@ class ReadIndex:
                     if k + 1 < len(starts):
                         stop = min(stop, starts[k + 1])
                     pieces.append(
-                        await self.tier2.read(seg.id, seg.name, seg.chunks, offset, stop - offset)
+                        await self.tier2.read(
+                            seg.id, seg.name, seg.chunks, offset, stop - offset, read_ahead
+                        )
                     )
                     offset = stop
                     k = bisect.bisect_right(starts, offset) - 1

@@ -20,7 +20,6 @@ from gateway.client import SyncClient, open_client
 from gateway.config import Config
 from gateway.container import open_container
 from gateway.errors import Overloaded, SegmentNotFound, SegmentTruncated
-from gateway.readindex import ReaderState
 
 from .conftest import ROOT
 from .helpers.daemon import Daemon
@@ -299,15 +298,6 @@ def test_cat_missing_segment(tmp_path: pathlib.Path) -> None:
         assert r.returncode == 10 and b"does not exist" in r.stderr
     finally:
         d.stop()
-
-
-def test_reader_state_detects_sequential_runs() -> None:
-    r = ReaderState()
-    assert not r.note(0, 4096)  # the first read starts a run
-    assert r.note(4096, 4096) and r.note(8192, 8192)
-    assert r.sequential_bytes == 16384
-    assert not r.note(100_000, 4096)  # a jump resets the run
-    assert r.sequential_bytes == 4096 and r.next_offset == 104_096
 
 
 async def test_stalled_cache_writes_do_not_block_reads_or_the_loop(

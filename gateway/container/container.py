@@ -138,6 +138,23 @@ class StorageListener(Protocol):
         """Return once everything flushed so far is durable in Tier 2."""
 
 
+class NamespaceWatcher(Protocol):
+    """Told about committed changes to which segments exist and what state they
+    are in (the FUSE mount keeps its tree and the kernel's caches in step)."""
+
+    def on_created(self, seg: Segment) -> None:
+        """The segment now exists."""
+
+    def on_sealed(self, seg: Segment) -> None:
+        """The segment was sealed: its length is final."""
+
+    def on_truncated(self, seg: Segment) -> None:
+        """Bytes below the new start offset now read as zeros."""
+
+    def on_deleted(self, seg: Segment) -> None:
+        """The segment is gone."""
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -207,6 +224,8 @@ class SegmentContainer:
         self._closing = False
         #: The storage writer, once Tier 2 runs (not during recovery).
         self.storage: StorageListener | None = None
+        #: Told about creates, seals, truncations and deletes (the mount).
+        self.watchers: list[NamespaceWatcher] = []
         self.checkpoints = 0
         self.journal_files_truncated = 0
 
@@ -344,6 +363,8 @@ class SegmentContainer:
         def apply(seq: int) -> None:
             seg.durable = True
             seg.attributes.update(values)
+            for w in self.watchers:
+                w.on_created(seg)
 
         return self._track(ticket, None, apply, seg)._with_result(lambda: seg.info())
 
@@ -443,6 +464,8 @@ class SegmentContainer:
             self._apply_seal(seg, at_ms)
             if self.storage is not None:
                 self.storage.on_seal(seg)
+            for w in self.watchers:
+                w.on_sealed(seg)
 
         return self._track(ticket, None, apply, seg)._with_result(lambda: seg.info())
 
@@ -467,6 +490,8 @@ class SegmentContainer:
             dropped = self._apply_truncate(seg, offset, at_ms)
             if self.storage is not None:
                 self.storage.on_dropped(seg, dropped, deleted=False)
+            for w in self.watchers:
+                w.on_truncated(seg)
 
         return self._track(ticket, None, apply, seg)._with_result(lambda: seg.info())
 
@@ -482,6 +507,8 @@ class SegmentContainer:
             self._apply_delete(seg)
             if self.storage is not None:
                 self.storage.on_dropped(seg, list(seg.chunks), deleted=True)
+            for w in self.watchers:
+                w.on_deleted(seg)
 
         return self._track(ticket, None, apply, seg)
 
@@ -1054,7 +1081,12 @@ async def _open_container(
             nursery.start_soon(container._run_maintenance)
             nursery.start_soon(container.read_index.run_writer)
             if tier2 is not None:
-                reader = ChunkReader(tier2, store, read_ahead=config.tier2.read_ahead)
+                reader = ChunkReader(
+                    tier2,
+                    store,
+                    read_ahead=config.tier2.read_ahead,
+                    memory_bytes=config.fuse.prefetch_memory,
+                )
                 await nursery.start(reader.run)
                 container.read_index.tier2 = reader
                 writer = StorageWriter(

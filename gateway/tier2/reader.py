@@ -87,6 +87,9 @@ class ChunkReader:
         self.blocks_from_memory = 0
         self.blocks_from_cache = 0
         self.read_ahead_blocks = 0
+        self.read_ahead_skipped = 0
+        #: Bytes of read-ahead GETs in flight (bounded by half the memory budget).
+        self._ahead_bytes = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the background tasks (read-ahead, cache writes) until cancelled."""
@@ -101,15 +104,32 @@ class ChunkReader:
         self._ahead_until.pop(segment_id, None)
 
     async def read(
-        self, segment_id: int, name: str, chunks: Sequence[ChunkRecord], offset: int, length: int
+        self,
+        segment_id: int,
+        name: str,
+        chunks: Sequence[ChunkRecord],
+        offset: int,
+        length: int,
+        read_ahead: bool = True,
     ) -> bytes:
-        """Bytes ``[offset, offset+length)`` of a segment, all of which lie in ``chunks``."""
+        """Bytes ``[offset, offset+length)`` of a segment, all of which lie in ``chunks``.
+
+        With ``read_ahead``, a read that continues the previous read of the
+        segment schedules `read_ahead` MiB ahead of it. Callers that track
+        their readers themselves (the mount's per-handle prefetcher) pass
+        False and call `prefetch`.
+        """
         end = offset + length
         wanted = list(self._blocks(name, chunks, offset, end))
-        sequential = self._last_end.get(segment_id) == offset
-        self._last_end[segment_id] = end
-        if sequential and self.read_ahead and self._nursery is not None:
-            self._schedule_read_ahead(segment_id, chunks, end)
+        if read_ahead:
+            sequential = self._last_end.get(segment_id) == offset
+            self._last_end[segment_id] = end
+            if sequential and self.read_ahead:
+                start = max(end, self._ahead_until.get(segment_id, 0))
+                stop = end + self.read_ahead * BLOCK_SIZE
+                if start < stop:
+                    self._ahead_until[segment_id] = stop
+                    self.prefetch(chunks, start, stop)
         if len(wanted) == 1:
             chunk, index, lo, hi = wanted[0]
             data = await self._block(chunk, index)
@@ -150,20 +170,26 @@ class ChunkReader:
                 k += 1
         return out
 
-    def _schedule_read_ahead(
-        self, segment_id: int, chunks: Sequence[ChunkRecord], end: int
-    ) -> None:
-        assert self._nursery is not None
-        if not chunks:
-            return
+    def prefetch(self, chunks: Sequence[ChunkRecord], start: int, stop: int) -> int:
+        """Fetch the blocks of ``[start, stop)`` (clipped to ``chunks``) in the background.
+
+        Blocks already in memory, in flight or in the cache store are
+        skipped; so is everything once read-ahead in flight reaches half the
+        memory budget (the global prefetch budget: readers then fetch on
+        demand until it drains). Returns the blocks scheduled.
+        """
+        if self._nursery is None or not chunks:
+            return 0
         last = chunks[-1]
-        stored_end = int(last.start_offset + last.length)
-        start = max(end, self._ahead_until.get(segment_id, 0))
-        stop = min(stored_end, end + self.read_ahead * BLOCK_SIZE)
+        stop = min(stop, int(last.start_offset + last.length))
+        start = max(start, int(chunks[0].start_offset))
         if start >= stop:
-            return
-        self._ahead_until[segment_id] = stop
+            return 0
+        scheduled = 0
         for chunk, index, _, _ in self._blocks("", chunks, start, stop):
+            if self._ahead_bytes >= self._memory_limit // 2:
+                self.read_ahead_skipped += 1
+                break
             key = (chunk.name, index)
             if key in self._ready or key in self._inflight:
                 continue
@@ -175,14 +201,20 @@ class ChunkReader:
             # of this loop see it in flight.
             claimed = self._claim(chunk, index, FETCH_BLOCKS - index % FETCH_BLOCKS)
             self.read_ahead_blocks += claimed
-            self._nursery.start_soon(self._prefetch, chunk, index, claimed)
+            scheduled += claimed
+            nbytes = claimed * BLOCK_SIZE
+            self._ahead_bytes += nbytes
+            self._nursery.start_soon(self._prefetch, chunk, index, claimed, nbytes)
+        return scheduled
 
-    async def _prefetch(self, chunk: ChunkRecord, index: int, count: int) -> None:
+    async def _prefetch(self, chunk: ChunkRecord, index: int, count: int, nbytes: int) -> None:
         try:
             await self._fetch(chunk, index, count, cache=False)
         except GatewayError as e:
             # The reader fetches it again when it gets there, and reports then.
             log.debug("read-ahead of %s blocks %d+%d failed: %s", chunk.name, index, count, e)
+        finally:
+            self._ahead_bytes -= nbytes
 
     def _claim(self, chunk: ChunkRecord, index: int, most: int) -> int:
         """Mark blocks ``index``.. (at most ``most``, within the chunk) as being fetched."""
@@ -217,6 +249,9 @@ class ChunkReader:
         data = self.store.get_block(chunk.name, index)
         if data is not None and len(data) >= expected:
             self.blocks_from_cache += 1
+            # Kept in memory too: a reader taking 128 KiB at a time (FUSE)
+            # would otherwise get the whole MiB from RocksDB eight times.
+            self._remember(key, data)
             return data if len(data) == expected else data[:expected]
         self._claim(chunk, index, 1)
         return (await self._fetch(chunk, index, 1))[0]
@@ -305,6 +340,7 @@ class ChunkReader:
             "blocks_from_memory": self.blocks_from_memory,
             "blocks_from_cache": self.blocks_from_cache,
             "read_ahead_blocks": self.read_ahead_blocks,
+            "read_ahead_skipped": self.read_ahead_skipped,
             "gets": self.gets,
             "cache_writes_skipped": self.cache_writes_skipped,
             "memory_bytes": self._ready_bytes,

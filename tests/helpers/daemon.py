@@ -29,8 +29,11 @@ class Daemon:
         config_text: str = "",
         port: int = 0,
         env: dict[str, str] | None = None,
+        mountpoint: pathlib.Path | None = None,
     ) -> None:
         self.data_dir = data_dir
+        #: Where it mounts the segments (None: no mount).
+        self.mountpoint = mountpoint
         data_dir.mkdir(parents=True, exist_ok=True)
         self.config_path = data_dir / "gateway.toml"
         if "[tier2]" not in config_text:
@@ -55,6 +58,7 @@ class Daemon:
                 sys.executable, "-m", "gateway.cli", "--config", str(self.config_path),
                 "serve", "--data-dir", str(self.data_dir), "--listen", self.address,
                 "--ready-file", str(self.ready_file),
+                "--mountpoint", str(self.mountpoint or ""),
             ],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT), **self.env},
