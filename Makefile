@@ -8,13 +8,13 @@ PY := $(VENV)/bin/python
 install:
 	@scripts/bootstrap.sh
 
-# Runs the daemon in the foreground with its data in ./data and Tier 2 in an
-# embedded S3 server (SeaweedFS, data in ./data/s3). The FUSE mount at ./mnt
-# joins it in a later issue.
+# Runs the daemon in the foreground with its data in ./data, Tier 2 in an
+# embedded S3 server (SeaweedFS, data in ./data/s3) and the segments mounted
+# read-only at ./mnt.
 run: install
-	@echo "make run: serving the protocol on 127.0.0.1:9410, data in ./data, Tier 2 embedded (Ctrl-C stops)."
-	@echo "          Not built yet: the FUSE mount at ./mnt."
-	$(VENV)/bin/segment-gateway serve --data-dir $(CURDIR)/data --listen 127.0.0.1:9410
+	@echo "make run: protocol on 127.0.0.1:9410, segments mounted at ./mnt, data in ./data, Tier 2 embedded (Ctrl-C stops)."
+	$(VENV)/bin/segment-gateway serve --data-dir $(CURDIR)/data --listen 127.0.0.1:9410 \
+		--mountpoint $(CURDIR)/mnt
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -303,7 +303,7 @@ class FuseConfig:
     owner: str = _key("", _user, 'owner of every file and directory (name or uid; "" = daemon)')
     group: str = _key("", _group, 'group of every file and directory (name or gid; "" = daemon)')
     active_timeout: float = _key(
-        1.0, _duration_in(0.0, 1.0), "kernel attribute/entry cache time for active segments"
+        0.5, _duration_in(0.0, 1.0), "kernel attribute/entry cache time for active segments"
     )
     sealed_timeout: float = _key(
         3600.0, _duration_in(0.0, 86400 * 365), "kernel cache time for sealed segments"

@@ -22,6 +22,7 @@ import tempfile
 
 import trio
 
+from gateway.aio import service_nursery
 from gateway.config import Config
 from gateway.container import open_container
 from gateway.server import Server
@@ -45,7 +46,7 @@ async def run_daemon(config: Config, ready_file: pathlib.Path | None = None) -> 
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with open_tier2(config) as tier2, open_container(config, tier2) as container:
             server = Server(container, config.server, config.container.max_append_bytes)
-            async with trio.open_nursery() as nursery:
+            async with service_nursery() as nursery:
                 if config.fuse.mountpoint:
                     from fs.mount import serve_mount  # pyfuse3 only when mounting
 

@@ -1,0 +1,484 @@
+"""The FUSE mount, through real mounts of a real daemon on a real SeaweedFS.
+
+Every access to the mount that could block runs either in a subprocess with
+a timeout or against a daemon that the fixture tears down by aborting the
+FUSE connection: a broken mount fails a test, never hangs the suite.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pathlib
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway.client import SyncClient, open_client
+from gateway.tier2.embedded import EmbeddedS3
+from gateway.tier2.s3 import S3Storage
+from tests.helpers.mount import MountedDaemon, mount_entry, mounted_daemon, require_fuse, run
+
+KiB = 1024
+MiB = 1024 * KiB
+
+S3_CONFIG = """
+[tier2]
+url = "s3://{bucket}/gw"
+endpoint_url = "{endpoint}"
+flush_size = "256 KiB"
+max_chunk_size = "1 MiB"
+flush_interval = "60s"
+"""
+
+
+@pytest.fixture
+def s3_daemon(
+    tmp_path: pathlib.Path, seaweedfs: EmbeddedS3, s3_storage: S3Storage
+) -> Iterator[MountedDaemon]:
+    """A mounted daemon whose Tier 2 is a fresh bucket on the session's SeaweedFS."""
+    config = S3_CONFIG.format(bucket=s3_storage.bucket, endpoint=seaweedfs.endpoint_url)
+    env = {"AWS_ACCESS_KEY_ID": seaweedfs.access_key, "AWS_SECRET_ACCESS_KEY": seaweedfs.secret_key}
+    with mounted_daemon(tmp_path, config, env) as daemon:
+        yield daemon
+
+
+def protocol_bytes(c: SyncClient, name: str) -> bytes:
+    """The segment as a file shows it, read through the protocol: zeros below the start."""
+    info = c.info(name)
+    out = bytearray(info.start_offset)
+    offset = info.start_offset
+    while offset < info.length:
+        piece = c.read(name, offset, 4 * MiB).data
+        assert piece, f"{name}: empty read at {offset} < {info.length}"
+        out += piece
+        offset += len(piece)
+    return bytes(out)
+
+
+def append_random(c: SyncClient, name: str, size: int, rng: random.Random) -> bytes:
+    """Create ``name`` and append ``size`` random bytes in random-sized pieces."""
+    c.create(name)
+    data = rng.randbytes(size)
+    i = 0
+    while i < size:
+        n = rng.choice([1, 100, 4 * KiB, 60 * KiB, 300 * KiB, 1 * MiB])
+        c.append(name, data[i : i + n])
+        i += n
+    return data
+
+
+def check_all(mnt: pathlib.Path, c: SyncClient, expected: dict[str, bytes]) -> None:
+    for name, data in expected.items():
+        # In a subprocess: `cat` is what users run, and it cannot hang this test.
+        through_mount = run("cat", mnt / name, timeout=60).stdout
+        assert len(through_mount) == len(data), name
+        assert through_mount == data, f"{name}: mount bytes differ from what was appended"
+        assert through_mount == protocol_bytes(c, name), name
+
+
+@pytest.mark.timeout(240)
+def test_mount_shows_every_segment_byte_exact(s3_daemon: MountedDaemon) -> None:
+    """Active, sealed, truncated, offloaded with the cache wiped, and after a restart."""
+    mnt = s3_daemon.mnt
+    rng = random.Random(61)
+    expected: dict[str, bytes] = {}
+    with SyncClient(s3_daemon.address) as c:
+        expected["a/active"] = append_random(c, "a/active", 3 * MiB + 17, rng)
+        expected["a/sealed"] = append_random(c, "a/sealed", 2 * MiB + 5, rng)
+        c.seal("a/sealed")
+        data = append_random(c, "b/c/truncated", 3 * MiB + 99, rng)
+        c.truncate("b/c/truncated", 1 * MiB + 12345)
+        expected["b/c/truncated"] = bytes(1 * MiB + 12345) + data[1 * MiB + 12345 :]
+        expected["top"] = append_random(c, "top", 1, rng)
+        expected["empty"] = b""
+        c.create("empty")
+        check_all(mnt, c, expected)
+
+        # Everything into Tier 2; then the cache goes and the daemon restarts.
+        c.flush()
+        for name in expected:
+            info = c.info(name)
+            assert info.storage_length == info.length, name
+        assert c.info("a/active").chunk_count >= 3
+    assert s3_daemon.stop() == 0
+    assert mount_entry(mnt) is None, "a clean stop unmounts"
+    shutil.rmtree(s3_daemon.data_dir / "cache")
+    s3_daemon.start(timeout=60)
+    with SyncClient(s3_daemon.address) as c:
+        check_all(mnt, c, expected)
+        # The active segment keeps growing after the restart.
+        more = rng.randbytes(200 * KiB)
+        c.append("a/active", more)
+        expected["a/active"] += more
+        time.sleep(0.6)  # fuse.active_timeout: the size the kernel caches
+        check_all(mnt, c, expected)
+
+
+def test_posix_tools(s3_daemon: MountedDaemon) -> None:
+    """ls -lR, stat, cat, dd with odd block sizes, tail -c, getfattr, find."""
+    mnt = s3_daemon.mnt
+    rng = random.Random(7)
+    with SyncClient(s3_daemon.address) as c:
+        data = append_random(c, "logs/app/0", 777_777, rng)
+        c.seal("logs/app/0")
+        c.create("logs/app/1")
+        c.append("logs/app/1", b"line 1\nline 2\n")
+        c.create("logs/other")
+        info = c.info("logs/app/0")
+
+    listing = run("ls", "-lR", mnt).stdout.decode()
+    assert "logs:" in listing.replace(str(mnt) + "/", "")
+    assert "-r--r--r--" in listing and "dr-xr-xr-x" in listing
+    assert " 777777 " in listing
+
+    fmt = "%s|%a|%F|%h|%b|%B|%i"
+    out = run("stat", "-c", fmt, mnt / "logs/app/0").stdout.decode().strip().split("|")
+    assert out[:4] == ["777777", "444", "regular file", "1"]
+    assert int(out[4]) * int(out[5]) >= 777_777  # st_blocks consistent with the size
+    assert int(out[6]) == (1 << 40) + info.id
+    out = run("stat", "-c", "%a|%F", mnt / "logs/app").stdout.decode().strip().split("|")
+    assert out == ["555", "directory"]
+
+    assert run("cat", mnt / "logs/app/1").stdout == b"line 1\nline 2\n"
+    for bs in ("1", "4095", "65537", "1000000"):
+        r = run("dd", f"if={mnt / 'logs/app/0'}", "of=/dev/stdout", f"bs={bs}", "status=none")
+        assert r.stdout == data, f"dd bs={bs}"
+    r = run("dd", f"if={mnt / 'logs/app/0'}", "bs=4093", "skip=17", "count=3", "status=none")
+    assert r.stdout == data[17 * 4093 : 20 * 4093]
+    assert run("tail", "-c", "1000", mnt / "logs/app/0").stdout == data[-1000:]
+    assert run("tail", "-n", "1", mnt / "logs/app/1").stdout == b"line 2\n"
+
+    r = run("getfattr", "-d", "-m", "user.segment", mnt / "logs/app/0").stdout.decode()
+    assert 'user.segment.length="777777"' in r
+    assert 'user.segment.sealed="1"' in r
+    assert f'user.segment.event_count="{info.event_count}"' in r
+    r = run("getfattr", "-n", "user.segment.sealed", "--only-values", mnt / "logs/app/1")
+    assert r.stdout == b"0"
+    r = run("getfattr", "-n", "user.nope", mnt / "logs/app/1", check=False)
+    assert r.returncode != 0 and b"No such attribute" in r.stderr
+
+    found = run("find", mnt, "-type", "f").stdout.decode().split()
+    assert sorted(p.removeprefix(str(mnt) + "/") for p in found) == [
+        "logs/app/0",
+        "logs/app/1",
+        "logs/other",
+    ]
+    found = run("find", mnt, "-type", "d").stdout.decode().split()
+    assert len(found) == 3  # the root, logs, logs/app
+
+    df = run("df", "-B1", "--output=size,avail", mnt).stdout.decode().split()
+    assert int(df[-1]) == 0  # nothing may be written
+
+    opts = mount_entry(mnt)
+    assert opts is not None and opts[1] == "fuse.segment-gateway"
+    for o in ("ro", "noatime", "default_permissions"):
+        assert o in opts[2].split(","), opts
+    assert "allow_other" not in opts[2]
+
+
+WRITE_ATTEMPTS = [
+    ("sh", "-c", "echo x > {f}"),
+    ("sh", "-c", "echo x >> {f}"),
+    ("sh", "-c", "echo x > {d}/new"),
+    ("touch", "{f}"),
+    ("touch", "{d}/new"),
+    ("truncate", "-s", "0", "{f}"),
+    ("mkdir", "{d}/newdir"),
+    ("rmdir", "{d}"),
+    ("rm", "-f", "{f}"),
+    ("mv", "{f}", "{d}/renamed"),
+    ("ln", "{f}", "{d}/hardlink"),
+    ("ln", "-s", "{f}", "{d}/symlink"),
+    ("chmod", "777", "{f}"),
+    ("chown", "1:1", "{f}"),
+    ("setfattr", "-n", "user.segment.sealed", "-v", "0", "{f}"),
+    ("setfattr", "-x", "user.segment.sealed", "{f}"),
+    ("mkfifo", "{d}/fifo"),
+    ("dd", "if=/dev/zero", "of={f}", "bs=1", "count=1", "conv=notrunc"),
+    (sys.executable, "-c", "open({f!r}, 'r+b')"),
+    (sys.executable, "-c", "import os; os.open({f!r}, os.O_WRONLY)"),
+]
+
+
+def test_every_write_attempt_gets_erofs(s3_daemon: MountedDaemon) -> None:
+    with SyncClient(s3_daemon.address) as c:
+        c.create("d/f")
+        c.append("d/f", b"payload")
+    f, d = s3_daemon.mnt / "d/f", s3_daemon.mnt / "d"
+    problems = []
+    for attempt in WRITE_ATTEMPTS:
+        assert shutil.which(attempt[0]), f"{attempt[0]} is not installed"
+        args = [a.format(f=str(f), d=str(d)) for a in attempt]
+        r = run(*args, check=False)
+        if r.returncode == 0:
+            problems.append(f"{args} succeeded")
+        elif b"Read-only file system" not in r.stderr:
+            problems.append(f"{args}: {r.stderr!r}")
+    assert not problems, "\n".join(problems)
+    # Nothing changed.
+    assert run("cat", f).stdout == b"payload"
+    assert sorted(os.listdir(d)) == ["f"]
+
+
+@pytest.mark.timeout(120)
+def test_tail_follows_an_active_segment_and_seal_makes_the_size_final(
+    s3_daemon: MountedDaemon,
+) -> None:
+    path = s3_daemon.mnt / "t/s"
+    with SyncClient(s3_daemon.address) as c:
+        c.create("t/s")
+        c.append("t/s", b"first\n")
+        tail = subprocess.Popen(
+            ["tail", "-c", "+1", "-f", str(path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        try:
+            assert tail.stdout is not None
+            os.set_blocking(tail.stdout.fileno(), False)
+            got = bytearray()
+            read_until(tail, got, b"first\n", 5)
+            delays = []
+            for i in range(3):
+                line = f"appended {i}\n".encode()
+                c.append("t/s", line)
+                acked = time.monotonic()
+                read_until(tail, got, got + line, 5)
+                delays.append(time.monotonic() - acked)
+            assert max(delays) < 2.0, f"tail -f saw appends after {delays}"
+        finally:
+            tail.kill()
+            tail.wait(10)
+            tail.stdout.close()
+        length = c.info("t/s").length
+        c.seal("t/s")
+        assert os.stat(path).st_size == length
+        assert os.getxattr(path, "user.segment.sealed") == b"1"
+        with pytest.raises(Exception, match="sealed"):
+            c.append("t/s", b"more")
+        assert os.stat(path).st_size == length
+        assert path.read_bytes() == bytes(got)
+
+
+def read_until(proc: subprocess.Popen[bytes], got: bytearray, expected: bytes, s: float) -> None:
+    """Add ``proc``'s output to ``got`` until it equals ``expected`` (fail after ``s`` seconds)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + s
+    while bytes(got) != expected and time.monotonic() < deadline:
+        try:
+            chunk = os.read(proc.stdout.fileno(), 65536)
+        except BlockingIOError:
+            chunk = b""
+        got += chunk
+        if not chunk:
+            time.sleep(0.02)
+    assert bytes(got) == expected, f"tail printed {bytes(got)!r}, expected {expected!r}"
+
+
+@pytest.fixture
+def random_read_file(s3_daemon: MountedDaemon) -> Iterator[tuple[pathlib.Path, bytes]]:
+    """A segment partly truncated, partly only in Tier 2 (cache wiped), partly cached."""
+    rng = random.Random(3)
+    with SyncClient(s3_daemon.address) as c:
+        data = append_random(c, "r/s", 3 * MiB, rng)
+        c.flush("r/s")
+    s3_daemon.stop()
+    shutil.rmtree(s3_daemon.data_dir / "cache")
+    s3_daemon.start(timeout=60)
+    with SyncClient(s3_daemon.address) as c:
+        tail = rng.randbytes(500 * KiB + 3)
+        c.append("r/s", tail)
+        c.truncate("r/s", 123_457)
+    yield s3_daemon.mnt / "r/s", bytes(123_457) + (data + tail)[123_457:]
+
+
+@pytest.mark.timeout(240)
+def test_random_seeks_and_reads_match(random_read_file: tuple[pathlib.Path, bytes]) -> None:
+    path, expected = random_read_file
+    size = len(expected)
+    with open(path, "rb") as f:
+        assert os.fstat(f.fileno()).st_size == size
+
+        @settings(
+            max_examples=150,
+            deadline=None,
+            suppress_health_check=[HealthCheck.function_scoped_fixture],
+        )
+        @given(
+            offset=st.one_of(
+                st.integers(0, size + 1000),
+                st.sampled_from([0, 123_456, 123_457, 1 * MiB - 1, size - 1, size]),
+            ),
+            length=st.integers(0, 600 * KiB),
+        )
+        def one(offset: int, length: int) -> None:
+            f.seek(offset)
+            assert f.read(length) == expected[offset : offset + length]
+
+        one()
+    # os.pread on a fresh descriptor, too (no Python buffering in the way).
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for offset in random.Random(5).sample(range(size), 50):
+            assert os.pread(fd, 4096, offset) == expected[offset : offset + 4096]
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.timeout(240)
+async def test_ten_thousand_segments_list_quickly(s3_daemon: MountedDaemon) -> None:
+    names = [f"many/d{i // 1000}/s{i:05d}" for i in range(9000)]
+    names += [f"flat/s{i:04d}" for i in range(1000)]
+    async with open_client(s3_daemon.address) as c:
+        limiter = trio.Semaphore(64)  # pipelined creates on one connection
+
+        async def create(name: str) -> None:
+            async with limiter:
+                await c.create(name)
+
+        async with trio.open_nursery() as nursery:
+            for name in names:
+                nursery.start_soon(create, name)
+    mnt = s3_daemon.mnt
+
+    def listing() -> tuple[float, list[str]]:
+        started = time.monotonic()
+        r = run("find", mnt, "-type", "f", timeout=60)
+        return time.monotonic() - started, r.stdout.decode().split()
+
+    took, found = await trio.to_thread.run_sync(listing)
+    assert sorted(p.removeprefix(str(mnt) + "/") for p in found) == sorted(names)
+    assert took < 10, f"find over 10,000 segments took {took:.1f}s"
+    started = time.monotonic()
+    r = await trio.to_thread.run_sync(lambda: run("ls", "-l", mnt / "many/d3"))
+    took = time.monotonic() - started
+    assert r.stdout.decode().count("-r--r--r--") == 1000
+    assert took < 5, f"ls -l of 1,000 segments took {took:.1f}s"
+
+
+@pytest.mark.timeout(120)
+def test_deleting_a_segment_held_open_gives_a_clean_error(s3_daemon: MountedDaemon) -> None:
+    rng = random.Random(11)
+    with SyncClient(s3_daemon.address) as c:
+        data = append_random(c, "del/s", 2 * MiB, rng)
+        c.seal("del/s")  # sealed: long kernel timeouts, which deletion must cut short
+        path = s3_daemon.mnt / "del/s"
+        reader = subprocess.Popen(
+            [sys.executable, "-c", READ_AFTER_DELETE, str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            assert reader.stdout is not None and reader.stdin is not None
+            assert reader.stdout.readline() == b"opened\n"
+            c.delete("del/s")
+            reader.stdin.write(b"go\n")
+            reader.stdin.flush()
+            out, err = reader.communicate(timeout=30)
+        finally:
+            reader.kill()
+            reader.communicate()
+    result = out.decode().split()
+    assert result[0] in ("error", "eof"), (out, err)
+    if result[0] == "error":
+        assert int(result[1]) in (errno.ESTALE, errno.ENOENT, errno.EIO), result
+    # The name is gone at once, although the sealed entry was cached for an hour.
+    assert not path.exists()
+    assert not (s3_daemon.mnt / "del").exists()
+    assert len(data) == 2 * MiB
+
+
+READ_AFTER_DELETE = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+os.pread(fd, 4096, 0)
+print("opened", flush=True)
+sys.stdin.readline()
+try:
+    offset = 1024 * 1024 + 4096  # not read before: not in the page cache
+    while True:
+        got = os.pread(fd, 65536, offset)
+        if not got:
+            print("eof")
+            break
+        offset += len(got)
+except OSError as e:
+    print("error", e.errno)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_killing_the_daemon_with_the_mount_busy_hangs_nothing(s3_daemon: MountedDaemon) -> None:
+    with SyncClient(s3_daemon.address) as c:
+        c.create("busy/s")
+        c.append("busy/s", b"x" * 100_000)
+    path = s3_daemon.mnt / "busy/s"
+    readers = [
+        subprocess.Popen(["tail", "-f", str(path)], stdout=subprocess.DEVNULL),
+        subprocess.Popen(
+            [sys.executable, "-c", "import sys\nwhile True: open(sys.argv[1],'rb').read()", path],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ),
+    ]
+    try:
+        time.sleep(1)
+        s3_daemon.kill()
+        # The dead mount answers ENOTCONN; readers fail instead of hanging.
+        r = run("stat", path, check=False, timeout=10)
+        assert r.returncode != 0 and b"not connected" in r.stderr, r.stderr
+        readers[1].wait(10)
+        # A restart clears the stale mount and serves again.
+        s3_daemon.start(timeout=60)
+        assert "stale" in s3_daemon.log()
+        assert run("cat", path).stdout == b"x" * 100_000
+    finally:
+        for p in readers:
+            p.kill()
+            p.wait(10)
+
+
+def test_tier2_failure_is_eio_with_a_log_line(tmp_path: pathlib.Path) -> None:
+    require_fuse()
+    config = f'[tier2]\nurl = "file://{tmp_path}/tier2"\nflush_size = "256 KiB"\n'
+    with mounted_daemon(tmp_path, config) as daemon:
+        with SyncClient(daemon.address) as c:
+            c.create("lost/s")
+            c.append("lost/s", random.Random(1).randbytes(600 * KiB))
+            c.flush("lost/s")
+        daemon.stop()
+        shutil.rmtree(daemon.data_dir / "cache")
+        chunks = list((tmp_path / "tier2").rglob("*.e*"))
+        chunks = [p for p in chunks if ".meta" not in p.parts and "chunks" in p.parts]
+        assert chunks
+        for p in chunks:
+            p.unlink()
+        daemon.start(timeout=60)
+        r = run("cat", daemon.mnt / "lost/s", check=False)
+        assert r.returncode != 0 and b"Input/output error" in r.stderr, r.stderr
+        log = daemon.log()
+        assert "read of 'lost/s' at offset 0" in log, log
+        # The daemon still serves: the failure is per read.
+        assert run("ls", daemon.mnt / "lost").stdout == b"s\n"
+
+
+def test_a_live_mount_in_the_way_is_refused(tmp_path: pathlib.Path) -> None:
+    require_fuse()
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
+    try:
+        daemon = MountedDaemon(tmp_path / "node", mnt)
+        with pytest.raises(RuntimeError, match="exited with 28"):
+            daemon.start(timeout=30)
+        assert "a live tmpfs filesystem is mounted there" in daemon.log()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
