@@ -37,6 +37,9 @@ endpoint_url = "{endpoint}"
 flush_size = "256 KiB"
 max_chunk_size = "1 MiB"
 flush_interval = "60s"
+[fuse]
+owner = "1234"
+group = "4321"
 """
 
 
@@ -145,8 +148,10 @@ def test_posix_tools(s3_daemon: MountedDaemon) -> None:
     assert out[:4] == ["777777", "444", "regular file", "1"]
     assert int(out[4]) * int(out[5]) >= 777_777  # st_blocks consistent with the size
     assert int(out[6]) == (1 << 40) + info.id
-    out = run("stat", "-c", "%a|%F", mnt / "logs/app").stdout.decode().strip().split("|")
-    assert out == ["555", "directory"]
+    out = run("stat", "-c", "%a|%F|%u|%g", mnt / "logs/app").stdout.decode().strip().split("|")
+    assert out == ["555", "directory", "1234", "4321"]  # owner from fuse.owner / fuse.group
+    out = run("stat", "-c", "%u|%g", mnt / "logs/app/0").stdout.decode().strip().split("|")
+    assert out == ["1234", "4321"]
 
     assert run("cat", mnt / "logs/app/1").stdout == b"line 1\nline 2\n"
     for bs in ("1", "4095", "65537", "1000000"):
