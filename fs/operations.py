@@ -158,7 +158,11 @@ class SegmentFS(pyfuse3.Operations):
     async def run_invalidations(self) -> None:
         """Send queued invalidations to the kernel, one at a time, from a worker thread."""
         async for kind, inode, name, arg in self._invalidations:
-            await trio.to_thread.run_sync(self._send_invalidation, kind, inode, name, arg)
+            # Abandoned on cancel: at unmount, an invalidation may wait for a
+            # read that will never be answered; closing the session ends it.
+            await trio.to_thread.run_sync(
+                self._send_invalidation, kind, inode, name, arg, abandon_on_cancel=True
+            )
 
     @staticmethod
     def _send_invalidation(kind: str, inode: int, name: bytes, arg: int) -> None:
