@@ -90,6 +90,18 @@ def _cmd_journal_dump(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from gateway.daemon import run_daemon
 
+    def load() -> Config:
+        """The configuration file with the command line's overrides (again at SIGHUP)."""
+        return _serve_config(args)
+
+    config = load()
+    logging.getLogger().setLevel(config.logging.level.upper())
+    ready = pathlib.Path(args.ready_file) if args.ready_file else None
+    trio.run(run_daemon, config, ready, load)
+    return 0
+
+
+def _serve_config(args: argparse.Namespace) -> Config:
     config = _config(args)
     overrides: dict[str, dict[str, Any]] = {}
     if args.listen:
@@ -101,10 +113,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         overrides.setdefault("fuse", {})["mountpoint"] = mountpoint
     if overrides:
         config = _override(config, overrides)
-    logging.getLogger().setLevel(config.logging.level.upper() if not args.verbose else "DEBUG")
-    ready = pathlib.Path(args.ready_file) if args.ready_file else None
-    trio.run(run_daemon, config, ready)
-    return 0
+    if args.verbose:
+        config = _override(config, {"logging": {"level": "debug"}})
+    return config
 
 
 def _override(config: Config, overrides: dict[str, dict[str, Any]]) -> Config:

@@ -252,6 +252,9 @@ class ServerConfig:
         32 * MiB, _size_in(64 * KiB, 16 * GiB), "per connection: unanswered request bytes"
     )
     max_connections: int = _key(1024, _int_in(1, 1_000_000), "concurrent client connections")
+    drain_timeout: float = _key(
+        10.0, _duration_in(0.0, 3600), "at stop: time for requests in flight to be answered"
+    )
 
 
 @dataclass(frozen=True)
@@ -352,6 +355,9 @@ class Tier2Config:
     gc_interval: float = _key(600.0, _duration_in(0.1, 86400 * 7), "time between GC passes")
     gc_grace: float = _key(
         3600.0, _duration_in(0.0, 86400 * 30), "unreferenced objects younger than this are kept"
+    )
+    stop_flush_timeout: float = _key(
+        30.0, _duration_in(0.0, 86400), "at stop: time to flush unflushed data to Tier 2 (0: none)"
     )
     embedded_port: int = _key(
         0, _int_in(0, 55535), "embedded S3 port (0 = a free one; gRPC ports are +10000)"

@@ -1,36 +1,63 @@
 """``segment-gateway serve``: the daemon's lifecycle.
 
-Start: open Tier 2 (starting the embedded S3 server if configured), recover
-the container from the journal, start the storage writer, mount the segments
-at ``fuse.mountpoint`` (unless it is ""), then listen. Stop (SIGTERM or
-SIGINT), in DESIGN.md's order: stop accepting connections, stop reading new
-requests and answer the ones already in flight (bounded by
-``shutdown_timeout``), unmount, then close the container (final checkpoint)
-and the journal, and stop the storage writer (uploads in progress are
-abandoned: their objects are garbage for GC) and the embedded S3 server.
-Nothing acknowledged depends on the shutdown finishing: it is in the journal
-already.
+Start: open Tier 2 (starting the embedded S3 server if configured) and check
+that it answers, recover the container from the journal, start the storage
+writer, mount the segments at ``fuse.mountpoint`` (unless it is ""), listen,
+then tell systemd ``READY=1`` (and write ``--ready-file``). While running:
+``WATCHDOG=1`` from the event loop at half ``WATCHDOG_USEC`` (a stuck loop
+stops the pings, and systemd restarts the service), a ``STATUS=`` line every
+few seconds, and on SIGHUP a reload of the log level and the flush/offload
+policy between ``RELOADING=1`` and ``READY=1``, connections untouched.
+
+Stop (SIGTERM or SIGINT), in DESIGN.md's order, after ``STOPPING=1``: stop
+accepting connections, stop reading new requests and answer the ones in
+flight (at most ``server.drain_timeout``), unmount, flush unflushed data to
+Tier 2 (at most ``tier2.stop_flush_timeout``), then close the container (a
+final checkpoint) and the journal, the storage writer and the embedded S3
+server, and exit 0. Nothing acknowledged depends on the stop finishing: it
+is in the journal already, and a bound that is hit only means the next start
+replays more and flushes the rest.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pathlib
 import signal
 import tempfile
+from collections.abc import Callable
+from typing import Any
 
 import trio
 
 from gateway.aio import service_nursery
-from gateway.config import Config
-from gateway.container import open_container
+from gateway.config import Config, Tier2Config
+from gateway.container import SegmentContainer, open_container
+from gateway.errors import GatewayError
+from gateway.notify import Notifier
 from gateway.server import Server
 from gateway.tier2.bindings import open_tier2
+from gateway.tier2.layer import ChunkLayer
 
 log = logging.getLogger(__name__)
 
-SHUTDOWN_TIMEOUT = 10.0
+STATUS_INTERVAL = 5.0
+#: Tier-2 keys a reload applies (the storage writer reads them as it goes).
+RELOADABLE_TIER2 = frozenset(
+    {
+        "flush_size",
+        "flush_interval",
+        "max_chunk_size",
+        "flush_concurrency",
+        "snapshot_interval",
+        "snapshots_kept",
+        "gc_interval",
+        "gc_grace",
+        "stop_flush_timeout",
+    }
+)
 
 
 def _write_ready_file(path: pathlib.Path, text: str) -> None:
@@ -41,34 +68,179 @@ def _write_ready_file(path: pathlib.Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-async def run_daemon(config: Config, ready_file: pathlib.Path | None = None) -> None:
-    """Serve until SIGTERM or SIGINT, then shut down in order."""
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with open_tier2(config) as tier2, open_container(config, tier2) as container:
-            server = Server(container, config.server, config.container.max_append_bytes)
-            async with service_nursery() as nursery:
-                if config.fuse.mountpoint:
-                    from fs.mount import serve_mount  # pyfuse3 only when mounting
+def status_line(container: SegmentContainer) -> str:
+    """What ``systemctl status`` shows: segments, unflushed bytes, journal size."""
+    segments = container.segments()
+    unflushed = sum(s.length - max(s.storage_length, s.start_offset) for s in segments)
+    journal = container.journal_statistics()
+    return (
+        f"{len(segments)} segments, {unflushed / 2**20:.1f} MiB pending flush, "
+        f"journal {journal.disk_bytes / 2**20:.1f} MiB in {journal.files} file(s)"
+    )
 
-                    await nursery.start(serve_mount, container, config)
-                addresses = await nursery.start(server.serve)
-                host, port = addresses[0]
-                log.info("ready: %d segment(s), listening on %s:%d",
-                         container.segment_count, host, port)  # fmt: skip
-                if ready_file is not None:
-                    _write_ready_file(ready_file, f"{host}:{port}\n")
-                async for signum in signals:
-                    log.info("received %s: shutting down", signal.Signals(signum).name)
-                    break
-                server.stop_accepting()
-                server.stop_reading()
-                with trio.move_on_after(SHUTDOWN_TIMEOUT) as scope:
-                    await server.wait_connections_closed()
-                if scope.cancelled_caught:
-                    log.warning(
-                        "%d connection(s) still busy after %.0fs; closing them",
-                        len(server.connections),
-                        SHUTDOWN_TIMEOUT,
-                    )
-                nursery.cancel_scope.cancel()
+
+async def check_tier2(tier2: ChunkLayer, config: Config) -> None:
+    """Fail the start if Tier 2 does not answer (after the usual retries).
+
+    Lists the node's metadata snapshots: a few objects at most, and a listing
+    (unlike a HEAD) tells a missing bucket from a missing object.
+    """
+    from gateway.tier2 import names
+
+    await tier2.list(names.meta_prefix(config.node.id))
+
+
+class _Lifecycle:
+    """The running daemon's parts that signals act on."""
+
+    def __init__(self, config: Config, notifier: Notifier) -> None:
+        self.config = config
+        self.notifier = notifier
+        self.mount_scope: trio.CancelScope | None = None
+        self.mount_done = trio.Event()
+
+    async def run_mount(
+        self, container: SegmentContainer, *, task_status: trio.TaskStatus[Any]
+    ) -> None:
+        from fs.mount import serve_mount  # pyfuse3 only when mounting
+
+        try:
+            with trio.CancelScope() as scope:
+                self.mount_scope = scope
+                await serve_mount(container, self.config, task_status=task_status)
+        finally:
+            self.mount_done.set()
+
+    async def unmount(self) -> None:
+        if self.mount_scope is not None:
+            self.mount_scope.cancel()
+            await self.mount_done.wait()
+
+    async def watchdog(self) -> None:
+        interval = self.notifier.watchdog_interval
+        if interval is None:
+            return
+        while True:
+            self.notifier.watchdog()
+            await trio.sleep(interval)
+
+    async def report_status(self, container: SegmentContainer) -> None:
+        while True:
+            await trio.sleep(STATUS_INTERVAL)
+            self.notifier.status(status_line(container))
+
+    def reload(self, load: Callable[[], Config], container: SegmentContainer) -> None:
+        """SIGHUP: apply the log level and the flush/offload policy of the file now."""
+        from gateway.tier2.storage_writer import StorageWriter
+
+        self.notifier.reloading()
+        try:
+            new = load()
+        except GatewayError as e:
+            log.error("reload: keeping the running configuration: %s", e)
+            self.notifier.ready(status_line(container))
+            return
+        logging.getLogger().setLevel(new.logging.level.upper())
+        old_t2, new_t2 = self.config.tier2, new.tier2
+        keep = {
+            f.name: getattr(old_t2, f.name)
+            for f in dataclasses.fields(Tier2Config)
+            if f.name not in RELOADABLE_TIER2
+        }
+        applied = dataclasses.replace(new_t2, **keep)
+        if isinstance(container.storage, StorageWriter):
+            container.storage.reconfigure(applied)
+        changed = [
+            f"{section.name}.{f.name}"
+            for section in dataclasses.fields(Config)
+            for f in dataclasses.fields(getattr(new, section.name))
+            if getattr(getattr(new, section.name), f.name)
+            != getattr(getattr(self.config, section.name), f.name)
+        ]
+        restart = [
+            k
+            for k in changed
+            if k != "logging.level" and not (k.startswith("tier2.") and k[6:] in RELOADABLE_TIER2)
+        ]
+        self.config = dataclasses.replace(new, tier2=applied)
+        log.info("reloaded: %s", ", ".join(changed) or "nothing changed")
+        if restart:
+            log.warning("reload: %s take effect at the next start", ", ".join(restart))
+        self.notifier.ready(status_line(container))
+
+
+async def run_daemon(
+    config: Config,
+    ready_file: pathlib.Path | None = None,
+    load: Callable[[], Config] | None = None,
+    notifier: Notifier | None = None,
+) -> None:
+    """Serve until SIGTERM or SIGINT, then shut down in order.
+
+    ``load`` re-reads the configuration at SIGHUP (without it, SIGHUP only
+    logs that there is nothing to reload).
+    """
+    notifier = notifier or Notifier()
+    life = _Lifecycle(config, notifier)
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async with open_tier2(config) as tier2:
+            await check_tier2(tier2, config)
+            async with open_container(config, tier2) as container:
+                server = Server(container, config.server, config.container.max_append_bytes)
+                async with service_nursery() as nursery:
+                    if config.fuse.mountpoint:
+                        await nursery.start(life.run_mount, container)
+                    addresses = await nursery.start(server.serve)
+                    host, port = addresses[0]
+                    log.info("ready: %d segment(s), listening on %s:%d",
+                             container.segment_count, host, port)  # fmt: skip
+                    if ready_file is not None:
+                        _write_ready_file(ready_file, f"{host}:{port}\n")
+                    notifier.ready(status_line(container))
+                    nursery.start_soon(life.watchdog)
+                    nursery.start_soon(life.report_status, container)
+                    async for signum in signals:
+                        if signum != signal.SIGHUP:
+                            log.info("received %s: shutting down", signal.Signals(signum).name)
+                            break
+                        if load is None:
+                            log.info("received SIGHUP: no configuration file to reload")
+                        else:
+                            life.reload(load, container)
+                    notifier.stopping("stopping: draining connections")
+                    await _stop(life, server, container)
+                    nursery.cancel_scope.cancel()
+    notifier.close()
     log.info("stopped")
+
+
+async def _stop(life: _Lifecycle, server: Server, container: SegmentContainer) -> None:
+    """The ordered part of the stop; each step bounded, none able to lose data."""
+    config = life.config
+    server.stop_accepting()
+    server.stop_reading()
+    with trio.move_on_after(config.server.drain_timeout) as scope:
+        await server.wait_connections_closed()
+    if scope.cancelled_caught:
+        log.warning(
+            "%d connection(s) still busy after %.0fs; closing them",
+            len(server.connections),
+            config.server.drain_timeout,
+        )
+    life.notifier.stopping("stopping: unmounting")
+    await life.unmount()
+    timeout = config.tier2.stop_flush_timeout
+    if timeout > 0 and container.storage is not None:
+        life.notifier.stopping("stopping: flushing to Tier 2")
+        with trio.move_on_after(timeout) as scope:
+            try:
+                await container.flush()
+            except GatewayError as e:
+                log.warning("stop: flush to Tier 2 failed (the journal keeps the data): %s", e)
+        if scope.cancelled_caught:
+            log.warning(
+                "stop: flush to Tier 2 not done after %.0fs (tier2.stop_flush_timeout); "
+                "the journal keeps the rest",
+                timeout,
+            )
+    life.notifier.stopping("stopping: checkpoint")

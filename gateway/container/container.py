@@ -66,7 +66,7 @@ from gateway.errors import (
     TooLarge,
     Unavailable,
 )
-from gateway.journal import Journal, Ticket, open_journal
+from gateway.journal import Journal, JournalStatistics, Ticket, open_journal
 from gateway.journal.format import Buffer, encode_append
 from gateway.protocol.journal_pb2 import (
     ChunkAdded,
@@ -280,6 +280,11 @@ class SegmentContainer:
             self._settle()
         else:
             await trio.lowlevel.checkpoint()
+
+    def journal_statistics(self) -> JournalStatistics:
+        """The journal's counters (size on disk, files, syncs)."""
+        assert self._journal is not None
+        return self._journal.statistics()
 
     @property
     def segment_count(self) -> int:

@@ -140,6 +140,16 @@ class StorageWriter:
         self.gc_deleted = 0
         self.gc_failures = 0
 
+    def reconfigure(self, config: Tier2Config) -> None:
+        """Take a new flush/offload policy (SIGHUP): sizes, intervals, concurrency, GC.
+
+        Keys that choose or reach the binding (url, endpoint, region,
+        timeouts) are read once at start; the caller warns about those.
+        """
+        self.cfg = config
+        self._limiter.total_tokens = config.flush_concurrency
+        self._wake.set()  # due times are computed from the new interval at once
+
     # -- told by the container (committed changes) ------------------------------------
 
     def on_append(self, seg: Segment) -> None:
