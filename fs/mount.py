@@ -181,7 +181,13 @@ async def serve_mount(
             await trio.sleep_forever()
     finally:
         container.watchers.remove(ops)
-        # Lazy (as root; fusermount3 -u -z otherwise): files still open keep
-        # the old mount alive for their readers while the path is free again.
-        pyfuse3.close(unmount=True)
-        log.info("unmounted %s", path)
+        # Lazily, with umount2 itself: files still open keep the old mount
+        # alive for their readers while the path is free again, and a
+        # non-root daemon with CAP_SYS_ADMIN (the systemd unit) needs no
+        # setuid fusermount3, which NoNewPrivileges would disarm anyway.
+        try:
+            lazy_unmount(path)
+            log.info("unmounted %s", path)
+        except OSError as e:
+            log.warning("cannot unmount %s: %s (umount -l it by hand)", path, e.strerror)
+        pyfuse3.close(unmount=False)

@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 
 import trio
 
-from gateway import __version__
+from gateway import __version__, logs
 from gateway.config import DEFAULT_CONFIG_PATH, Config
 from gateway.errors import GatewayError
 
@@ -95,6 +95,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return _serve_config(args)
 
     config = load()
+    logs.REDACT.add(config.server.token)
     logging.getLogger().setLevel(config.logging.level.upper())
     ready = pathlib.Path(args.ready_file) if args.ready_file else None
     trio.run(run_daemon, config, ready, load)
@@ -365,10 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.setup(logging.DEBUG if args.verbose else logging.INFO)
     try:
         code: int = args.func(args)
     except GatewayError as e:
