@@ -90,9 +90,15 @@ def _cmd_journal_dump(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from gateway.daemon import run_daemon
 
+    # Paths are resolved once, now: resolving the mountpoint again while it
+    # is mounted (at SIGHUP) would stat the mount from the event loop that
+    # serves it, and wait for itself forever.
+    overrides = _serve_overrides(args)
+
     def load() -> Config:
         """The configuration file with the command line's overrides (again at SIGHUP)."""
-        return _serve_config(args)
+        config = _config(args)
+        return _override(config, overrides) if overrides else config
 
     config = load()
     logs.REDACT.add(config.server.token)
@@ -102,8 +108,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_config(args: argparse.Namespace) -> Config:
-    config = _config(args)
+def _serve_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     overrides: dict[str, dict[str, Any]] = {}
     if args.listen:
         overrides.setdefault("server", {})["listen"] = args.listen
@@ -112,11 +117,9 @@ def _serve_config(args: argparse.Namespace) -> Config:
     if args.mountpoint is not None:
         mountpoint = str(pathlib.Path(args.mountpoint).resolve()) if args.mountpoint else ""
         overrides.setdefault("fuse", {})["mountpoint"] = mountpoint
-    if overrides:
-        config = _override(config, overrides)
     if args.verbose:
-        config = _override(config, {"logging": {"level": "debug"}})
-    return config
+        overrides["logging"] = {"level": "debug"}
+    return overrides
 
 
 def _override(config: Config, overrides: dict[str, dict[str, Any]]) -> Config:

@@ -32,6 +32,7 @@ from typing import Any
 
 import trio
 
+from gateway import failpoints
 from gateway.aio import service_nursery
 from gateway.config import Config, Tier2Config
 from gateway.container import SegmentContainer, open_container
@@ -120,8 +121,12 @@ class _Lifecycle:
         interval = self.notifier.watchdog_interval
         if interval is None:
             return
+        pings = 0
         while True:
             self.notifier.watchdog()
+            pings += 1
+            if pings == 5:
+                failpoints.hit("watchdog_ping_5")
             await trio.sleep(interval)
 
     async def report_status(self, container: SegmentContainer) -> None:
