@@ -105,6 +105,7 @@ def running_daemon(
         sys.executable, "-m", "gateway.cli", "--config", str(config),
         "serve", "--data-dir", str(data_dir or work / "data"), "--listen", "127.0.0.1:0",
         "--ready-file", str(ready), "--mountpoint", str(mountpoint or ""),
+        "--metrics-listen", "",
     ]  # fmt: skip
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(

@@ -26,6 +26,7 @@ progress may hold, and that read needs this event loop to finish.
 
 from __future__ import annotations
 
+import collections
 import errno
 import functools
 import grp
@@ -72,8 +73,11 @@ R = TypeVar("R")
 def _fuse_op(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
     """Let only FUSEError leave an operation; anything unexpected is EIO, logged."""
 
+    name = fn.__name__
+
     @functools.wraps(fn)
     async def op(*args: P.args, **kwargs: P.kwargs) -> R:
+        args[0].ops[name] += 1  # type: ignore[attr-defined]
         try:
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
@@ -132,6 +136,8 @@ class SegmentFS(pyfuse3.Operations):
         self._invalidate = send
         #: Set when the kernel's INIT has been answered (the mount is live).
         self.initialized = trio.Event()
+        #: Requests per operation, errors per operation (metrics).
+        self.ops: collections.Counter[str] = collections.Counter()
         self.reads = 0
         self.bytes_read = 0
         self.read_errors = 0

@@ -112,6 +112,8 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     overrides: dict[str, dict[str, Any]] = {}
     if args.listen:
         overrides.setdefault("server", {})["listen"] = args.listen
+    if args.metrics_listen is not None:
+        overrides.setdefault("metrics", {})["listen"] = args.metrics_listen
     if args.data_dir:
         overrides.setdefault("node", {})["data_dir"] = str(pathlib.Path(args.data_dir).resolve())
     if args.mountpoint is not None:
@@ -327,6 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("serve", _cmd_serve, "run the daemon in the foreground")
     p.add_argument("--listen", metavar="HOST:PORT", help="override server.listen (port 0: any)")
     p.add_argument("--data-dir", metavar="DIR", help="override node.data_dir")
+    p.add_argument("--metrics-listen", metavar="HOST:PORT",
+                   help='override metrics.listen ("" = no metrics endpoint)')  # fmt: skip
     p.add_argument("--mountpoint", metavar="DIR",
                    help='override fuse.mountpoint ("" = no mount)')  # fmt: skip
     p.add_argument("--ready-file", metavar="FILE", help="write HOST:PORT here once serving")

@@ -165,6 +165,13 @@ def _listen(value: Any) -> str:
     return s
 
 
+def _listen_or_empty(value: Any) -> str:
+    s = _string(value)
+    if s:
+        parse_host_port(s)
+    return s
+
+
 def _choice(*choices: str) -> Parser:
     def parse(value: Any) -> str:
         s = _string(value)
@@ -368,7 +375,7 @@ class Tier2Config:
 class MetricsConfig:
     """``[metrics]``: the Prometheus endpoint."""
 
-    listen: str = _key("127.0.0.1:9411", _listen, "HOST:PORT for /metrics")
+    listen: str = _key("127.0.0.1:9411", _listen_or_empty, 'HOST:PORT for /metrics; "" = none')
 
 
 @dataclass(frozen=True)

@@ -193,8 +193,17 @@ async def run_daemon(
             async with open_container(config, tier2) as container:
                 server = Server(container, config.server, config.container.max_append_bytes)
                 async with service_nursery() as nursery:
+                    collector = None
+                    if config.metrics.listen:
+                        from gateway.metrics import GatewayCollector, MetricsServer
+
+                        collector = GatewayCollector(container)
+                        metrics = MetricsServer(collector, config.metrics.listen)
+                        await nursery.start(metrics.serve)
                     if config.fuse.mountpoint:
-                        await nursery.start(life.run_mount, container)
+                        fs = await nursery.start(life.run_mount, container)
+                        if collector is not None:
+                            collector.fs = fs
                     addresses = await nursery.start(server.serve)
                     host, port = addresses[0]
                     log.info("ready: %d segment(s), listening on %s:%d",

@@ -80,6 +80,7 @@ from gateway.protocol.journal_pb2 import (
 )
 from gateway.protocol.metadata_pb2 import AttributeValue, ChunkRecord, ContainerSnapshot
 from gateway.readindex import ReadIndex
+from gateway.stats import LATENCY_BUCKETS, Histogram
 
 if TYPE_CHECKING:
     from gateway.tier2.layer import ChunkLayer
@@ -228,6 +229,10 @@ class SegmentContainer:
         self.watchers: list[NamespaceWatcher] = []
         self.checkpoints = 0
         self.journal_files_truncated = 0
+        #: Appends made durable, their bytes, and the time from validation to durable.
+        self.appends = 0
+        self.append_bytes = 0
+        self.append_latency = Histogram(LATENCY_BUCKETS)
 
     # -- reading the committed view ---------------------------------------------
 
@@ -280,6 +285,11 @@ class SegmentContainer:
             self._settle()
         else:
             await trio.lowlevel.checkpoint()
+
+    @property
+    def journal(self) -> Journal | None:
+        """The journal (None before recovery finished)."""
+        return self._journal
 
     def journal_statistics(self) -> JournalStatistics:
         """The journal's counters (size on disk, files, syncs)."""
@@ -412,6 +422,7 @@ class SegmentContainer:
         if expected_offset is not None and expected_offset != offset:
             raise BadOffset(name, f"append expected at offset {expected_offset}", offset)
         at_ms = _now_ms()
+        prepared = time.monotonic()
         ticket = self._submit(encode_append(seg.id, offset, data, encode_values(values, 3), at_ms))
         end = offset + len(data)
         seg.p_length = end
@@ -420,6 +431,9 @@ class SegmentContainer:
 
         def apply(seq: int) -> None:
             self._pending_pinned -= len(data)
+            self.appends += 1
+            self.append_bytes += len(data)
+            self.append_latency.observe(time.monotonic() - prepared)
             self._apply_append(seg, offset, data, values, at_ms, self._file_of(seq))
             if self.storage is not None:
                 self.storage.on_append(seg)

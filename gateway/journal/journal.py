@@ -44,6 +44,7 @@ from gateway.journal.files import DirectoryLock, JournalFile, JournalFileName, f
 from gateway.journal.format import Buffer, encode_group, operation_prefix
 from gateway.journal.recovery import RecoveryResult, ReplayCallback, recover
 from gateway.protocol.journal_pb2 import Checkpoint, EpochStarted, Operation
+from gateway.stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,9 @@ class Journal:
         self._frames = 0
         self._groups = 0
         self._sync_seconds = 0.0
+        #: fdatasync latency and bytes per write group (written by the writer thread).
+        self.sync_latency = Histogram(LATENCY_BUCKETS)
+        self.group_bytes = Histogram(SIZE_BUCKETS)
         self._frames_since_checkpoint = 0
         self._bytes_since_checkpoint = 0
 
@@ -428,7 +432,10 @@ class Journal:
         f.write(buffers)
         started = time.perf_counter()
         f.sync()
-        self._sync_seconds += time.perf_counter() - started
+        took = time.perf_counter() - started
+        self._sync_seconds += took
+        self.sync_latency.observe(took)
+        self.group_bytes.observe(total)
         self._disk_bytes += total
         self._frames += frames
         self._groups += 1

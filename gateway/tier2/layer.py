@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -25,6 +26,7 @@ import trio
 
 from gateway.errors import ChunkNotFound, Tier2Error
 from gateway.journal.format import Buffer
+from gateway.stats import LATENCY_BUCKETS, Histogram
 from gateway.tier2.retry import RetryEvent, retrying
 from gateway.tier2.storage import ChunkStorage, ObjectInfo
 
@@ -86,6 +88,8 @@ class ChunkLayer:
             storage, "retry_after", None
         )
         self._requests: collections.Counter[str] = collections.Counter()
+        #: Latency per operation ("write", "read", ...), retries and backoff included.
+        self.latency: dict[str, Histogram] = {}
         self._retries = 0
         self._failures = 0
         self._not_found = 0
@@ -120,6 +124,7 @@ class ChunkLayer:
             self._requests[operation] += 1
             return await trio.to_thread.run_sync(fn, limiter=self._limiter, abandon_on_cancel=True)
 
+        started = time.monotonic()
         try:
             return await retrying(
                 attempt,
@@ -135,6 +140,11 @@ class ChunkLayer:
         except Exception:
             self._failures += 1
             raise
+        finally:
+            latency = self.latency.get(operation)
+            if latency is None:
+                latency = self.latency[operation] = Histogram(LATENCY_BUCKETS)
+            latency.observe(time.monotonic() - started)
 
     def _on_retry(self, event: RetryEvent) -> None:
         self._retries += 1

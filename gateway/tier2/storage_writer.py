@@ -140,6 +140,12 @@ class StorageWriter:
         self.gc_deleted = 0
         self.gc_failures = 0
 
+    def oldest_unflushed_age(self) -> float:
+        """Seconds since the oldest byte not yet in Tier 2 became due (0 if none)."""
+        if not self._unflushed:
+            return 0.0
+        return max(0.0, trio.current_time() - min(self._unflushed.values()))
+
     def reconfigure(self, config: Tier2Config) -> None:
         """Take a new flush/offload policy (SIGHUP): sizes, intervals, concurrency, GC.
 

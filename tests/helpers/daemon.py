@@ -43,6 +43,7 @@ class Daemon:
         self.env = env or {}
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.metrics_port = free_port()
         self.ready_file = data_dir / "ready"
         self.log_path = data_dir / "daemon.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -59,6 +60,7 @@ class Daemon:
                 "serve", "--data-dir", str(self.data_dir), "--listen", self.address,
                 "--ready-file", str(self.ready_file),
                 "--mountpoint", str(self.mountpoint or ""),
+                "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
             ],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT), **self.env},

@@ -1,0 +1,212 @@
+"""Prometheus metrics on ``metrics.listen`` (loopback by default).
+
+Nothing on the hot paths knows about Prometheus: components keep plain
+counters, ``statistics()`` and `gateway.stats.Histogram`s, and a collector
+reads them when ``/metrics`` is scraped, in the event loop (so it sees a
+consistent state and needs no locks). The endpoint is a few lines of HTTP on
+trio rather than prometheus_client's threaded server, for the same reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import trio
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from gateway.config import parse_host_port
+from gateway.stats import Histogram
+
+if TYPE_CHECKING:
+    from fs.operations import SegmentFS
+    from gateway.container import SegmentContainer
+
+log = logging.getLogger(__name__)
+
+PREFIX = "segment_gateway"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _histogram(name: str, doc: str, h: Histogram, labels: dict[str, str] | None = None) -> Metric:
+    family = HistogramMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels or {}))
+    family.add_metric(list((labels or {}).values()), h.cumulative(), h.sum)
+    return family
+
+
+class GatewayCollector(Collector):
+    """Reads every component's counters at scrape time."""
+
+    def __init__(self, container: SegmentContainer) -> None:
+        self.container = container
+        #: The mount, once it is up (None without one).
+        self.fs: SegmentFS | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        """One scrape."""
+        c = self.container
+        g, counter = GaugeMetricFamily, CounterMetricFamily
+        yield counter(f"{PREFIX}_appends", "Appends made durable", value=c.appends)
+        yield counter(f"{PREFIX}_append_bytes", "Bytes appended (durable)", value=c.append_bytes)
+        yield _histogram(
+            "append_ack_seconds",
+            "From validating an append to its being durable (the ack)",
+            c.append_latency,
+        )
+        segments = c.segments()
+        yield g(f"{PREFIX}_segments", "Live segments", value=len(segments))
+        yield g(
+            f"{PREFIX}_sealed_segments", "Sealed segments", value=sum(s.sealed for s in segments)
+        )
+
+        j = c.journal_statistics()
+        yield g(f"{PREFIX}_epoch", "Epoch of this run of the daemon", value=j.epoch)
+        yield g(f"{PREFIX}_journal_bytes", "Journal bytes on disk", value=j.disk_bytes)
+        yield g(f"{PREFIX}_journal_files", "Journal files", value=j.files)
+        yield g(f"{PREFIX}_journal_failed", "1 once the journal failed", value=int(bool(j.failed)))
+        journal = c.journal
+        if journal is not None:
+            yield _histogram(
+                "journal_fdatasync_seconds", "Journal fdatasync latency", journal.sync_latency
+            )
+            yield _histogram(
+                "journal_group_bytes", "Bytes per journal write group", journal.group_bytes
+            )
+
+        cache = c.read_index.store.statistics()
+        yield counter(f"{PREFIX}_cache_hits", "Cache hits (Tier-2 blocks)", value=cache.hits)
+        yield counter(f"{PREFIX}_cache_misses", "Cache misses (Tier-2 blocks)", value=cache.misses)
+        yield counter(f"{PREFIX}_cache_evictions", "Blocks evicted", value=cache.evictions)
+        cache_bytes = g(f"{PREFIX}_cache_bytes", "Bytes in the cache", labels=["kind"])
+        cache_bytes.add_metric(["pinned"], cache.pinned_bytes)
+        cache_bytes.add_metric(["block"], cache.block_bytes)
+        yield cache_bytes
+        yield g(f"{PREFIX}_cache_budget_bytes", "Cache budget", value=cache.budget_bytes)
+
+        yield from self._tier2()
+        yield from self._fuse()
+
+    def _tier2(self) -> Iterator[Metric]:
+        from gateway.tier2.storage_writer import StorageWriter
+
+        writer = self.container.storage
+        if not isinstance(writer, StorageWriter):
+            return
+        layer = writer.layer.statistics()
+        requests = CounterMetricFamily(
+            f"{PREFIX}_tier2_requests", "Tier-2 requests (retries included)", labels=["operation"]
+        )
+        for op, n in sorted(layer.requests_by_operation.items()):
+            requests.add_metric([op], n)
+        yield requests
+        yield CounterMetricFamily(
+            f"{PREFIX}_tier2_retries", "Tier-2 attempts retried", value=layer.retries
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_tier2_errors", "Tier-2 operations failed for good", value=layer.failures
+        )
+        latency = HistogramMetricFamily(
+            f"{PREFIX}_tier2_request_seconds",
+            "Tier-2 operation latency, retries included",
+            labels=["operation"],
+        )
+        for op, h in sorted(writer.layer.latency.items()):
+            latency.add_metric([op], h.cumulative(), h.sum)
+        yield latency
+        w = writer.statistics()
+        yield GaugeMetricFamily(
+            f"{PREFIX}_pending_flush_bytes", "Bytes not yet in Tier 2", value=w.unflushed_bytes
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_pending_flush_oldest_seconds",
+            "Age of the oldest byte not yet in Tier 2",
+            value=writer.oldest_unflushed_age(),
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_tier2_flushed_bytes", "Bytes flushed to Tier 2", value=w.bytes_flushed
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_tier2_flush_failures", "Flushes that failed", value=w.flush_failures
+        )
+
+    def _fuse(self) -> Iterator[Metric]:
+        fs = self.fs
+        if fs is None:
+            return
+        ops = CounterMetricFamily(f"{PREFIX}_fuse_ops", "FUSE requests", labels=["operation"])
+        for op, n in sorted(fs.ops.items()):
+            ops.add_metric([op], n)
+        yield ops
+        yield CounterMetricFamily(
+            f"{PREFIX}_fuse_read_bytes", "Bytes read through the mount", value=fs.bytes_read
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_fuse_read_errors", "Reads answered with EIO", value=fs.read_errors
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_fuse_open_files", "Files open on the mount", value=len(fs._files)
+        )
+
+
+class MetricsServer:
+    """``GET /metrics`` over HTTP/1.0-style one-request connections."""
+
+    def __init__(self, collector: GatewayCollector, listen: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(collector)
+        self.collector = collector
+        self.listen = listen
+        self.scrapes = 0
+
+    async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]]) -> None:
+        """Listen on ``metrics.listen``; ``task_status.started`` gets the bound address."""
+        host, port = parse_host_port(self.listen)
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        bound = listeners[0].socket.getsockname()[:2]
+        log.info("metrics on http://%s:%d/metrics", *bound)
+        task_status.started((bound[0], bound[1]))
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        async with stream:
+            try:
+                with trio.move_on_after(10):
+                    request = b""
+                    while b"\r\n\r\n" not in request and len(request) < 8192:
+                        data = await stream.receive_some(4096)
+                        if not data:
+                            return
+                        request += data
+                    line = request.split(b"\r\n", 1)[0].split()
+                    if len(line) < 2 or line[0] not in (b"GET", b"HEAD"):
+                        await self._reply(stream, 405, b"only GET\n", "text/plain")
+                    elif line[1].split(b"?")[0] != b"/metrics":
+                        await self._reply(stream, 404, b"try /metrics\n", "text/plain")
+                    else:
+                        started = time.perf_counter()
+                        body = generate_latest(self.registry)
+                        self.scrapes += 1
+                        log.debug("scrape in %.1f ms", (time.perf_counter() - started) * 1000)
+                        await self._reply(stream, 200, body if line[0] == b"GET" else b"")
+            except trio.BrokenResourceError:
+                pass
+
+    @staticmethod
+    async def _reply(
+        stream: trio.SocketStream, status: int, body: bytes, content_type: str = CONTENT_TYPE
+    ) -> None:
+        reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed"}[status]
+        head = (
+            f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        await stream.send_all(head.encode() + body)
