@@ -103,9 +103,11 @@ def test_daemon_log_holds_no_token_or_s3_secret(
             c.create("l/s")
             c.append("l/s", b"x" * 1000)
             c.flush("l/s")
-        with pytest.raises(Exception, match="(?i)token|unauthori"):
-            with SyncClient(daemon.address, token="wrong-" + token) as c:
-                c.info("l/s")
+        with (
+            pytest.raises(Exception, match=r"(?i)token|unauthori"),
+            SyncClient(daemon.address, token="wrong-" + token) as c,
+        ):
+            c.info("l/s")
     finally:
         daemon.stop()
     text = daemon.log_path.read_text()
