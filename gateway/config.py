@@ -15,6 +15,7 @@ import grp
 import pathlib
 import pwd
 import re
+import ssl
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -246,6 +247,26 @@ class NodeConfig:
     )
 
 
+def _readable_file_or_empty(value: Any) -> str:
+    """An absolute path of a file the daemon can read now ("" = unset)."""
+    s = _abs_path_or_empty(value)
+    if s:
+        try:
+            # Opening is the only honest test: permissions, ACLs, a directory,
+            # a dangling link all show up here rather than at the first client.
+            with open(s, "rb"):
+                pass
+        except OSError as e:
+            raise ValueError(f"cannot read {s}: {e.strerror or e}") from None
+    return s
+
+
+def _no_password() -> bytes:
+    # Without a callback OpenSSL would prompt on the terminal for an encrypted
+    # key, which hangs a daemon; refuse instead.
+    raise ValueError("the key is encrypted; give an unencrypted key readable only by the daemon")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """``[server]``: the wire-protocol listener."""
@@ -262,6 +283,84 @@ class ServerConfig:
     drain_timeout: float = _key(
         10.0, _duration_in(0.0, 3600), "at stop: time for requests in flight to be answered"
     )
+    tls_cert: str = _key(
+        "", _readable_file_or_empty, 'PEM certificate (chain) for TLS; "" = plain TCP'
+    )
+    tls_key: str = _key("", _readable_file_or_empty, "PEM private key of tls_cert (unencrypted)")
+    tls_client_ca: str = _key(
+        "", _readable_file_or_empty, 'PEM CA(s) a client certificate must chain to; "" = none'
+    )
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The server's TLS context (None without ``tls_cert``); ConfigError names the key."""
+        context, errors = _tls_context(self)
+        if errors:
+            raise ConfigError("[server]", errors)
+        return context
+
+
+def _server_ssl_context(c: ServerConfig) -> ssl.SSLContext | None:
+    """Build the context; raises ValueError naming the key at fault."""
+    if not c.tls_cert:
+        return None
+    # PROTOCOL_TLS_SERVER rather than create_default_context(CLIENT_AUTH): the
+    # latter also trusts the system CAs for client certificates, so with
+    # tls_client_ca any publicly issued certificate would be let in.
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    # OpenSSL's errors do not say which file is wrong; a look at the PEM
+    # labels does, for the common mistakes (swapped files, DER, a CSR).
+    if not _pem_has(c.tls_cert, "CERTIFICATE"):
+        raise ValueError(f"server.tls_cert: {c.tls_cert} holds no PEM certificate")
+    if not _pem_has(c.tls_key, "PRIVATE KEY"):
+        raise ValueError(f"server.tls_key: {c.tls_key} holds no PEM private key")
+    try:
+        ctx.load_cert_chain(c.tls_cert, c.tls_key, password=_no_password)
+    except ValueError as e:
+        raise ValueError(f"server.tls_key: {e}") from None
+    except (ssl.SSLError, OSError) as e:
+        raise ValueError(
+            f"server.tls_key: cannot use {c.tls_key} with the certificate in {c.tls_cert} "
+            f"(not its private key?): {_ssl_reason(e)}"
+        ) from None
+    if c.tls_client_ca:
+        try:
+            ctx.load_verify_locations(cafile=c.tls_client_ca)
+        except (ssl.SSLError, OSError) as e:
+            raise ValueError(
+                f"server.tls_client_ca: cannot load {c.tls_client_ca} "
+                f"(PEM CA certificates expected): {_ssl_reason(e)}"
+            ) from None
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def _pem_has(path: str, label: str) -> bool:
+    """Whether the file has a PEM block whose label ends with ``label``."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(1 << 20)
+    except OSError:
+        return False
+    return re.search(rb"-----BEGIN [A-Z0-9 ]*" + label.encode() + rb"-----", text) is not None
+
+
+def _ssl_reason(e: Exception) -> str:
+    """OpenSSL's short reason (``KEY_VALUES_MISMATCH``) or the message."""
+    return str(getattr(e, "reason", None) or getattr(e, "strerror", None) or e)
+
+
+def _tls_context(c: ServerConfig) -> tuple[ssl.SSLContext | None, list[str]]:
+    """The server's TLS context, or the errors (naming the keys) that prevent it."""
+    if bool(c.tls_cert) != bool(c.tls_key):
+        given, missing = ("tls_cert", "tls_key") if c.tls_cert else ("tls_key", "tls_cert")
+        return None, [f"server.{missing}: required when server.{given} is set (TLS needs both)"]
+    if c.tls_client_ca and not c.tls_cert:
+        return None, ["server.tls_client_ca: requires server.tls_cert and server.tls_key (TLS)"]
+    try:
+        return _server_ssl_context(c), []
+    except ValueError as e:
+        return None, [str(e)]
 
 
 @dataclass(frozen=True)
@@ -533,6 +632,7 @@ def _cross_checks(c: Config) -> list[str]:
         errors.append(
             f"tier2.flush_size: {t.flush_size} exceeds tier2.max_chunk_size ({t.max_chunk_size})"
         )
+    errors.extend(_tls_context(c.server)[1])
     if c.server.listen == c.metrics.listen:
         errors.append(f"metrics.listen: same address as server.listen ({c.server.listen})")
     return errors

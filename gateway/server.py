@@ -15,13 +15,22 @@ Bad input never affects other connections: a malformed length, an
 undecodable message, an unknown request kind or an oversize message gets an
 error response (when one can be sent) and the connection is closed; nothing
 of it was applied.
+
+Security (docs/SECURITY.md): with ``server.tls_cert`` each accepted stream
+is wrapped in TLS (1.2 at least) and the handshake runs in the connection's
+own task under a deadline, so a slow, plaintext or hostile peer only costs
+its own connection. With ``server.token`` the first request must be a Hello
+carrying it (compared in constant time); nothing else is read before that.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import ipaddress
 import logging
 import math
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -57,6 +66,8 @@ MAX_LIST = 10_000
 #: A read request is answered with at most this much, in pieces of READ_PIECE.
 MAX_READ = 64 * 1024 * 1024
 READ_PIECE = 1024 * 1024
+#: Seconds a client has to complete the TLS handshake.
+HANDSHAKE_TIMEOUT = 10.0
 
 Producer = Callable[[], Awaitable[wire.Response]]
 
@@ -100,6 +111,37 @@ def info_message(info: SegmentInfo) -> wire.SegmentInfo:
     )
 
 
+def _token_matches(given: str, token: str) -> bool:
+    """Compare in constant time.
+
+    Hashing first makes the time independent of the lengths too
+    (`hmac.compare_digest` returns early when they differ).
+    """
+    return hmac.compare_digest(
+        hashlib.sha256(given.encode()).digest(), hashlib.sha256(token.encode()).digest()
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether a listen host is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything
+
+
+def _tls_reason(e: BaseException) -> str:
+    """OpenSSL's words for why a TLS stream broke (trio wraps them)."""
+    cause = e.__cause__ or e.__context__
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return f"certificate verify failed: {cause.verify_message}"
+    if isinstance(cause, ssl.SSLError):
+        return str(cause.reason or cause)
+    return str(cause or e) or "connection closed during the handshake"
+
+
 def _updates(updates: list[wire.AttributeUpdate]) -> list[AttributeUpdate]:
     out = []
     for u in updates:
@@ -131,9 +173,17 @@ class _Item:
 class Connection:
     """One client connection."""
 
-    def __init__(self, server: Server, stream: trio.abc.Stream, peer: str) -> None:
+    def __init__(
+        self,
+        server: Server,
+        stream: trio.abc.Stream,
+        peer: str,
+        transport: trio.abc.Stream | None = None,
+    ) -> None:
         self.server = server
         self.messages = MessageStream(stream, server.config.max_message_bytes)
+        #: The TCP stream under a TLS one: what `close_now` can close at once.
+        self.transport = transport or stream
         self.peer = peer
         self.inflight_bytes = 0
         self._space = trio.Event()
@@ -237,9 +287,11 @@ class Connection:
                 close=True,
             )
         token = self.server.config.token
-        if token and not hmac.compare_digest(hello.token.encode(), token.encode()):
-            log.warning("connection %s: bad token", self.peer)
-            return self._ready_error(rid, Unauthorized("bad token"), close=True)
+        if token and not _token_matches(hello.token, token):
+            # Never the token itself, nor what was sent instead (it may be a
+            # near miss of the real one).
+            log.warning("connection %s: bad or missing token; closing", self.peer)
+            return self._ready_error(rid, Unauthorized("bad or missing token"), close=True)
         self.greeted = True
         response = wire.Response(
             request_id=rid,
@@ -434,7 +486,7 @@ class Connection:
                     return
         finally:
             self.reader_scope.cancel()
-            close_now(self.messages.stream)
+            close_now(self.transport)
 
 
 class Server:
@@ -443,6 +495,13 @@ class Server:
     def __init__(self, container: SegmentContainer, config: ServerConfig, max_append: int) -> None:
         self.container = container
         self.config = config
+        #: TLS for every connection (None: plain TCP); ConfigError if the files do not load.
+        self.ssl_context: ssl.SSLContext | None = config.ssl_context()
+        #: Seconds a client has to complete the TLS handshake.
+        self.handshake_timeout = HANDSHAKE_TIMEOUT
+        #: TLS handshakes in progress, and those that failed or timed out.
+        self.handshaking = 0
+        self.handshake_failures = 0
         self.container_config_max_append = max_append
         self.connections: set[Connection] = set()
         self.accepted = 0
@@ -454,12 +513,8 @@ class Server:
     async def serve(self, *, task_status: trio.TaskStatus[list[tuple[str, int]]]) -> None:
         """Listen on ``server.listen``; ``task_status.started`` gets the bound addresses."""
         host, port = parse_host_port(self.config.listen)
-        if host not in ("127.0.0.1", "::1", "localhost") and not self.config.token:
-            log.warning(
-                "server.listen is %s without server.token: anyone who can reach it can "
-                "write and delete segments",
-                self.config.listen,
-            )
+        if not _is_loopback(host):
+            self._warn_exposed()
         self._listeners = await trio.open_tcp_listeners(port, host=host)
         addresses = [tuple(lst.socket.getsockname()[:2]) for lst in self._listeners]
         log.info("serving the protocol on %s", ", ".join(f"{h}:{p}" for h, p in addresses))
@@ -467,6 +522,25 @@ class Server:
         async with trio.open_nursery() as nursery:
             with self._accepting:
                 await trio.serve_listeners(self._handle, self._listeners, handler_nursery=nursery)
+
+    def _warn_exposed(self) -> None:
+        """Say loudly what a non-loopback listener exposes without a token or TLS."""
+        listen, tls = self.config.listen, self.ssl_context is not None
+        if not self.config.token:
+            log.warning(
+                "server.listen is %s without server.token: ANYONE who can reach this port "
+                "can read, write, truncate and delete EVERY segment%s. Set server.token "
+                "(and server.tls_cert/server.tls_key), or listen on 127.0.0.1",
+                listen,
+                "" if tls else ", and the data crosses the network unencrypted",
+            )
+        elif not tls:
+            log.warning(
+                "server.listen is %s without TLS: the token and all segment data cross the "
+                "network in clear text; anyone who can watch the traffic can steal the token. "
+                "Set server.tls_cert and server.tls_key",
+                listen,
+            )
 
     def stop_accepting(self) -> None:
         """Close the listening sockets; established connections carry on."""
@@ -477,19 +551,62 @@ class Server:
         for conn in list(self.connections):
             conn.reader_scope.cancel()
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
+    async def _handshake(
+        self, tcp: trio.SocketStream, peer: str
+    ) -> trio.SSLStream[trio.SocketStream] | None:
+        """The TLS stream over ``tcp`` once the handshake is done; None if it failed."""
+        assert self.ssl_context is not None
+        tls = trio.SSLStream(tcp, self.ssl_context, server_side=True)
+        reason = "timed out"
+        with trio.move_on_after(self.handshake_timeout):
+            try:
+                await tls.do_handshake()
+            except trio.BrokenResourceError as e:
+                # A plaintext client, a client that does not trust our
+                # certificate, or (with tls_client_ca) one without a good
+                # certificate: an everyday event, not the server's problem.
+                reason = _tls_reason(e)
+            else:
+                return tls
+        self.handshake_failures += 1
+        log.info("connection %s: TLS handshake failed: %s; closing", peer, reason)
+        close_now(tcp)
+        return None
+
+    async def _handle(self, tcp: trio.SocketStream) -> None:
         try:
-            peer = "{}:{}".format(*stream.socket.getpeername()[:2])
+            peer = "{}:{}".format(*tcp.socket.getpeername()[:2])
         except OSError:
             peer = "?"
-        conn = Connection(self, stream, peer)
         self.accepted += 1
+        stream: trio.abc.Stream = tcp
+        if self.ssl_context is not None:
+            # Handshakes cost CPU and are not yet Connections: bound them too.
+            if self.handshaking >= self.config.max_connections:
+                log.info("connection %s: too many TLS handshakes in progress; closing", peer)
+                self.handshake_failures += 1
+                close_now(tcp)
+                return
+            self.handshaking += 1
+            try:
+                tls = await self._handshake(tcp, peer)
+            finally:
+                self.handshaking -= 1
+            if tls is None:
+                return
+            if self._accepting.cancel_called:
+                close_now(tcp)  # the daemon began stopping during the handshake
+                return
+            stream = tls
+        conn = Connection(self, stream, peer, transport=tcp)
         if len(self.connections) >= self.config.max_connections:
             e = LimitExceeded(f"{self.config.max_connections} connections (server.max_connections)")
             try:
                 await conn.messages.send_message(error_response(0, e).SerializeToString())
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
             finally:
-                await stream.aclose()
+                close_now(tcp)
             return
         self.connections.add(conn)
         if self._no_connections.is_set():
@@ -502,6 +619,15 @@ class Server:
             self.connections.discard(conn)
             if not self.connections:
                 self._no_connections.set()
+
+    def statistics(self) -> dict[str, int]:
+        """Counters for tests and status: connections open, accepted, refused handshakes."""
+        return {
+            "connections": len(self.connections),
+            "accepted": self.accepted,
+            "handshaking": self.handshaking,
+            "handshake_failures": self.handshake_failures,
+        }
 
     async def wait_connections_closed(self) -> None:
         """Wait until no connection is open."""
