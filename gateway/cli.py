@@ -4,7 +4,8 @@ Each subcommand is a function taking the parsed arguments and returning an
 exit code. A `GatewayError` ends the command with its one-line message on
 stderr and its exit code, never a traceback (docs/OPERATIONS.md lists the
 codes). Commands that talk to a daemon take ``--connect HOST:PORT`` (default:
-``server.listen`` of the configuration) and ``--token``.
+``server.listen`` of the configuration), ``--token`` and the TLS flags
+(``--tls-ca FILE`` or ``--tls``; docs/SECURITY.md).
 """
 
 from __future__ import annotations
@@ -46,13 +47,27 @@ def _connect(args: argparse.Namespace) -> tuple[str, str]:
     return address, token
 
 
+def _tls(args: argparse.Namespace) -> dict[str, Any]:
+    """``open_client`` keywords for the TLS flags (none: plain TCP)."""
+    ca = args.tls_ca or os.environ.get("SEGMENT_GATEWAY_TLS_CA", "")
+    if not (ca or args.tls or args.tls_cert or args.tls_key):
+        return {}
+    from gateway.client import client_ssl_context
+
+    context = client_ssl_context(
+        ca or None, cert_file=args.tls_cert or None, key_file=args.tls_key or None
+    )
+    return {"ssl_context": context, "server_hostname": args.tls_server_name}
+
+
 def _run_client(args: argparse.Namespace, fn: Callable[[Any], Awaitable[int]]) -> int:
     from gateway.client import open_client
 
     address, token = _connect(args)
+    tls = _tls(args)
 
     async def main() -> int:
-        async with open_client(address, token) as client:
+        async with open_client(address, token, **tls) as client:
             return await fn(client)
 
     return trio.run(main)
@@ -163,6 +178,7 @@ def _cmd_append(args: argparse.Namespace) -> int:
     from gateway.writer import open_segment_writer
 
     address, token = _connect(args)
+    tls = _tls(args)
     mode = "framed" if args.framed else "raw" if args.raw else "lines"
     writer_id = uuid.UUID(args.writer_id).bytes if args.writer_id else None
 
@@ -170,7 +186,7 @@ def _cmd_append(args: argparse.Namespace) -> int:
         if args.create:
             from gateway.errors import SegmentExists
 
-            async with open_client(address, token) as client:
+            async with open_client(address, token, **tls) as client:
                 with contextlib.suppress(SegmentExists):
                     await client.create(args.segment)
         # Reading the input blocks; for a CLI feeding one writer that is fine.
@@ -179,7 +195,7 @@ def _cmd_append(args: argparse.Namespace) -> int:
         started = time.monotonic()
         try:
             async with open_segment_writer(
-                address, args.segment, codec=mode, token=token, writer_id=writer_id
+                address, args.segment, codec=mode, token=token, writer_id=writer_id, **tls
             ) as w:
                 for event in _read_events(source, mode):
                     await w.write(event)
@@ -188,7 +204,7 @@ def _cmd_append(args: argparse.Namespace) -> int:
         finally:
             if args.file:
                 source.close()
-        async with open_client(address, token) as client:
+        async with open_client(address, token, **tls) as client:
             info = await client.info(args.segment)
         print(
             f"appended {count} event(s), {nbytes} bytes, to {args.segment} in "
@@ -318,6 +334,17 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default: server.listen of the configuration)")  # fmt: skip
             p.add_argument("--token", help="token (default: $SEGMENT_GATEWAY_TOKEN or "
                            "server.token)")  # fmt: skip
+            tls = p.add_argument_group("TLS (a daemon with server.tls_cert)")
+            tls.add_argument("--tls-ca", metavar="FILE", help="connect with TLS, trusting "
+                             "only this PEM CA (default: $SEGMENT_GATEWAY_TLS_CA)")  # fmt: skip
+            tls.add_argument("--tls", action="store_true",
+                             help="connect with TLS, trusting the system's CAs")  # fmt: skip
+            tls.add_argument("--tls-server-name", metavar="NAME", help="name the server's "
+                             "certificate must carry (default: the --connect host)")  # fmt: skip
+            tls.add_argument("--tls-cert", metavar="FILE",
+                             help="client certificate (PEM), for server.tls_client_ca")  # fmt: skip
+            tls.add_argument("--tls-key", metavar="FILE",
+                             help="its private key (default: in --tls-cert)")  # fmt: skip
         return p
 
     add("version", _cmd_version, "print the version")

@@ -10,14 +10,21 @@ Requests are pipelined: many may be in flight on one connection, and
 `Client.start_append` sends an append without waiting for its answer. Errors
 arrive as the same exception classes the daemon raises (gateway.errors).
 For exactly-once event streams use `gateway.writer.SegmentWriter`.
+
+TLS (a daemon with ``server.tls_cert``): pass ``tls_ca="ca.pem"`` to trust
+that CA only, or ``ssl_context=client_ssl_context()`` for the system CAs (or
+any context of your own, e.g. with a client certificate for
+``server.tls_client_ca``). The server's certificate and name are verified;
+a failure is a `ConnectionLost` saying why.
 """
 
 from __future__ import annotations
 
 import math
+import ssl
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
 from typing import Any, TypeVar
 
@@ -29,7 +36,7 @@ from gateway.config import parse_host_port
 from gateway.container.attributes import AttributeUpdate
 from gateway.container.container import AppendResult, ReadResult
 from gateway.container.segment import SegmentInfo
-from gateway.errors import BY_WIRE_CODE, ConnectionLost, GatewayError, ProtocolError
+from gateway.errors import BY_WIRE_CODE, ConfigError, ConnectionLost, GatewayError, ProtocolError
 from gateway.protocol import wire_pb2 as wire
 from gateway.protocol.framing import MessageStream, close_now, encode_append_request
 
@@ -105,12 +112,86 @@ class ResponseFuture:
         return self._response
 
 
+def client_ssl_context(
+    ca_file: str | None = None, *, cert_file: str | None = None, key_file: str | None = None
+) -> ssl.SSLContext:
+    """A TLS context that verifies the server: against ``ca_file`` only, or the system CAs.
+
+    ``cert_file``/``key_file`` (PEM) present a client certificate, for a
+    daemon with ``server.tls_client_ca``. Unreadable or malformed files raise
+    ConfigError naming the file.
+    """
+    errors: list[str] = []
+    ctx: ssl.SSLContext | None = None
+    try:
+        # With a cafile, create_default_context trusts that file alone.
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
+    except (OSError, ssl.SSLError) as e:
+        errors.append(f"tls_ca {ca_file}: cannot load CA certificates: {_reason(e)}")
+    if ctx is not None:
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        if cert_file or key_file:
+            try:
+                ctx.load_cert_chain(cert_file or key_file or "", key_file)
+            except (OSError, ssl.SSLError) as e:
+                errors.append(f"tls_cert {cert_file} / tls_key {key_file}: {_reason(e)}")
+    if errors or ctx is None:
+        raise ConfigError("the client's TLS settings", errors)
+    return ctx
+
+
+def _reason(e: BaseException) -> str:
+    """The short reason of an OSError or SSLError."""
+    return str(getattr(e, "reason", None) or getattr(e, "strerror", None) or e)
+
+
+#: OpenSSL reasons and what usually causes them.
+_TLS_HINTS = (
+    (("CERTIFICATE_REQUIRED", "HANDSHAKE_FAILURE", "BAD_CERTIFICATE", "UNKNOWN_CA"),
+     "the server refused us: does it want a client certificate it trusts?"),
+    (("WRONG_VERSION_NUMBER", "RECORD_LAYER", "PACKET_LENGTH_TOO_LONG"),
+     "does the server use TLS on this port?"),
+    (("EOF",), "the server hung up: does it want a client certificate it trusts?"),
+)  # fmt: skip
+
+
+def describe_tls_failure(e: BaseException, server_hostname: str = "") -> str:
+    """One line saying why a TLS connection failed, with a hint at the usual cause.
+
+    trio raises BrokenResourceError with the ssl error as its cause.
+    """
+    cause = e if isinstance(e, ssl.SSLError) else (e.__cause__ or e.__context__)
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        what = cause.verify_message or _reason(cause)
+        if "mismatch" in what.lower():
+            return (
+                f"the server's certificate is not valid for {server_hostname!r}: {what} "
+                "(connect by a name the certificate lists, or set the server name to check)"
+            )
+        return (
+            f"the server's certificate is not trusted: {what} (is the CA file the one "
+            "that signed the server's certificate?)"
+        )
+    if isinstance(cause, ssl.SSLError):
+        reason = _reason(cause)
+        for marks, hint in _TLS_HINTS:
+            if any(m in reason.upper() for m in marks):
+                return f"TLS failed: {reason} ({hint})"
+        return f"TLS failed: {reason}"
+    return str(e) or type(e).__name__
+
+
 class Client:
     """One connection to a daemon. Get one from `open_client`."""
 
-    def __init__(self, stream: trio.abc.Stream, address: str) -> None:
+    def __init__(
+        self, stream: trio.abc.Stream, address: str, transport: trio.abc.Stream | None = None
+    ) -> None:
         self.address = address
         self._messages = MessageStream(stream, DEFAULT_MAX_MESSAGE)
+        #: The TCP stream (under TLS, if any): what `close_now` can close at once.
+        self._transport = transport or stream
+        self._tls = transport is not None and transport is not stream
         self._pending: dict[int, ResponseFuture] = {}
         #: Requests answered by several responses (reads): their pieces go here.
         self._streams: dict[int, trio.MemorySendChannel[wire.Response | GatewayError]] = {}
@@ -138,7 +219,7 @@ class Client:
             while True:
                 raw = await self._messages.receive()
                 if raw is None:
-                    raise ConnectionLost(self.address, "the server closed the connection")
+                    raise ConnectionLost(self.address, self._closed_reason())
                 # upb parses any buffer; the stubs only say bytes.
                 response = wire.Response.FromString(raw)  # type: ignore[arg-type]
                 channel = self._streams.get(response.request_id)
@@ -157,9 +238,20 @@ class Client:
         except GatewayError as e:
             self._fail_all(e)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
-            self._fail_all(ConnectionLost(self.address, str(e) or type(e).__name__))
+            self._fail_all(ConnectionLost(self.address, describe_tls_failure(e)))
         except Exception as e:  # undecodable response: the stream is unusable
             self._fail_all(ProtocolError(f"bad response from {self.address}: {e}"))
+
+    def _closed_reason(self) -> str:
+        """Why the server closed: a server refusing us says so, except a TLS one."""
+        if self.server_hello is None and not self._tls:
+            # A TLS server drops a plaintext client at the handshake, without
+            # a word this client could read; nothing else closes before Hello.
+            return (
+                "the server closed the connection without answering Hello: does it "
+                "require TLS? (--tls-ca FILE or --tls; tls_ca= or ssl_context= in the library)"
+            )
+        return "the server closed the connection"
 
     async def _send(self, parts: Sequence[bytes]) -> None:
         if self._broken is not None:
@@ -171,7 +263,7 @@ class Client:
                 # A message cut short leaves the stream unusable.
                 reason = str(e) or type(e).__name__
                 self._fail_all(ConnectionLost(self.address, f"send failed: {reason}"))
-                close_now(self._messages.stream)
+                close_now(self._transport)
                 if isinstance(e, trio.BrokenResourceError | trio.ClosedResourceError | OSError):
                     raise self._broken or ConnectionLost(self.address, reason) from e
                 raise
@@ -248,7 +340,7 @@ class Client:
     async def aclose(self) -> None:
         """Close the connection; requests still pending fail with ConnectionLost."""
         self._fail_all(ConnectionLost(self.address, "closed by the client"))
-        close_now(self._messages.stream)
+        close_now(self._transport)
         await trio.lowlevel.checkpoint()
 
     # -- operations ------------------------------------------------------------------
@@ -366,17 +458,53 @@ async def _connect(host: str, port: int) -> trio.SocketStream:
         raise
 
 
+async def _start_tls(
+    tcp: trio.SocketStream, address: str, ssl_context: ssl.SSLContext, server_hostname: str
+) -> trio.SSLStream[trio.SocketStream]:
+    """TLS over ``tcp``, handshake done; ConnectionLost saying why if it fails."""
+    tls = trio.SSLStream(tcp, ssl_context, server_hostname=server_hostname)
+    try:
+        # Explicitly, so that a certificate problem is reported as such
+        # rather than as a broken first request.
+        await tls.do_handshake()
+    except trio.BrokenResourceError as e:
+        close_now(tcp)
+        raise ConnectionLost(address, describe_tls_failure(e, server_hostname)) from None
+    except BaseException:
+        close_now(tcp)
+        raise
+    return tls
+
+
 @asynccontextmanager
 async def open_client(
-    address: str, token: str = "", client_name: str = f"segment-gateway-client/{__version__}"
+    address: str,
+    token: str = "",
+    client_name: str = f"segment-gateway-client/{__version__}",
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    tls_ca: str | None = None,
+    server_hostname: str | None = None,
 ) -> AsyncIterator[Client]:
-    """Connect to ``address`` (``HOST:PORT``), say Hello, and yield a Client."""
+    """Connect to ``address`` (``HOST:PORT``), say Hello, and yield a Client.
+
+    TLS when ``ssl_context`` or ``tls_ca`` (a PEM CA file: shorthand for
+    ``client_ssl_context(tls_ca)``) is given; the server's certificate must
+    name ``server_hostname`` (default: the host of ``address``).
+    """
     host, port = parse_host_port(address)
+    if tls_ca is not None:
+        if ssl_context is not None:
+            raise ValueError("give ssl_context or tls_ca, not both")
+        ssl_context = client_ssl_context(tls_ca)
     try:
-        stream = await _connect(host, port)
+        tcp = await _connect(host, port)
     except OSError as e:
         raise ConnectionLost(address, f"cannot connect: {e.strerror or e}") from None
-    client = Client(stream, address)
+    stream: trio.abc.Stream = tcp
+    if ssl_context is not None:
+        stream = await _start_tls(tcp, address, ssl_context, server_hostname or host)
+    client = Client(stream, address, transport=tcp)
     try:
         async with service_nursery() as nursery:
             nursery.start_soon(client._receive_loop)
@@ -399,14 +527,31 @@ class SyncClient:
             c.append("logs/app", b"line\\n")
     """
 
-    def __init__(self, address: str, token: str = "") -> None:
+    def __init__(
+        self,
+        address: str,
+        token: str = "",
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        tls_ca: str | None = None,
+        server_hostname: str | None = None,
+    ) -> None:
+        """Connect (TLS keywords as in `open_client`); errors raise here."""
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._client: Client | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._stop: trio.Event | None = None
+        connect = partial(
+            open_client,
+            address,
+            token,
+            ssl_context=ssl_context,
+            tls_ca=tls_ca,
+            server_hostname=server_hostname,
+        )
         self._thread = threading.Thread(
-            target=trio.run, args=(self._main, address, token), daemon=True, name="gateway-client"
+            target=trio.run, args=(self._main, connect), daemon=True, name="gateway-client"
         )
         self._thread.start()
         self._ready.wait()
@@ -414,9 +559,9 @@ class SyncClient:
             self._thread.join()
             raise self._error
 
-    async def _main(self, address: str, token: str) -> None:
+    async def _main(self, connect: Callable[[], AbstractAsyncContextManager[Client]]) -> None:
         try:
-            async with open_client(address, token) as client:
+            async with connect() as client:
                 self._client = client
                 self._token = trio.lowlevel.current_trio_token()
                 self._stop = trio.Event()

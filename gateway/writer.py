@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import ssl
 import struct
 import uuid
 from collections import deque
@@ -87,6 +88,9 @@ class SegmentWriter:
     give ~0.8M 100-byte events/s from one writer with p99 acks of 10-13 ms;
     128 KiB / 1 MiB gave ~1M/s at p99 16-20 ms, 512 KiB / 8 MiB ~1.1M/s at
     p99 ~100 ms (docs/PERFORMANCE.md).
+
+    ``token``, ``ssl_context`` and ``server_hostname`` are passed to
+    `gateway.client.open_client` on every (re)connection.
     """
 
     def __init__(
@@ -97,6 +101,8 @@ class SegmentWriter:
         writer_id: bytes | None = None,
         codec: Codec | str = Codec.RAW,
         token: str = "",
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
         max_batch_bytes: int = 64 * 1024,
         linger: float = 0.002,
         max_inflight_bytes: int = 512 * 1024,
@@ -109,6 +115,9 @@ class SegmentWriter:
             raise ValueError("writer_id must be 16 bytes (a UUID)")
         self.codec = Codec(codec)
         self._token = token
+        # Every reconnect uses the same TLS settings (see `open_client`).
+        self._ssl_context = ssl_context
+        self._server_hostname = server_hostname
         self._max_batch = max_batch_bytes
         self._linger = linger
         self._max_inflight = max_inflight_bytes
@@ -259,7 +268,12 @@ class SegmentWriter:
         delay = 0.05
         while True:
             try:
-                async with open_client(self.address, self._token) as client:
+                async with open_client(
+                    self.address,
+                    self._token,
+                    ssl_context=self._ssl_context,
+                    server_hostname=self._server_hostname,
+                ) as client:
                     stored = (await client.get_attributes(self.segment, [self.writer_id])).get(
                         self.writer_id, 0
                     )
