@@ -21,6 +21,9 @@ is wrapped in TLS (1.2 at least) and the handshake runs in the connection's
 own task under a deadline, so a slow, plaintext or hostile peer only costs
 its own connection. With ``server.token`` the first request must be a Hello
 carrying it (compared in constant time); nothing else is read before that.
+With or without a token, the Hello must come within the same deadline and
+be small (MAX_HELLO_BYTES), so unauthenticated peers cannot hoard
+connection slots or memory.
 """
 
 from __future__ import annotations
@@ -66,8 +69,10 @@ MAX_LIST = 10_000
 #: A read request is answered with at most this much, in pieces of READ_PIECE.
 MAX_READ = 64 * 1024 * 1024
 READ_PIECE = 1024 * 1024
-#: Seconds a client has to complete the TLS handshake.
+#: Seconds a client has to complete the TLS handshake, and then to send Hello.
 HANDSHAKE_TIMEOUT = 10.0
+#: The first message (Hello) may be at most this large, whatever max_message_bytes says.
+MAX_HELLO_BYTES = 64 * 1024
 
 Producer = Callable[[], Awaitable[wire.Response]]
 
@@ -201,7 +206,10 @@ class Connection:
     async def _read_loop(self, send: trio.MemorySendChannel[_Item]) -> None:
         while True:
             try:
-                raw = await self.messages.receive()
+                if self.greeted:
+                    raw = await self.messages.receive()
+                else:
+                    raw = await self._receive_hello()
             except ProtocolError as e:
                 log.info("connection %s: %s; closing", self.peer, e)
                 await send.send(self._ready_error(0, e, close=True))
@@ -226,6 +234,28 @@ class Connection:
                 return
             while self.inflight_bytes > self.server.config.max_inflight_bytes:
                 await self._space.wait()
+
+    async def _receive_hello(self) -> bytes | bytearray | None:
+        """The first message: small, and within the handshake deadline.
+
+        Until a client has said Hello (with the token) it may hold neither a
+        connection slot for long nor much memory: otherwise anyone who can
+        reach the port could fill server.max_connections with idle sockets
+        or make the server buffer max_message_bytes each.
+        """
+        limit = self.messages.max_message_bytes
+        self.messages.max_message_bytes = min(limit, MAX_HELLO_BYTES)
+        try:
+            with trio.move_on_after(self.server.handshake_timeout):
+                return await self.messages.receive()
+            log.info(
+                "connection %s: no Hello within %.0fs; closing",
+                self.peer,
+                self.server.handshake_timeout,
+            )
+            return None
+        finally:
+            self.messages.max_message_bytes = limit
 
     def _ready_error(self, request_id: int, e: GatewayError, close: bool = False) -> _Item:
         return _Item(request_id, 0, _ready(error_response(request_id, e)), close)
@@ -497,7 +527,7 @@ class Server:
         self.config = config
         #: TLS for every connection (None: plain TCP); ConfigError if the files do not load.
         self.ssl_context: ssl.SSLContext | None = config.ssl_context()
-        #: Seconds a client has to complete the TLS handshake.
+        #: Seconds a client has to complete the TLS handshake, and then to send Hello.
         self.handshake_timeout = HANDSHAKE_TIMEOUT
         #: TLS handshakes in progress, and those that failed or timed out.
         self.handshaking = 0

@@ -294,6 +294,33 @@ async def test_missing_or_wrong_token_is_unauthorized_and_nothing_applied(
     assert TOKEN not in log_text and TOKEN[:-1] not in log_text
 
 
+async def test_unauthenticated_peers_cannot_hoard_slots_or_memory(tmp_path: pathlib.Path) -> None:
+    config = make_config(tmp_path, server={"token": TOKEN, "max_connections": 2})
+    async with served(config) as s:
+        s.server.handshake_timeout = 0.5
+        host, port = s.address.rsplit(":", 1)
+        # Two idle sockets take both slots, but only until the Hello deadline.
+        idle = [await trio.open_tcp_stream(host, int(port)) for _ in range(2)]
+        with trio.fail_after(5):
+            for stream in idle:
+                assert await stream.receive_some(1024) == b""
+                await stream.aclose()
+        async with open_client(s.address, TOKEN) as c:
+            await c.create("after-idle")
+        # A huge first message is refused by its length alone (TOO_LARGE),
+        # though max_message_bytes (1 MiB here) would allow it after Hello.
+        big = await trio.open_tcp_stream(host, int(port))
+        await big.send_all(struct.pack(">I", 512 * 1024))
+        with trio.fail_after(5):
+            data = b""
+            while chunk := await big.receive_some(1024):
+                data += chunk
+        await big.aclose()
+        (n,) = struct.unpack(">I", data[:4])
+        assert wire.Response.FromString(data[4 : 4 + n]).error.code == wire.TOO_LARGE
+        assert s.container.segment_count == 1
+
+
 def test_token_comparison() -> None:
     assert _token_matches(TOKEN, TOKEN)
     for other in ("", TOKEN[:-1], TOKEN + "x", TOKEN.upper(), "é" + TOKEN[1:]):
