@@ -31,17 +31,19 @@ from gateway.errors import GatewayError
 Command = Callable[[argparse.Namespace], int]
 
 
-def _config(args: argparse.Namespace) -> Config:
+def _config(args: argparse.Namespace, check_files: bool = True) -> Config:
     """The configuration: --config if given, else the default file if it exists."""
     if args.config:
-        return Config.load(args.config)
+        return Config.load(args.config, check_files=check_files)
     if DEFAULT_CONFIG_PATH.exists():
-        return Config.load(DEFAULT_CONFIG_PATH)
+        return Config.load(DEFAULT_CONFIG_PATH, check_files=check_files)
     return Config()
 
 
 def _connect(args: argparse.Namespace) -> tuple[str, str]:
-    config = _config(args)
+    # A client needs listen and token only: not the daemon's TLS key, which
+    # is rightly unreadable to the users who run these commands.
+    config = _config(args, check_files=False)
     address = args.connect or config.server.listen
     token = args.token or os.environ.get("SEGMENT_GATEWAY_TOKEN", "") or config.server.token
     return address, token

@@ -10,6 +10,7 @@ Sizes accept a byte count or a string with a unit (``"64 MiB"``, ``"512KiB"``,
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import grp
 import pathlib
@@ -247,20 +248,6 @@ class NodeConfig:
     )
 
 
-def _readable_file_or_empty(value: Any) -> str:
-    """An absolute path of a file the daemon can read now ("" = unset)."""
-    s = _abs_path_or_empty(value)
-    if s:
-        try:
-            # Opening is the only honest test: permissions, ACLs, a directory,
-            # a dangling link all show up here rather than at the first client.
-            with open(s, "rb"):
-                pass
-        except OSError as e:
-            raise ValueError(f"cannot read {s}: {e.strerror or e}") from None
-    return s
-
-
 def _no_password() -> bytes:
     # Without a callback OpenSSL would prompt on the terminal for an encrypted
     # key, which hangs a daemon; refuse instead.
@@ -283,12 +270,13 @@ class ServerConfig:
     drain_timeout: float = _key(
         10.0, _duration_in(0.0, 3600), "at stop: time for requests in flight to be answered"
     )
-    tls_cert: str = _key(
-        "", _readable_file_or_empty, 'PEM certificate (chain) for TLS; "" = plain TCP'
-    )
-    tls_key: str = _key("", _readable_file_or_empty, "PEM private key of tls_cert (unencrypted)")
+    # The files are checked (readable, valid, matching) by the cross-checks,
+    # which clients reading this file only for listen/token skip: they need
+    # not be able to read the daemon's private key.
+    tls_cert: str = _key("", _abs_path_or_empty, 'PEM certificate (chain) for TLS; "" = plain TCP')
+    tls_key: str = _key("", _abs_path_or_empty, "PEM private key of tls_cert (unencrypted)")
     tls_client_ca: str = _key(
-        "", _readable_file_or_empty, 'PEM CA(s) a client certificate must chain to; "" = none'
+        "", _abs_path_or_empty, 'PEM CA(s) a client certificate must chain to; "" = none'
     )
 
     def ssl_context(self) -> ssl.SSLContext | None:
@@ -308,6 +296,15 @@ def _server_ssl_context(c: ServerConfig) -> ssl.SSLContext | None:
     # tls_client_ca any publicly issued certificate would be let in.
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    for key in ("tls_cert", "tls_key", "tls_client_ca"):
+        path = getattr(c, key)
+        try:
+            # Opening is the only honest test: permissions, ACLs, a directory,
+            # a dangling link all show up here rather than at the first client.
+            with open(path, "rb") if path else contextlib.nullcontext():
+                pass
+        except OSError as e:
+            raise ValueError(f"server.{key}: cannot read {path}: {e.strerror or e}") from None
     # OpenSSL's errors do not say which file is wrong; a look at the PEM
     # labels does, for the common mistakes (swapped files, DER, a CSR).
     if not _pem_has(c.tls_cert, "CERTIFICATE"):
@@ -350,13 +347,21 @@ def _ssl_reason(e: Exception) -> str:
     return str(getattr(e, "reason", None) or getattr(e, "strerror", None) or e)
 
 
-def _tls_context(c: ServerConfig) -> tuple[ssl.SSLContext | None, list[str]]:
-    """The server's TLS context, or the errors (naming the keys) that prevent it."""
+def _tls_context(
+    c: ServerConfig, check_files: bool = True
+) -> tuple[ssl.SSLContext | None, list[str]]:
+    """The server's TLS context, or the errors (naming the keys) that prevent it.
+
+    Without ``check_files`` only the keys' combination is checked (and no
+    context is built).
+    """
     if bool(c.tls_cert) != bool(c.tls_key):
         given, missing = ("tls_cert", "tls_key") if c.tls_cert else ("tls_key", "tls_cert")
         return None, [f"server.{missing}: required when server.{given} is set (TLS needs both)"]
     if c.tls_client_ca and not c.tls_cert:
         return None, ["server.tls_client_ca: requires server.tls_cert and server.tls_key (TLS)"]
+    if not check_files:
+        return None, []
     try:
         return _server_ssl_context(c), []
     except ValueError as e:
@@ -537,8 +542,12 @@ class Config:
         return pathlib.Path(self.cache.dir or pathlib.Path(self.node.data_dir) / "cache")
 
     @classmethod
-    def load(cls, path: str | pathlib.Path) -> Config:
-        """Read and validate a TOML file; raise ConfigError listing every problem."""
+    def load(cls, path: str | pathlib.Path, *, check_files: bool = True) -> Config:
+        """Read and validate a TOML file; raise ConfigError listing every problem.
+
+        ``check_files=False`` skips checking files only the daemon reads (its
+        TLS certificate and key), for clients that need only a few keys.
+        """
         path = pathlib.Path(path)
         try:
             with path.open("rb") as f:
@@ -549,11 +558,13 @@ class Config:
             raise ConfigError(str(path), [f"file: cannot read: {e.strerror}"]) from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(str(path), [f"file: not valid TOML: {e}"]) from None
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(data, source=str(path), check_files=check_files)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = "<dict>") -> Config:
-        """Validate an already-parsed TOML document."""
+    def from_dict(
+        cls, data: Mapping[str, Any], source: str = "<dict>", *, check_files: bool = True
+    ) -> Config:
+        """Validate an already-parsed TOML document (``check_files`` as in `load`)."""
         errors: list[str] = []
         sections: dict[str, Any] = {}
         known = {f.name: f for f in dataclasses.fields(cls)}
@@ -566,7 +577,7 @@ class Config:
                 sections[name] = _parse_section(name, _section_type(known[name]), value, errors)
         if not errors:
             config = cls(**sections)
-            errors.extend(_cross_checks(config))
+            errors.extend(_cross_checks(config, check_files))
             if not errors:
                 return config
         raise ConfigError(source, errors)
@@ -592,8 +603,8 @@ def _parse_section(name: str, section_type: Any, values: dict[str, Any], errors:
     return section_type(**kwargs)
 
 
-def _cross_checks(c: Config) -> list[str]:
-    """Checks that involve more than one key."""
+def _cross_checks(c: Config, check_files: bool = True) -> list[str]:
+    """Checks that involve more than one key (and, with ``check_files``, the daemon's files)."""
     j = c.journal
     errors = []
     if j.max_frame_bytes > j.max_group_bytes:
@@ -632,7 +643,7 @@ def _cross_checks(c: Config) -> list[str]:
         errors.append(
             f"tier2.flush_size: {t.flush_size} exceeds tier2.max_chunk_size ({t.max_chunk_size})"
         )
-    errors.extend(_tls_context(c.server)[1])
+    errors.extend(_tls_context(c.server, check_files)[1])
     if c.server.listen == c.metrics.listen:
         errors.append(f"metrics.listen: same address as server.listen ({c.server.listen})")
     return errors

@@ -537,3 +537,26 @@ def test_token_never_in_the_daemon_log(tls_daemon: Daemon, pki: Pki) -> None:
     log = tls_daemon.log_path.read_text(errors="replace")
     assert "bad or missing token" in log and "TLS handshake failed" in log
     assert TOKEN not in log and TOKEN[:-1] not in log
+
+
+def test_client_commands_need_not_read_the_daemons_key(
+    tls_daemon: Daemon, pki: Pki, tmp_path: pathlib.Path
+) -> None:
+    # On a node, users run client commands with the daemon's configuration
+    # (for listen and token) but cannot read its private key.
+    unreadable = tmp_path / "no-access" / "key.pem"
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        f'[server]\nlisten = "{tls_daemon.address}"\ntoken = "{TOKEN}"\n'
+        f'tls_cert = "{pki.cert}"\ntls_key = "{unreadable}"\n'
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "--config", str(config), "ls", "--tls-ca",
+         str(pki.ca)],
+        capture_output=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    # The daemon's own checks still see it.
+    with pytest.raises(ConfigError, match=r"server\.tls_key: cannot read"):
+        Config.load(config)
+    assert Config.load(config, check_files=False).server.token == TOKEN
