@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import pwd
+import re
 import stat
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -55,6 +56,11 @@ log = logging.getLogger(__name__)
 #: Preferred I/O size reported in st_blksize: ``cat`` and Python's buffered
 #: files size their reads by it, and fewer, larger reads cost less here.
 BLKSIZE = 1024 * 1024
+#: A segment's event-boundary index shows as the hidden file ``.NAME.events``
+#: beside it: found by name, never listed (so ``ls``, ``find`` and Spark's
+#: listings do not see it), inode ``EVENTS_INODE_BASE + segment id``.
+EVENTS_INODE_BASE = 2 * SEGMENT_INODE_BASE
+EVENTS_NAME = re.compile(rb"^\.(.+)\.events$")
 XATTR_PREFIX = b"user.segment."
 XATTRS = (
     b"start_offset",
@@ -105,14 +111,22 @@ def resolve_owner(config: FuseConfig) -> tuple[int, int]:
     return uid, gid
 
 
+def events_file(seg: Segment) -> bytes:
+    """The ``.NAME.events`` content: indexed event-boundary offsets, one per line."""
+    return "".join(f"{offset}\n" for offset in seg.event_index).encode()
+
+
 class _Handle:
-    """One open file."""
+    """One open file (a segment, or a snapshot of its ``.events`` file)."""
 
-    __slots__ = ("prefetcher", "segment_id")
+    __slots__ = ("content", "prefetcher", "segment_id")
 
-    def __init__(self, segment_id: int, prefetcher: Prefetcher) -> None:
+    def __init__(
+        self, segment_id: int, prefetcher: Prefetcher | None, content: bytes | None = None
+    ) -> None:
         self.segment_id = segment_id
         self.prefetcher = prefetcher
+        self.content = content
 
 
 class SegmentFS(pyfuse3.Operations):
@@ -185,6 +199,8 @@ class SegmentFS(pyfuse3.Operations):
     # -- attributes ------------------------------------------------------------------
 
     def _segment(self, inode: int) -> Segment:
+        if inode >= EVENTS_INODE_BASE:
+            inode -= EVENTS_INODE_BASE - SEGMENT_INODE_BASE
         seg = self.container.segment_by_id(inode - SEGMENT_INODE_BASE)
         if seg is None or self.tree.segment_name(inode) is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
@@ -206,6 +222,11 @@ class SegmentFS(pyfuse3.Operations):
         seg = self._segment(inode)
         a.st_mode = stat.S_IFREG | 0o444
         a.st_nlink = 1
+        if inode >= EVENTS_INODE_BASE:
+            a.st_size = len(events_file(seg))
+            a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = seg.last_modified_ms * 1_000_000
+            a.attr_timeout = a.entry_timeout = 0  # changes with every MiB appended
+            return a
         a.st_size = seg.length
         a.st_blocks = (seg.length + 511) // 512
         modified = seg.last_modified_ms * 1_000_000
@@ -229,6 +250,11 @@ class SegmentFS(pyfuse3.Operations):
             return self._attributes(parent)
         inode = self.tree.lookup(parent_inode, name.decode("utf-8", "surrogateescape"))
         if inode is None:
+            events = EVENTS_NAME.match(name)
+            if events is not None:
+                inode = self.tree.lookup(parent_inode, events.group(1).decode("utf-8", "replace"))
+                if inode is not None and not self.tree.is_dir(inode):
+                    return self._attributes(inode + EVENTS_INODE_BASE - SEGMENT_INODE_BASE)
             raise pyfuse3.FUSEError(errno.ENOENT)
         return self._attributes(inode)
 
@@ -286,6 +312,11 @@ class SegmentFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         seg = self._segment(inode)
         fh = self._new_fh()
+        if inode >= EVENTS_INODE_BASE:
+            # A snapshot taken now; direct I/O, so its size as cached by the
+            # kernel does not cut it short.
+            self._files[fh] = _Handle(seg.id, None, events_file(seg))
+            return pyfuse3.FileInfo(fh=fh, direct_io=True)
         prefetcher = Prefetcher(self.container.read_index.tier2, self.read_ahead)
         self._files[fh] = _Handle(seg.id, prefetcher)
         return pyfuse3.FileInfo(fh=fh, keep_cache=seg.sealed)
@@ -296,12 +327,15 @@ class SegmentFS(pyfuse3.Operations):
         handle = self._files.get(fh)
         if handle is None:
             raise pyfuse3.FUSEError(errno.EBADF)
+        if handle.content is not None:
+            return handle.content[off : off + size]
         seg = self.container.segment_by_id(handle.segment_id)
         if seg is None:
             raise pyfuse3.FUSEError(errno.ESTALE)
         if off >= seg.length:
             return b""
         view = seg.view()
+        assert handle.prefetcher is not None
         handle.prefetcher.on_read(view, off, size)
         try:
             data = await self.container.read_index.read(view, off, size, read_ahead=False)
@@ -337,7 +371,7 @@ class SegmentFS(pyfuse3.Operations):
         return s
 
     def _xattr_values(self, inode: int) -> dict[bytes, int]:
-        if self.tree.is_dir(inode):
+        if self.tree.is_dir(inode) or inode >= EVENTS_INODE_BASE:
             return {}
         seg = self._segment(inode)
         return {

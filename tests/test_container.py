@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import pathlib
 import random
@@ -391,3 +392,33 @@ async def test_slow_journal_delays_then_refuses_with_overloaded(
         assert acked, "some appends must get through"
         length = c.info("s").length
     assert_stored(config, "s", length, acked)
+
+
+async def test_event_index_is_sparse_true_and_survives_restart(tmp_path: pathlib.Path) -> None:
+    from gateway.container.container import EVENT_INDEX_SPACING
+
+    rng = random.Random(12)
+    boundaries = []
+    async with open_container(make_config(tmp_path)) as c:
+        await c.create("e")
+        offset = 0
+        for _ in range(400):
+            size = rng.choice([10, 1000, 30_000, 200_000, 400_000])
+            boundaries.append(offset)
+            await c.append("e", b"x" * size)
+            offset += size
+        index = list(c.segment_by_id(c.info("e").id).event_index)  # type: ignore[union-attr]
+        await c.checkpoint()
+        await c.append("e", b"tail")
+        index_after = list(c.segment_by_id(c.info("e").id).event_index)  # type: ignore[union-attr]
+    assert index[0] == 0 and set(index) <= set(boundaries)
+    assert all(b - a >= EVENT_INDEX_SPACING for a, b in itertools.pairwise(index))
+    # Sparse but not too sparse: a gap never exceeds the spacing plus one append.
+    assert all(b - a <= EVENT_INDEX_SPACING + 400_000 for a, b in itertools.pairwise(index))
+    async with open_container(make_config(tmp_path)) as c:
+        seg = c.segment_by_id(c.info("e").id)
+        assert seg is not None and seg.event_index == index_after
+        cut = index[len(index) // 2] + 5
+        await c.truncate("e", cut)
+        assert seg.event_index and seg.event_index[0] >= cut
+        assert seg.event_index == [i for i in index_after if i >= cut]

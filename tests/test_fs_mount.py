@@ -183,6 +183,11 @@ def test_posix_tools(s3_daemon: MountedDaemon) -> None:
     df = run("df", "-B1", "--output=size,avail", mnt).stdout.decode().split()
     assert int(df[-1]) == 0  # nothing may be written
 
+    # The event-boundary index: a hidden file found by name, never listed.
+    assert run("cat", mnt / "logs/app/.0.events").stdout == b"0\n"
+    assert ".0.events" not in run("ls", "-a", mnt / "logs/app").stdout.decode()
+    assert run("cat", mnt / "logs/app/.nope.events", check=False).returncode != 0
+
     opts = mount_entry(mnt)
     assert opts is not None and opts[1] == "fuse.segment-gateway"
     for o in ("ro", "noatime", "default_permissions"):

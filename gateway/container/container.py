@@ -25,6 +25,7 @@ length), its segment was deleted, or it was truncated away.
 
 from __future__ import annotations
 
+import bisect
 import builtins
 import logging
 import os
@@ -88,6 +89,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SNAPSHOT_VERSION = 1
+#: About one event-boundary index entry per this many bytes of a segment.
+EVENT_INDEX_SPACING = 1024 * 1024
 
 
 class ContainerCorrupt(GatewayError):
@@ -777,6 +780,9 @@ class SegmentContainer:
             )
         end = offset + len(data)
         seg.length = end
+        index = seg.event_index
+        if not index or offset - index[-1] >= EVENT_INDEX_SPACING:
+            index.append(offset)
         seg.attributes.update(values)
         seg.last_modified_ms = at_ms
         self._note_file_usage(file, seg.id, end)
@@ -797,6 +803,8 @@ class SegmentContainer:
         """Returns the chunks that now lie wholly below the start offset (garbage)."""
         seg.start_offset = max(seg.start_offset, offset)
         seg.last_modified_ms = at_ms
+        index = seg.event_index
+        del index[: bisect.bisect_left(index, seg.start_offset)]
         # Bytes below the start offset never need flushing.
         seg.storage_length = max(seg.storage_length, seg.start_offset)
         n = 0

@@ -44,6 +44,7 @@ class Segment:
         "chunks",
         "created_at_ms",
         "durable",
+        "event_index",
         "id",
         "last_modified_ms",
         "length",
@@ -72,6 +73,8 @@ class Segment:
         self.last_modified_ms = created_at_ms
         self.attributes: dict[bytes, int] = {}
         self.chunks: list[ChunkRecord] = []
+        #: Sparse event boundaries (metadata.proto SegmentRecord.event_index).
+        self.event_index: list[int] = []
         #: Whether the create operation is durable (a pending create is not).
         self.durable = False
         # Pending view.
@@ -155,6 +158,10 @@ class Segment:
             last_modified_ms=self.last_modified_ms,
             attributes=[AttributeValue(id=k, value=v) for k, v in attributes.items()],
             chunks=self.chunks,
+            # Like the storage fields, kept by applied operations only: a
+            # checkpoint may lack the entries of appends still in flight,
+            # which a sparse index can afford.
+            event_index=self.event_index,
         )
 
     @classmethod
@@ -169,6 +176,7 @@ class Segment:
         s.last_modified_ms = r.last_modified_ms
         s.attributes = {a.id: a.value for a in r.attributes}
         s.chunks = list(r.chunks)
+        s.event_index = list(r.event_index)
         s.durable = True
         s.reset_pending()
         return s

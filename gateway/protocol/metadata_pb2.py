@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fgateway/protocol/metadata.proto\x12\x18segment_gateway.metadata\"+\n\x0e\x41ttributeValue\x12\n\n\x02id\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x03\"`\n\x0b\x43hunkRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0cstart_offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\x12\x0e\n\x06\x63rc32c\x18\x04 \x01(\r\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\"\xb8\x02\n\rSegmentRecord\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x04\x12\x0e\n\x06length\x18\x04 \x01(\x04\x12\x16\n\x0estorage_length\x18\x05 \x01(\x04\x12\x0e\n\x06sealed\x18\x06 \x01(\x08\x12\x19\n\x11sealed_in_storage\x18\x07 \x01(\x08\x12\x15\n\rcreated_at_ms\x18\x08 \x01(\x03\x12\x18\n\x10last_modified_ms\x18\t \x01(\x03\x12<\n\nattributes\x18\n \x03(\x0b\x32(.segment_gateway.metadata.AttributeValue\x12\x35\n\x06\x63hunks\x18\x0b \x03(\x0b\x32%.segment_gateway.metadata.ChunkRecord\"x\n\x11\x43ontainerSnapshot\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x17\n\x0fnext_segment_id\x18\x02 \x01(\x04\x12\x39\n\x08segments\x18\x03 \x03(\x0b\x32\'.segment_gateway.metadata.SegmentRecord\"\xb1\x01\n\x10MetadataSnapshot\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x15\n\rcreated_at_ms\x18\x04 \x01(\x03\x12\x18\n\x10software_version\x18\x05 \x01(\t\x12>\n\tcontainer\x18\x06 \x01(\x0b\x32+.segment_gateway.metadata.ContainerSnapshotb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fgateway/protocol/metadata.proto\x12\x18segment_gateway.metadata\"+\n\x0e\x41ttributeValue\x12\n\n\x02id\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x03\"`\n\x0b\x43hunkRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0cstart_offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\x12\x0e\n\x06\x63rc32c\x18\x04 \x01(\r\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\"\xcd\x02\n\rSegmentRecord\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x04\x12\x0e\n\x06length\x18\x04 \x01(\x04\x12\x16\n\x0estorage_length\x18\x05 \x01(\x04\x12\x0e\n\x06sealed\x18\x06 \x01(\x08\x12\x19\n\x11sealed_in_storage\x18\x07 \x01(\x08\x12\x15\n\rcreated_at_ms\x18\x08 \x01(\x03\x12\x18\n\x10last_modified_ms\x18\t \x01(\x03\x12<\n\nattributes\x18\n \x03(\x0b\x32(.segment_gateway.metadata.AttributeValue\x12\x35\n\x06\x63hunks\x18\x0b \x03(\x0b\x32%.segment_gateway.metadata.ChunkRecord\x12\x13\n\x0b\x65vent_index\x18\x0c \x03(\x04\"x\n\x11\x43ontainerSnapshot\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x17\n\x0fnext_segment_id\x18\x02 \x01(\x04\x12\x39\n\x08segments\x18\x03 \x03(\x0b\x32\'.segment_gateway.metadata.SegmentRecord\"\xb1\x01\n\x10MetadataSnapshot\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x15\n\rcreated_at_ms\x18\x04 \x01(\x03\x12\x18\n\x10software_version\x18\x05 \x01(\t\x12>\n\tcontainer\x18\x06 \x01(\x0b\x32+.segment_gateway.metadata.ContainerSnapshotb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,9 +36,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHUNKRECORD']._serialized_start=106
   _globals['_CHUNKRECORD']._serialized_end=202
   _globals['_SEGMENTRECORD']._serialized_start=205
-  _globals['_SEGMENTRECORD']._serialized_end=517
-  _globals['_CONTAINERSNAPSHOT']._serialized_start=519
-  _globals['_CONTAINERSNAPSHOT']._serialized_end=639
-  _globals['_METADATASNAPSHOT']._serialized_start=642
-  _globals['_METADATASNAPSHOT']._serialized_end=819
+  _globals['_SEGMENTRECORD']._serialized_end=538
+  _globals['_CONTAINERSNAPSHOT']._serialized_start=540
+  _globals['_CONTAINERSNAPSHOT']._serialized_end=660
+  _globals['_METADATASNAPSHOT']._serialized_start=663
+  _globals['_METADATASNAPSHOT']._serialized_end=840
 # @@protoc_insertion_point(module_scope)

@@ -29,7 +29,7 @@ class ChunkRecord(_message.Message):
     def __init__(self, name: _Optional[str] = ..., start_offset: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class SegmentRecord(_message.Message):
-    __slots__ = ("id", "name", "start_offset", "length", "storage_length", "sealed", "sealed_in_storage", "created_at_ms", "last_modified_ms", "attributes", "chunks")
+    __slots__ = ("id", "name", "start_offset", "length", "storage_length", "sealed", "sealed_in_storage", "created_at_ms", "last_modified_ms", "attributes", "chunks", "event_index")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,7 @@ class SegmentRecord(_message.Message):
     LAST_MODIFIED_MS_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    EVENT_INDEX_FIELD_NUMBER: _ClassVar[int]
     id: int
     name: str
     start_offset: int
@@ -52,7 +53,8 @@ class SegmentRecord(_message.Message):
     last_modified_ms: int
     attributes: _containers.RepeatedCompositeFieldContainer[AttributeValue]
     chunks: _containers.RepeatedCompositeFieldContainer[ChunkRecord]
-    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., start_offset: _Optional[int] = ..., length: _Optional[int] = ..., storage_length: _Optional[int] = ..., sealed: _Optional[bool] = ..., sealed_in_storage: _Optional[bool] = ..., created_at_ms: _Optional[int] = ..., last_modified_ms: _Optional[int] = ..., attributes: _Optional[_Iterable[_Union[AttributeValue, _Mapping]]] = ..., chunks: _Optional[_Iterable[_Union[ChunkRecord, _Mapping]]] = ...) -> None: ...
+    event_index: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., start_offset: _Optional[int] = ..., length: _Optional[int] = ..., storage_length: _Optional[int] = ..., sealed: _Optional[bool] = ..., sealed_in_storage: _Optional[bool] = ..., created_at_ms: _Optional[int] = ..., last_modified_ms: _Optional[int] = ..., attributes: _Optional[_Iterable[_Union[AttributeValue, _Mapping]]] = ..., chunks: _Optional[_Iterable[_Union[ChunkRecord, _Mapping]]] = ..., event_index: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ContainerSnapshot(_message.Message):
     __slots__ = ("version", "next_segment_id", "segments")
