@@ -42,8 +42,13 @@ def _config(args: argparse.Namespace, check_files: bool = True) -> Config:
 
 def _connect(args: argparse.Namespace) -> tuple[str, str]:
     # A client needs listen and token only: not the daemon's TLS key, which
-    # is rightly unreadable to the users who run these commands.
-    config = _config(args, check_files=False)
+    # is rightly unreadable to the users who run these commands -- nor, for
+    # the same reason (it holds the token), perhaps the default file itself.
+    default_unreadable = not os.access(DEFAULT_CONFIG_PATH, os.R_OK)
+    if not args.config and DEFAULT_CONFIG_PATH.exists() and default_unreadable:
+        config = Config()
+    else:
+        config = _config(args, check_files=False)
     address = args.connect or config.server.listen
     token = args.token or os.environ.get("SEGMENT_GATEWAY_TOKEN", "") or config.server.token
     return address, token
