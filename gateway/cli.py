@@ -109,6 +109,32 @@ def _cmd_journal_dump(args: argparse.Namespace) -> int:
     return dump(directory, sys.stdout, as_json=args.json)
 
 
+def _cmd_pipeline(args: argparse.Namespace) -> int:
+    import importlib
+
+    try:
+        from pipeline.session import local_session
+    except ImportError as e:
+        print(f"segment-gateway: the pipeline needs PySpark ({e}); pip install "
+              "'segment-gateway[pipeline]'", file=sys.stderr)  # fmt: skip
+        return 2
+    if not args.job.isidentifier():
+        print(f"segment-gateway: no job named {args.job!r}", file=sys.stderr)
+        return 2
+    try:
+        job = importlib.import_module(f"pipeline.jobs.{args.job}")
+    except ModuleNotFoundError:
+        print(f"segment-gateway: no job named {args.job!r} in pipeline/jobs", file=sys.stderr)
+        return 2
+    spark = local_session(f"segment-gateway {args.job}", cores=args.cores)
+    try:
+        rows = job.run(spark, args.mount, args.out, args.stream)
+    finally:
+        spark.stop()
+    print(f"{args.job}: {rows} row(s) written to {args.out}")
+    return 0
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from gateway.daemon import run_daemon
 
@@ -360,6 +386,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("journal-dump", _cmd_journal_dump, "print a journal's frames and whether it is intact")
     p.add_argument("directory", metavar="DIR", help="journal directory (<data_dir>/journal)")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p = add("pipeline", _cmd_pipeline, "run a Spark job over the mounted segments (local Spark)")
+    p.add_argument("action", choices=["run"])
+    p.add_argument("job", metavar="JOB", help="a module of pipeline.jobs, e.g. events_per_minute")
+    p.add_argument("--mount", required=True, metavar="DIR", help="the gateway's mountpoint")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--stream", default="", help="directory under the mount (default: all)")
+    p.add_argument("--cores", type=int, default=2, help="local Spark cores (default 2)")
     p = add("serve", _cmd_serve, "run the daemon in the foreground")
     p.add_argument("--listen", metavar="HOST:PORT", help="override server.listen (port 0: any)")
     p.add_argument("--data-dir", metavar="DIR", help="override node.data_dir")

@@ -112,6 +112,17 @@ class ReadIndex:
         idx.ends.append(offset + len(data))
         self._wake(idx)
 
+    def is_entry_boundary(self, segment_id: int, offset: int) -> bool:
+        """Whether an indexed entry (an append) starts or ends at ``offset``."""
+        idx = self._segments.get(segment_id)
+        if idx is None:
+            return False
+        k = bisect.bisect_left(idx.starts, offset)
+        if k < len(idx.starts) and idx.starts[k] == offset:
+            return True
+        k = bisect.bisect_left(idx.ends, offset)
+        return k < len(idx.ends) and idx.ends[k] == offset
+
     def on_truncate(self, segment_id: int, start_offset: int) -> None:
         """Bytes below ``start_offset`` are gone (or flushed): drop whole entries below it."""
         idx = self._segments.get(segment_id)

@@ -1,1 +1,1 @@
-"""PySpark over mounted segments (DESIGN.md, "Layout"). Not built yet."""
+"""PySpark over the mount: the ``segments`` data source and the jobs that read segments."""

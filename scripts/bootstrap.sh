@@ -12,6 +12,9 @@ PYTHON=${PYTHON:-python3}
 # Debian's own python3 needs python3-venv for `-m venv`; other builds ship ensurepip.
 if ! "$PYTHON" -c 'import ensurepip' 2>/dev/null; then packages+=(python3-venv); fi
 
+# Spark (the pipeline and its tests) runs on Java 17; the machines ship it.
+if ! command -v java >/dev/null; then packages+=(openjdk-17-jre-headless); fi
+
 missing=()
 for p in "${packages[@]}"; do
     # python3-dev is satisfied by any Python that ships its headers (pyenv builds do).
@@ -38,6 +41,6 @@ stamp=.venv/.stamp-install
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     echo "bootstrap: installing the package into .venv"
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[test,dev]"
+    .venv/bin/python -m pip install -q -e ".[test,dev,pipeline]"
     touch "$stamp"
 fi

@@ -805,6 +805,11 @@ class SegmentContainer:
         seg.last_modified_ms = at_ms
         index = seg.event_index
         del index[: bisect.bisect_left(index, seg.start_offset)]
+        if (not index or index[0] != seg.start_offset) and self._is_boundary(seg, seg.start_offset):
+            # Readers start at the first indexed boundary at or after the
+            # start offset; when the truncation offset is one, say so, or
+            # up to a MiB of events after it would be out of their reach.
+            index.insert(0, seg.start_offset)
         # Bytes below the start offset never need flushing.
         seg.storage_length = max(seg.storage_length, seg.start_offset)
         n = 0
@@ -815,6 +820,20 @@ class SegmentContainer:
         self.read_index.on_truncate(seg.id, seg.start_offset)
         self._signal_pinned_freed()
         return dropped
+
+    def _is_boundary(self, seg: Segment, offset: int) -> bool:
+        """Whether ``offset`` is known to be where an append starts or ends.
+
+        Known: the committed length, the ends of chunks (a flush uploads up
+        to a length, which is an append's end) and the appends still in the
+        read index. Other offsets may be boundaries too; nobody can tell
+        without the data.
+        """
+        if offset == seg.length:
+            return True
+        if any(c.start_offset == offset or c.start_offset + c.length == offset for c in seg.chunks):
+            return True
+        return self.read_index.is_entry_boundary(seg.id, offset)
 
     def _apply_chunk_added(self, seg: Segment, chunk: ChunkRecord, extends_last: bool) -> bool:
         """Add (or grow) a chunk; False if it lies wholly below the storage length.

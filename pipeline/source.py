@@ -1,0 +1,300 @@
+"""The ``segments`` data source: one row per event of the segments under a mounted path.
+
+``spark.read.format("segments").load("/mnt/scope/stream")`` lists the
+segment files under the path (as Spark's own file sources do: names starting
+with ``.`` or ``_`` are skipped), and gives one row per event with the
+columns ``segment`` (the segment's name), ``offset`` (where the event starts
+in it), ``event`` (its bytes) and ``sealed``.
+
+Everything comes through the mount, so a Spark task on any node with the
+mount reads the same bytes the gateway serves: lengths from ``stat`` (the
+committed length at listing time: later appends are not read), the start
+offset and sealed flag from the ``user.segment.*`` xattrs, and event
+boundaries from the hidden ``.NAME.events`` file (about one per MiB).
+
+Partitions are cut at indexed event boundaries once a part reaches
+``splitSize`` bytes (default 128 MiB, Spark's ``maxPartitionBytes``), so an
+event never straddles two tasks, and one event larger than the split size
+is a part of its own. Below the start offset (truncated) nothing is read:
+the first part starts at the first indexed boundary at or after it, so
+events between a truncation offset that is not itself indexed and the next
+indexed boundary (less than ~1 MiB) are not returned.
+
+Options:
+
+- ``codec``: ``framed`` (4-byte big-endian length, then the event; the
+  default) or ``lines`` (each event ends with ``\\n``);
+- ``startOffset`` / ``endOffset``: only events starting in that range of
+  each segment;
+- ``includeActive``: ``true`` (default) also reads segments not yet sealed;
+- ``splitSize``: bytes per partition (a size such as ``64m`` or bytes).
+
+- ``pushFilters``: ``true`` to have filters on ``segment`` (=, IN, starts
+  with) and ``offset`` (=, <, <=, >, >=) pushed down, choosing segments and
+  byte ranges before anything is read. It needs the session setting
+  ``spark.sql.python.filterPushdown.enabled=true`` (`pipeline.session`
+  sets it): Spark refuses a Python source that can take filters while that
+  setting is off, its default, so pushdown is asked for explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+    StringStartsWith,
+)
+from pyspark.sql.types import StructType
+
+SCHEMA = "segment string, offset long, event binary, sealed boolean"
+DEFAULT_SPLIT = 128 * 1024 * 1024
+_LENGTH = struct.Struct(">I")
+#: Bytes read from the mount at once: the gateway's prefetcher sees a
+#: sequential reader, and a Python loop over events stays cheap.
+READ_BUFFER = 4 * 1024 * 1024
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``"134217728"``, ``"128m"``, ``"1g"`` (Spark's size strings)."""
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    number, unit = (t[:-1], t[-1]) if t and t[-1] in _UNITS and t[-1].isalpha() else (t, "")
+    return int(float(number) * _UNITS[unit])
+
+
+def _bool(text: str) -> bool:
+    return text.strip().lower() in ("true", "1", "yes")
+
+
+def mount_root(path: str) -> str:
+    """The mountpoint above ``path`` (segment names are relative to it)."""
+    p = os.path.abspath(path)
+    while not os.path.ismount(p) and p != "/":
+        p = os.path.dirname(p)
+    return p
+
+
+def list_segment_files(path: str) -> list[str]:
+    """Segment files at or under ``path``, sorted; hidden and ``_`` names skipped."""
+    if os.path.isfile(path):
+        return [os.path.abspath(path)]
+    found: list[str] = []
+    for directory, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+        found.extend(
+            os.path.join(directory, f) for f in sorted(files) if not f.startswith((".", "_"))
+        )
+    return found
+
+
+def read_event_index(file: str) -> list[int]:
+    """The offsets in the segment's ``.NAME.events`` file (empty if there is none)."""
+    directory, base = os.path.split(file)
+    try:
+        with open(os.path.join(directory, f".{base}.events"), "rb") as f:
+            return [int(line) for line in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+class SegmentPart(InputPartition):
+    """Bytes ``[start, end)`` of one segment file, both event boundaries.
+
+    Events starting in ``[lo, hi)`` are returned; ``start <= lo``.
+    """
+
+    def __init__(
+        self, file: str, segment: str, start: int, end: int, lo: int, hi: int, sealed: bool
+    ) -> None:
+        super().__init__((segment, start))
+        self.file = file
+        self.segment = segment
+        self.start = start
+        self.end = end
+        self.lo = lo
+        self.hi = hi
+        self.sealed = sealed
+
+
+def split(index: Sequence[int], start: int, end: int, size: int) -> list[tuple[int, int]]:
+    """``[start, end)`` cut at indexed boundaries once a part reaches ``size`` bytes."""
+    parts = []
+    i = 0
+    while start < end:
+        target = start + size
+        while i < len(index) and index[i] < target:
+            i += 1
+        cut = index[i] if i < len(index) and index[i] < end else end
+        parts.append((start, cut))
+        start = cut
+    return parts
+
+
+class SegmentsReader(DataSourceReader):
+    """Plans parts of segments and reads their events (no filter pushdown)."""
+
+    def __init__(self, given: dict[str, str]) -> None:
+        # Spark's option names are case-insensitive (and may arrive lowercased).
+        options = {k.lower(): v for k, v in given.items()}
+        self.path = options.get("path", "")
+        if not self.path:
+            raise ValueError('segments: give a path: spark.read.format("segments").load(PATH)')
+        self.codec = options.get("codec", "framed")
+        if self.codec not in ("framed", "lines"):
+            raise ValueError(f"segments: codec must be framed or lines, not {self.codec!r}")
+        self.lo = int(options.get("startoffset", 0))
+        self.hi = int(options.get("endoffset", 2**63 - 1))
+        self.include_active = _bool(options.get("includeactive", "true"))
+        self.split_size = max(1, parse_size(options.get("splitsize", str(DEFAULT_SPLIT))))
+        self.names: set[str] | None = None
+        self.prefixes: list[str] = []
+
+    def take_filters(self, filters: list[Filter]) -> Iterator[Filter]:
+        """Take the filters on ``segment`` and ``offset`` this source applies exactly."""
+        for f in filters:
+            path: tuple[str, ...] = getattr(f, "attribute", ())  # a column path: ("segment",)
+            column = path[0] if len(path) == 1 else None
+            if column == "segment" and isinstance(f, EqualTo | In) and self._names(f):
+                continue
+            if column == "segment" and isinstance(f, StringStartsWith):
+                self.prefixes.append(f.value)
+                continue
+            if column == "offset" and self._offsets(f):
+                continue
+            yield f
+
+    def _names(self, f: EqualTo | In) -> bool:
+        values = {f.value} if isinstance(f, EqualTo) else set(f.value)
+        if not all(isinstance(v, str) for v in values):
+            return False
+        self.names = values if self.names is None else self.names & values
+        return True
+
+    def _offsets(self, f: Filter) -> bool:
+        value = getattr(f, "value", None)
+        if not isinstance(value, int):
+            return False
+        if isinstance(f, EqualTo):
+            self.lo, self.hi = max(self.lo, value), min(self.hi, value + 1)
+        elif isinstance(f, GreaterThan):
+            self.lo = max(self.lo, value + 1)
+        elif isinstance(f, GreaterThanOrEqual):
+            self.lo = max(self.lo, value)
+        elif isinstance(f, LessThan):
+            self.hi = min(self.hi, value)
+        elif isinstance(f, LessThanOrEqual):
+            self.hi = min(self.hi, value + 1)
+        else:
+            return False
+        return True
+
+    def _wanted(self, segment: str) -> bool:
+        if self.names is not None and segment not in self.names:
+            return False
+        return all(segment.startswith(p) for p in self.prefixes)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        """Parts of every wanted segment, cut at indexed event boundaries."""
+        root = mount_root(self.path)
+        parts: list[InputPartition] = []
+        for file in list_segment_files(self.path):
+            segment = os.path.relpath(file, root)
+            if not self._wanted(segment):
+                continue
+            length = os.stat(file).st_size
+            start_offset = int(os.getxattr(file, "user.segment.start_offset"))
+            sealed = os.getxattr(file, "user.segment.sealed") == b"1"
+            if not sealed and not self.include_active:
+                continue
+            index = [b for b in read_event_index(file) if b >= start_offset]
+            lo, hi = max(self.lo, start_offset), min(self.hi, length)
+            if lo >= hi or not index:
+                continue
+            # Parsing starts at an indexed boundary: the last at or below lo.
+            k = max(0, next((i for i, b in enumerate(index) if b > lo), len(index)) - 1)
+            start = index[k]
+            if start > lo:  # lo is below the first boundary (truncated mid-event)
+                lo = start
+            for a, b in split(index[k:], start, length, self.split_size):
+                if b > lo and a < hi:
+                    parts.append(SegmentPart(file, segment, a, b, max(lo, a), min(hi, b), sealed))
+        return parts or [InputPartition(None)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        """The events of one part."""
+        if not isinstance(partition, SegmentPart):
+            return iter(())
+        if self.codec == "framed":
+            return _framed(partition)
+        return _lines(partition)
+
+
+def _framed(p: SegmentPart) -> Iterator[tuple[Any, ...]]:
+    with open(p.file, "rb", buffering=READ_BUFFER) as f:
+        f.seek(p.start)
+        offset = p.start
+        while offset < p.end and offset < p.hi:
+            head = f.read(4)
+            if len(head) < 4:
+                raise OSError(f"{p.segment}: event at {offset} cut short (length prefix)")
+            (n,) = _LENGTH.unpack(head)
+            event = f.read(n)
+            if len(event) < n:
+                raise OSError(f"{p.segment}: event at {offset} cut short ({len(event)} of {n})")
+            if offset >= p.lo:
+                yield (p.segment, offset, event, p.sealed)
+            offset += 4 + n
+
+
+def _lines(p: SegmentPart) -> Iterator[tuple[Any, ...]]:
+    with open(p.file, "rb", buffering=READ_BUFFER) as f:
+        f.seek(p.start)
+        offset = p.start
+        while offset < p.end and offset < p.hi:
+            line = f.readline()
+            if not line:
+                return
+            if offset >= p.lo:
+                yield (p.segment, offset, line.rstrip(b"\n"), p.sealed)
+            offset += len(line)
+
+
+class PushdownSegmentsReader(SegmentsReader):
+    """`SegmentsReader` that takes filters (option ``pushFilters=true``)."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        """Filters on ``segment`` and ``offset`` are applied here; the rest are Spark's."""
+        return list(self.take_filters(filters))
+
+
+class SegmentsDataSource(DataSource):
+    """``spark.read.format("segments")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        """The format name."""
+        return "segments"
+
+    def schema(self) -> str:
+        """segment, offset, event, sealed."""
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> SegmentsReader:
+        """A reader for ``self.options``."""
+        options = {k.lower(): v for k, v in self.options.items()}
+        if _bool(options.get("pushfilters", "false")):
+            return PushdownSegmentsReader(options)
+        return SegmentsReader(options)

@@ -1,0 +1,298 @@
+"""Spark reads the mounted segments: built-in readers, the ``segments`` source, the job.
+
+One real local Spark session (``local[2]``) and one mounted daemon for the
+module; small data for correctness (the multi-GiB case is bench/spark_read.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import pathlib
+import random
+import shutil
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+from gateway.client import SyncClient
+from tests.helpers.mount import MountedDaemon, mounted_daemon
+
+KiB = 1024
+MiB = 1024 * KiB
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MountedDaemon]:
+    tmp = tmp_path_factory.mktemp("pipeline")
+    config = (
+        f'[tier2]\nurl = "file://{tmp}/tier2"\nflush_size = "256 KiB"\nmax_chunk_size = "4 MiB"\n'
+    )
+    with mounted_daemon(tmp, config) as daemon:
+        yield daemon
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    from pipeline.session import local_session
+
+    session = local_session("segment-gateway tests")
+    yield session
+    session.stop()
+
+
+def json_events(rng: random.Random, n: int, start: int = 0) -> list[dict[str, Any]]:
+    return [
+        {"key": f"k{rng.randrange(5)}", "ts": 1_700_000_000 + rng.randrange(600), "n": start + i}
+        for i in range(n)
+    ]
+
+
+def append_lines(
+    c: SyncClient, name: str, events: list[dict[str, Any]], per_append: int = 7
+) -> list[int]:
+    """Append events as JSON lines, several per append; returns the append offsets."""
+    offsets = []
+    for i in range(0, len(events), per_append):
+        data = b"".join(json.dumps(e).encode() + b"\n" for e in events[i : i + per_append])
+        offsets.append(c.append(name, data).offset)
+    return offsets
+
+
+def rows_as_events(df: Any) -> list[dict[str, Any]]:
+    return sorted(
+        ({"key": r.key, "ts": r.ts, "n": r.n} for r in df.collect()), key=lambda e: e["n"]
+    )
+
+
+def test_spark_json_reads_active_sealed_and_offloaded_segments(
+    gateway: MountedDaemon, spark: Any
+) -> None:
+    rng = random.Random(1)
+    expected: list[dict[str, Any]] = []
+    with SyncClient(gateway.address) as c:
+        for i, state in enumerate(("active", "sealed", "offloaded")):
+            name = f"json/clicks/{i}"
+            c.create(name)
+            events = json_events(rng, 3000, start=len(expected))
+            append_lines(c, name, events)
+            expected += events
+            if state != "active":
+                c.seal(name)
+        c.flush("json/clicks/2")
+        assert c.info("json/clicks/2").storage_length == c.info("json/clicks/2").length
+    path = f"file://{gateway.mnt}/json/clicks/*"
+    df = spark.read.json(path)
+    assert df.count() == len(expected)
+    assert rows_as_events(df) == expected
+
+    # Everything in Tier 2 only: flush, restart with the cache wiped, read again.
+    with SyncClient(gateway.address) as c:
+        c.flush()
+    gateway.stop()
+    shutil.rmtree(gateway.data_dir / "cache")
+    gateway.start(timeout=60)
+    assert rows_as_events(spark.read.json(path)) == expected
+    # Growth after listing is not seen; a new read sees it.
+    with SyncClient(gateway.address) as c:
+        more = json_events(rng, 10, start=len(expected))
+        append_lines(c, "json/clicks/0", more)
+    assert spark.read.json(path).count() == len(expected) + 10
+
+
+def test_truncated_lines_segments(gateway: MountedDaemon, spark: Any) -> None:
+    """What Spark's readers make of the zeros below the start offset, and the fix."""
+    from pipeline.lines import read_lines
+
+    rng = random.Random(2)
+    events = json_events(rng, 2000)
+    with SyncClient(gateway.address) as c:
+        c.create("trunc/at_boundary")
+        offsets = append_lines(c, "trunc/at_boundary", events, per_append=10)
+        c.truncate("trunc/at_boundary", offsets[50])  # an event boundary: events 500..
+        c.create("trunc/mid_event")
+        append_lines(c, "trunc/mid_event", events, per_append=10)
+        c.truncate("trunc/mid_event", offsets[50] + 5)  # inside event 500
+    at_boundary = f"file://{gateway.mnt}/trunc/at_boundary"
+    mid_event = f"file://{gateway.mnt}/trunc/mid_event"
+
+    # Spark's own JSON reader: the zeros and the first surviving line make
+    # one corrupt record; with DROPMALFORMED it is dropped, and with it an
+    # intact first event.
+    plain = spark.read.json(at_boundary)
+    assert plain.count() == 1500  # 1499 events + 1 corrupt row holding event 500
+    corrupt = plain.where("_corrupt_record is not null").collect()
+    assert len(corrupt) == 1 and corrupt[0]._corrupt_record.startswith("\x00")
+    text = spark.read.text(at_boundary).first()
+    assert text is not None and text.value.startswith("\x00")
+
+    # The fix: read_lines strips the zeros; every surviving event is intact.
+    fixed = read_lines(spark, at_boundary, "json")
+    assert rows_as_events(fixed) == events[500:]
+    # Cut inside an event: its tail is one malformed record, dropped on request.
+    assert read_lines(spark, mid_event, "json").count() == 1500
+    dropped = read_lines(spark, mid_event, "json", mode="DROPMALFORMED")
+    assert rows_as_events(dropped) == events[501:]
+    # CSV and text the same way.
+    csv = read_lines(spark, at_boundary, "csv")
+    assert csv.count() == 1500 and not csv.first()[0].startswith("\x00")
+    assert read_lines(spark, at_boundary, "text").count() == 1500
+
+    # The segments source (lines codec) starts at the truncation offset,
+    # which the gateway indexed because it was an append boundary.
+    rows = (
+        spark.read.format("segments")
+        .option("codec", "lines")
+        .load(str(gateway.mnt / "trunc/at_boundary"))
+        .collect()
+    )
+    assert [json.loads(r.event) for r in sorted(rows, key=lambda r: r.offset)] == events[500:]
+
+
+def test_large_segment_is_split_into_many_tasks(gateway: MountedDaemon, spark: Any) -> None:
+    """Spark's file splitting works on a mounted segment (a small split size here)."""
+    line = b'{"key":"k","ts":1700000000,"pad":"' + b"x" * 200 + b'"}\n'
+    with SyncClient(gateway.address) as c:
+        c.create("big/s")
+        for _ in range(24):
+            c.append("big/s", line * (MiB // len(line)))
+        c.seal("big/s")
+        size = c.info("big/s").length
+    lines = size // len(line)
+    spark.conf.set("spark.sql.files.maxPartitionBytes", str(2 * MiB))
+    try:
+        df = spark.read.text(f"file://{gateway.mnt}/big/s")
+        assert df.rdd.getNumPartitions() >= 12
+        assert df.count() == lines
+        assert spark.read.json(f"file://{gateway.mnt}/big/s").count() == lines
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+
+
+def framed(event: bytes) -> bytes:
+    return struct.pack(">I", len(event)) + event
+
+
+@pytest.fixture(scope="module")
+def framed_segments(gateway: MountedDaemon) -> dict[str, list[tuple[int, bytes]]]:
+    """Framed segments with events of random sizes, one of them larger than 2 MiB."""
+    rng = random.Random(3)
+    out: dict[str, list[tuple[int, bytes]]] = {}
+    with SyncClient(gateway.address) as c:
+        for name, total in (("fr/a", 6 * MiB), ("fr/b", 3 * MiB), ("fr/c", 100 * KiB)):
+            c.create(name)
+            events: list[tuple[int, bytes]] = []
+            offset = 0
+            size = 0
+            while size < total:
+                batch = []
+                for _ in range(rng.randrange(1, 20)):
+                    n = rng.choice([0, 1, 50, 3000, 40_000, 150_000])
+                    batch.append(rng.randbytes(n))
+                if (
+                    name == "fr/a"
+                    and len(events) > 30
+                    and not any(len(e) > 2 * MiB for _, e in events)
+                ):
+                    batch = [rng.randbytes(2 * MiB + 77)]  # larger than the split size
+                data = b"".join(framed(e) for e in batch)
+                assert c.append(name, data).offset == offset
+                for e in batch:
+                    events.append((offset, e))
+                    offset += 4 + len(e)
+                size += len(data)
+            out[name] = events
+        c.seal("fr/a")
+        c.seal("fr/b")  # fr/c stays active
+    return out
+
+
+def test_segments_source_returns_every_event_exactly_once(
+    gateway: MountedDaemon, spark: Any, framed_segments: dict[str, list[tuple[int, bytes]]]
+) -> None:
+    df = spark.read.format("segments").option("splitSize", "1m").load(str(gateway.mnt / "fr"))
+    assert df.rdd.getNumPartitions() >= 6
+    assert df.columns == ["segment", "offset", "event", "sealed"]
+    got: dict[str, list[tuple[int, bytes]]] = collections.defaultdict(list)
+    for r in df.collect():
+        got[r.segment].append((r.offset, bytes(r.event)))
+    for name, events in framed_segments.items():
+        assert sorted(got[name]) == events, name
+    sealed = {r.segment: r.sealed for r in df.select("segment", "sealed").distinct().collect()}
+    assert sealed == {"fr/a": True, "fr/b": True, "fr/c": False}
+    # Without active segments.
+    only_sealed = (
+        spark.read.format("segments").option("includeActive", "false").load(str(gateway.mnt / "fr"))
+    )
+    assert only_sealed.count() == len(framed_segments["fr/a"]) + len(framed_segments["fr/b"])
+
+
+def test_segments_source_offsets_and_pushdown(
+    gateway: MountedDaemon, spark: Any, framed_segments: dict[str, list[tuple[int, bytes]]]
+) -> None:
+    events = framed_segments["fr/a"]
+    lo, hi = events[len(events) // 3][0] + 1, events[2 * len(events) // 3][0]
+    want = [(o, e) for o, e in events if lo <= o < hi]
+    path = str(gateway.mnt / "fr")
+    ranged = (
+        spark.read.format("segments")
+        .option("startOffset", str(lo))
+        .option("endOffset", str(hi))
+        .load(str(gateway.mnt / "fr/a"))
+    )
+    assert sorted((r.offset, bytes(r.event)) for r in ranged.collect()) == want
+
+    pushed = (
+        spark.read.format("segments")
+        .option("pushFilters", "true")
+        .option("splitSize", "1m")
+        .load(path)
+        .where(f"segment = 'fr/a' and offset >= {lo} and offset < {hi}")
+    )
+    plan = pushed._jdf.queryExecution().executedPlan().toString()
+    assert sorted((r.offset, bytes(r.event)) for r in pushed.collect()) == want
+    # Pushed down: fewer partitions than the whole directory has.
+    assert (
+        pushed.rdd.getNumPartitions()
+        < spark.read.format("segments").option("splitSize", "1m").load(path).rdd.getNumPartitions()
+    )
+    assert "fr/a" in plan or "segment" in plan
+    prefixed = (
+        spark.read.format("segments")
+        .option("pushFilters", "true")
+        .load(path)
+        .where("segment like 'fr/b%'")
+    )
+    assert prefixed.count() == len(framed_segments["fr/b"])
+
+
+def test_example_job_matches_plain_python(
+    gateway: MountedDaemon, spark: Any, tmp_path: pathlib.Path
+) -> None:
+    from pipeline.jobs import events_per_minute
+
+    rng = random.Random(4)
+    events = json_events(rng, 5000)
+    with SyncClient(gateway.address) as c:
+        for i in range(3):
+            c.create(f"job/stream/{i}")
+            append_lines(c, f"job/stream/{i}", events[i::3])
+        c.seal("job/stream/0")
+    out = tmp_path / "out"
+    rows = events_per_minute.run(spark, str(gateway.mnt), str(out), "job/stream")
+
+    expected: collections.Counter[tuple[str, datetime.datetime]] = collections.Counter()
+    for e in events:
+        minute = datetime.datetime.fromtimestamp(e["ts"] - e["ts"] % 60, tz=datetime.UTC)
+        expected[(e["key"], minute.replace(tzinfo=None))] += 1
+    got = {(r.key, r.minute): r.events for r in spark.read.parquet(str(out)).collect()}
+    assert rows == len(expected)
+    assert got == dict(expected)
