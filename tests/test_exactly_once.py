@@ -31,9 +31,10 @@ async def test_every_event_exactly_once_through_faults(tmp_path: pathlib.Path) -
         async with trio.open_nursery() as nursery:
             await nursery.start(proxy.run)
             writing_done = trio.Event()
+            killed = [trio.Event() for _ in range(KILLS)]
 
             async def chaos() -> None:
-                for _ in range(KILLS):
+                for k in range(KILLS):
                     await trio.sleep(rng.uniform(0.4, 1.2))
                     if writing_done.is_set():
                         break
@@ -41,6 +42,7 @@ async def test_every_event_exactly_once_through_faults(tmp_path: pathlib.Path) -
                     proxy.drop_all()
                     await trio.sleep(rng.uniform(0.0, 0.3))
                     await trio.to_thread.run_sync(daemon.start)
+                    killed[k].set()
 
             nursery.start_soon(chaos)
             async with open_segment_writer(
@@ -50,10 +52,16 @@ async def test_every_event_exactly_once_through_faults(tmp_path: pathlib.Path) -
                 max_batch_bytes=4096,
                 linger=0.001,
             ) as writer:
+                per_kill = EVENTS // (KILLS + 1)
                 for i in range(EVENTS):
                     await writer.write(b"e%06d" % i)
                     if i % 500 == 499:
                         await trio.sleep(0.02)  # spread the run over the faults
+                    # However fast this machine writes, the kills land while
+                    # events are being written: wait for the k-th kill before
+                    # writing past the k-th slice of the events.
+                    if i % per_kill == per_kill - 1 and (i + 1) // per_kill <= KILLS:
+                        await killed[(i + 1) // per_kill - 1].wait()
             writing_done.set()
             stats = writer.statistics()
             nursery.cancel_scope.cancel()
