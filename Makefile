@@ -3,7 +3,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install run test proto lint bench clean
+.PHONY: install run test proto lint bench deb clean
 
 install:
 	@scripts/bootstrap.sh
@@ -33,6 +33,12 @@ bench: install
 	$(PY) bench/ingest.py --write-table docs/PERFORMANCE.md
 	$(PY) bench/read.py --write-table docs/PERFORMANCE.md
 	$(PY) bench/tier2.py --write-table docs/PERFORMANCE.md
+
+# dist/segment-gateway_<version>_<arch>.deb: the daemon in a venv under
+# /opt/segment-gateway (Debian's python3), the systemd units, a default
+# /etc/segment-gateway/gateway.toml (packaging/build_deb.sh).
+deb: install
+	packaging/build_deb.sh
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
