@@ -16,7 +16,8 @@
 #
 # Environment: DEB_PYTHON (default /usr/bin/python3) is the interpreter the
 # package is built for and depends on; DEB_COMPRESS (default zstd) is
-# dpkg-deb's compressor.
+# dpkg-deb's compressor; DEB_BUILD_DIR (default build/deb) and DEB_DIST_DIR
+# (default dist) are where it stages and where the .deb goes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Whatever the caller's umask, the files must be readable by the daemon's user.
@@ -25,7 +26,8 @@ umask 022
 PREFIX=/opt/segment-gateway
 PYTHON=${DEB_PYTHON:-/usr/bin/python3}
 COMPRESS=${DEB_COMPRESS:-zstd}
-BUILD=$PWD/build/deb
+BUILD=$(realpath -m "${DEB_BUILD_DIR:-build/deb}")
+DIST=${DEB_DIST_DIR:-dist}
 STAGE=$BUILD/root
 VENV=$STAGE$PREFIX
 
@@ -42,17 +44,22 @@ die() {
 [ -x "$PYTHON" ] || scripts/bootstrap.sh python3
 py=$("$PYTHON" -c 'import sys; print(f"python{sys.version_info[0]}.{sys.version_info[1]}")')
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "$PYTHON is older than 3.11"
-scripts/bootstrap.sh "$py-dev"
+# Only when missing: bootstrap also refreshes .venv, which must not happen
+# under a test run that is using it.
+if ! "$PYTHON" -c 'import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then
+    scripts/bootstrap.sh "$py-dev"
+fi
 
 version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' gateway/__init__.py)
 [ -n "$version" ] || die "no __version__ in gateway/__init__.py"
 # PEP 440 pre-releases (1.0rc1, 1.0.dev2) must sort before the release in dpkg.
 debversion=$(sed -E 's/\.?(a|b|rc|dev)([0-9]+)/~\1\2/g' <<<"$version")
 arch=$(dpkg --print-architecture)
-deb=dist/segment-gateway_${debversion}_${arch}.deb
+deb=$DIST/segment-gateway_${debversion}_${arch}.deb
 
 rm -rf "$BUILD"
-mkdir -p "$STAGE" dist
+mkdir -p "$STAGE" "$DIST"
 
 # -- the venv --------------------------------------------------------------------
 # Built from a copy of the working tree (tracked and unignored files), so

@@ -16,6 +16,7 @@ import pathlib
 import pwd
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -96,7 +97,7 @@ def test_the_packaged_configuration_is_a_storage_node_default() -> None:
 
 
 @pytest.fixture(scope="module")
-def deb() -> Iterator[Deb]:
+def deb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deb]:
     """Build the .deb, install it; afterwards purge it and undo what the tests left."""
     if os.geteuid() != 0:
         pytest.skip("installing a .deb needs root")
@@ -107,13 +108,18 @@ def deb() -> Iterator[Deb]:
         if installed() or DATA_DIR.exists():
             pytest.skip(f"{PACKAGE} is installed here, or {DATA_DIR} exists: not touching it")
         user_existed = run("getent", "passwd", USER).returncode == 0
+        # Staged and written under the test's own directory: a `make deb`
+        # running meanwhile keeps its build/ and dist/.
+        work = tmp_path_factory.mktemp("deb")
+        env = {**os.environ, "DEB_BUILD_DIR": str(work / "build"), "DEB_DIST_DIR": str(work)}
         started = time.monotonic()
-        r = run(ROOT / "packaging" / "build_deb.sh", cwd=ROOT, timeout=500)
+        r = run(ROOT / "packaging" / "build_deb.sh", cwd=ROOT, env=env, timeout=500)
         build_seconds = time.monotonic() - started
         assert r.returncode == 0, r.stdout + r.stderr
         found = re.search(r"^build_deb: (\S+\.deb) ", r.stdout, re.MULTILINE)
         assert found, r.stdout
-        path = ROOT / found.group(1)
+        path = pathlib.Path(found.group(1))
+        shutil.rmtree(work / "build")  # 200+ MiB that pytest would keep around
         try:
             r = dpkg("-i", str(path))
             assert r.returncode == 0, r.stdout + r.stderr
@@ -127,6 +133,7 @@ def deb() -> Iterator[Deb]:
                 MOUNTPOINT.rmdir()
             if not user_existed:
                 run("userdel", USER)
+            path.unlink()
 
 
 def test_the_package_installs_the_daemon_and_its_files(deb: Deb) -> None:
@@ -169,7 +176,7 @@ def test_the_package_installs_the_daemon_and_its_files(deb: Deb) -> None:
     assert (PREFIX / "bin" / "python3").resolve() == pathlib.Path(f"/usr/bin/{py}")
     for module in ("pip", "pytest", "mypy"):
         assert run(PREFIX / "bin" / "python", "-c", f"import {module}").returncode != 0, module
-    r = run("grep", "-rIl", "build/deb/root", PREFIX)
+    r = run("grep", "-rIl", str(deb.path.parent / "build"), PREFIX)
     assert r.stdout == "", "the staging path is written in these files"
     r = run("dpkg-query", "-W", "-f=${Depends}", PACKAGE)
     depends = {d.split()[0] for d in r.stdout.split(", ")}
