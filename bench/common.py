@@ -36,6 +36,31 @@ def ensure_fio() -> str:
     return path
 
 
+def ensure_debian_tool(command: str, package: str) -> str:
+    """``command``'s path, installing Debian's ``package`` if it is missing."""
+    path = shutil.which(command)
+    if path:
+        return path
+    print(f"bench: installing {package}", file=sys.stderr)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", package], check=True, env=env)
+    path = shutil.which(command)
+    if not path:
+        raise SystemExit(f"{command} is not available")
+    return path
+
+
+def ensure_s3fs() -> str:
+    """s3fs-fuse's path (Debian's ``s3fs``), installing it if it is missing."""
+    return ensure_debian_tool("s3fs", "s3fs")
+
+
+def ensure_rclone() -> str:
+    """rclone's path (Debian's ``rclone``), installing it if it is missing."""
+    return ensure_debian_tool("rclone", "rclone")
+
+
 def run_fio(fio: str, directory: pathlib.Path, bs: str, size: str) -> dict[str, float]:
     """Sequential writes with fdatasync after each; bandwidth and IOPS."""
     work = pathlib.Path(tempfile.mkdtemp(dir=directory, prefix="fio-"))
