@@ -265,6 +265,26 @@ class MountError(GatewayError):
     exit_code = 28
 
 
+class NodeNotEmpty(GatewayError):
+    """{} holds a journal ({} file(s)): import-metadata and --recover-from-tier2 \
+only set up an empty node, they never replace a journal. Start without them, \
+or move the journal away first if this node is really to be rebuilt"""
+
+    exit_code = 29
+
+
+class NothingToRecover(GatewayError):
+    """nothing to recover: {}"""
+
+    exit_code = 30
+
+
+class SnapshotInvalid(GatewayError):
+    """{}: not a usable metadata snapshot: {}"""
+
+    exit_code = 2
+
+
 #: Wire ErrorCode name -> the error class a client raises for it.
 BY_WIRE_CODE: dict[str, type[GatewayError]] = {
     cls.wire_code: cls
