@@ -132,11 +132,14 @@ class Journal:
         directory: pathlib.Path,
         config: JournalConfig,
         recovered: RecoveryResult,
+        min_epoch: int = 1,
     ) -> None:
         self.directory = directory
         self._cfg = config
-        #: This process's epoch: one more than any epoch in the journal.
-        self.epoch = recovered.max_epoch + 1
+        #: This process's epoch: one more than any epoch in the journal, and
+        #: at least ``min_epoch`` (a node rebuilt from Tier 2 starts above
+        #: every epoch its chunk names carry).
+        self.epoch = max(recovered.max_epoch + 1, min_epoch)
         self._next_sequence = recovered.next_sequence
         #: Files holding frames, oldest first; the last one is the active file
         #: once this process has written.
@@ -525,6 +528,7 @@ async def open_journal(
     config: JournalConfig,
     replay: ReplayCallback | None = None,
     on_file: Callable[[int], None] | None = None,
+    min_epoch: int = 1,
 ) -> AsyncIterator[Journal]:
     """Lock, recover and open the journal in ``directory`` for appending.
 
@@ -532,9 +536,10 @@ async def open_journal(
     in order, before this returns -- from a worker thread, since recovery
     reads files; ``on_file(first_seq)`` before the operations of each file.
     A torn tail is cut off; corruption raises JournalCorrupt and leaves the
-    files untouched. The new epoch is journaled before the journal
-    is handed out. On exit, queued appends are written, then the files are
-    closed and the lock released.
+    files untouched. The new epoch (one more than the journal's highest,
+    and at least ``min_epoch``) is journaled before the journal is handed
+    out. On exit, queued appends are written, then the files are closed and
+    the lock released.
     """
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -542,7 +547,7 @@ async def open_journal(
     journal: Journal | None = None
     try:
         recovered = await trio.to_thread.run_sync(recover, directory, replay, True, on_file)
-        journal = Journal(directory, config, recovered)
+        journal = Journal(directory, config, recovered, min_epoch)
         async with service_nursery() as nursery:
             nursery.start_soon(journal._run_writer)
             try:
