@@ -228,7 +228,13 @@ def _cmd_append(args: argparse.Namespace) -> int:
         started = time.monotonic()
         try:
             async with open_segment_writer(
-                address, args.segment, codec=mode, token=token, writer_id=writer_id, **tls
+                address,
+                args.segment,
+                codec=mode,
+                token=token,
+                writer_id=writer_id,
+                reconnect_timeout=args.timeout,
+                **tls,
             ) as w:
                 for event in _read_events(source, mode):
                     await w.write(event)
@@ -412,6 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="write each line as a framed event (length + payload)")  # fmt: skip
     fmt.add_argument("--raw", action="store_true", help="append the input bytes as they are")
     p.add_argument("--create", action="store_true", help="create the segment if missing")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="give up (exit 25) once the daemon has been unreachable or "
+                   "overloaded this long (default 60)")  # fmt: skip
     p.add_argument("--writer-id", metavar="UUID",
                    help="continue an exactly-once writer (default: a new one)")  # fmt: skip
     p = add("cat", _cmd_cat, "write a segment's bytes to stdout", client=True)
@@ -440,7 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     args = build_parser().parse_args(argv)
-    logs.setup(logging.DEBUG if args.verbose else logging.INFO)
+    # Client commands print their own results; the library's progress notes
+    # (a writer reconnecting) are for -v.
+    quiet = args.func is not _cmd_serve
+    logs.setup(logging.DEBUG if args.verbose else logging.WARNING if quiet else logging.INFO)
     try:
         code: int = args.func(args)
     except GatewayError as e:

@@ -4,9 +4,10 @@ Crash-safety tests must kill a real daemon at an exact point (say, between
 a chunk upload and its journal record), which no timing from outside can
 hit reliably. ``SEGMENT_GATEWAY_FAILPOINTS="name=action,..."`` in the
 daemon's environment arms them. Actions: ``kill`` (SIGKILL the process
-itself, like a power cut for everything not yet fdatasync'ed) and ``stall``
+itself, like a power cut for everything not yet fdatasync'ed), ``stall``
 (block the calling thread -- the event loop -- for an hour, as a deadlocked
-loop would; the test kills the daemon).
+loop would; the test kills the daemon) and ``delay:SECONDS`` (sleep in the
+calling thread each time: a slow disk when hit before an fdatasync).
 Unset -- always, outside tests -- `hit` is one dictionary lookup.
 """
 
@@ -25,6 +26,7 @@ ENV = "SEGMENT_GATEWAY_FAILPOINTS"
 KNOWN = {
     "after_chunk_upload": "a chunk is in Tier 2, its ChunkAdded not yet journaled",
     "watchdog_ping_5": "the fifth systemd watchdog ping has been sent",
+    "journal_sync": "the journal writer thread is about to fdatasync a group",
 }
 ACTIONS = ("kill", "stall")
 
@@ -33,7 +35,8 @@ def _parse(text: str) -> dict[str, str]:
     armed = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         name, _, action = item.partition("=")
-        if name not in KNOWN or action not in ACTIONS:
+        delay = action.startswith("delay:") and action[6:].replace(".", "", 1).isdigit()
+        if name not in KNOWN or (action not in ACTIONS and not delay):
             raise ValueError(f"{ENV}: unknown failpoint or action {item!r}")
         armed[name] = action
     return armed
@@ -51,3 +54,5 @@ def hit(name: str) -> None:
     elif action == "stall":
         log.warning("failpoint %s: stalling this thread", name)
         time.sleep(3600)
+    elif action is not None and action.startswith("delay:"):
+        time.sleep(float(action[6:]))

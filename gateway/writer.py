@@ -136,6 +136,8 @@ class SegmentWriter:
         self._failed: GatewayError | None = None
         #: Highest event number known to be stored.
         self.acked_event = 0
+        #: When the writer last started failing without an acknowledgement since.
+        self._broken_since: float | None = None
         self.reconnects = 0
         self.duplicates = 0
         self.appends = 0
@@ -264,7 +266,6 @@ class SegmentWriter:
 
     async def _run(self, *, task_status: trio.TaskStatus[None]) -> None:
         first = True
-        broken_since: float | None = None
         delay = 0.05
         while True:
             try:
@@ -284,15 +285,24 @@ class SegmentWriter:
                     if first:
                         task_status.started()
                         first = False
-                    broken_since, delay = None, 0.05
+                    delay = 0.05
                     await self._session(client)
             except (*RETRYABLE, _Resync) as e:
                 if first:
                     raise
+                # Stuck since the first failure after the last acknowledgement:
+                # a daemon that accepts connections but refuses every append
+                # (Overloaded: a full disk) counts as down.
                 now = trio.current_time()
-                broken_since = broken_since if broken_since is not None else now
-                if now - broken_since > self._reconnect_timeout:
-                    self._fail(WriterFailed(self.segment, f"could not reconnect: {e}"))
+                if self._broken_since is None:
+                    self._broken_since = now
+                if now - self._broken_since > self._reconnect_timeout:
+                    self._fail(
+                        WriterFailed(
+                            self.segment,
+                            f"gave up after {self._reconnect_timeout:g}s of retrying: {e}",
+                        )
+                    )
                     return
                 self.reconnects += 1
                 log.info("segment writer %s: %s; reconnecting in %.2fs", self.segment, e, delay)
@@ -353,6 +363,7 @@ class SegmentWriter:
             self._unacked.popleft()
             self._window -= len(batch.data)
             self.acked_event = batch.last
+            self._broken_since = None
             self._signal_progress()
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import trio
 
-from gateway import __version__
+from gateway import __version__, failpoints
 from gateway.aio import service_nursery
 from gateway.config import JournalConfig
 from gateway.errors import (
@@ -433,6 +433,7 @@ class Journal:
             self._files.append(JournalFileName(first, f.path))
         f.ensure_space(total)
         f.write(buffers)
+        failpoints.hit("journal_sync")
         started = time.perf_counter()
         f.sync()
         took = time.perf_counter() - started
