@@ -449,6 +449,11 @@ class CacheStore:
         with self._lock:
             return self._lru.get((chunk, index))
 
+    def blocks(self) -> list[tuple[str, int, int]]:
+        """Every cached block as (chunk name, block index, size), in chunk order (fsck)."""
+        with self._lock:
+            return sorted((chunk, index, size) for (chunk, index), size in self._lru.items())
+
     def drop_chunk(self, chunk: str) -> int:
         """Delete every cached block of ``chunk``; returns the bytes freed."""
         with self._write_lock:

@@ -251,26 +251,29 @@ class ReadIndex:
         idx.changed.set()
         idx.changed = trio.Event()
 
+    def coverage_gap(self, seg: SegmentView) -> str | None:
+        """Why the segment's bytes above Tier 2 are not all indexed; None if they are."""
+        idx = self._segments.get(seg.id)
+        starts = idx.starts if idx else []
+        ends = idx.ends if idx else []
+        need = max(seg.start_offset, seg.storage_length)
+        if seg.length > need:
+            k = bisect.bisect_right(ends, need)
+            if k == len(ends) or starts[k] > need:
+                return f"{seg.name!r} has no bytes at offset {need}"
+            for j in range(k + 1, len(starts)):
+                if starts[j] != ends[j - 1]:
+                    return f"{seg.name!r} has a gap at [{ends[j - 1]}, {starts[j]})"
+            if ends[-1] != seg.length:
+                return f"{seg.name!r} is indexed up to {ends[-1]}, its length is {seg.length}"
+        return None
+
     def check_coverage(self, segments: list[SegmentView]) -> None:
         """After recovery: every live segment's needed bytes are indexed, without gaps."""
         for seg in segments:
-            idx = self._segments.get(seg.id)
-            starts = idx.starts if idx else []
-            ends = idx.ends if idx else []
-            need = max(seg.start_offset, seg.storage_length)
-            if seg.length > need:
-                k = bisect.bisect_right(ends, need)
-                if k == len(ends) or starts[k] > need:
-                    raise ReadIndexCorrupt(f"{seg.name!r} has no bytes at offset {need}")
-                for j in range(k + 1, len(starts)):
-                    if starts[j] != ends[j - 1]:
-                        raise ReadIndexCorrupt(
-                            f"{seg.name!r} has a gap at [{ends[j - 1]}, {starts[j]})"
-                        )
-                if ends[-1] != seg.length:
-                    raise ReadIndexCorrupt(
-                        f"{seg.name!r} is indexed up to {ends[-1]}, its length is {seg.length}"
-                    )
+            gap = self.coverage_gap(seg)
+            if gap is not None:
+                raise ReadIndexCorrupt(gap)
         live = {s.id for s in segments}
         for segment_id in [s for s in self._segments if s not in live]:
             self.on_delete(segment_id)
@@ -301,6 +304,19 @@ class ReadIndex:
         pieces = await self.read_pieces(seg, offset, max_length, read_ahead)
         if len(pieces) == 1 and isinstance(pieces[0], bytes):
             return pieces[0]  # a whole entry or block: no copy
+        return b"".join(pieces)
+
+    async def read_buffer(
+        self, seg: SegmentView, offset: int, max_length: int, read_ahead: bool = True
+    ) -> Buffer:
+        """Like `read`, but a single piece comes back as it is, possibly a view.
+
+        For callers that hand the bytes straight on (the mount's replies to
+        the kernel take any buffer): no copy of a block fetched from Tier 2.
+        """
+        pieces = await self.read_pieces(seg, offset, max_length, read_ahead)
+        if len(pieces) == 1:
+            return pieces[0]
         return b"".join(pieces)
 
     async def read_pieces(

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from gateway.errors import Tier2Error
 from gateway.tier2 import names
 from gateway.tier2.layer import ChunkLayer
+from gateway.tier2.storage import ObjectInfo
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,13 @@ class GcResult:
     #: Keys under the node prefix that are neither chunks nor snapshots.
     unknown: int = 0
     deleted_keys: list[str] = field(default_factory=list)
+    #: The objects behind the counts, for fsck's report: garbage old enough
+    #: to delete (deleted unless a dry run), garbage kept for its youth,
+    #: deletes that failed, and the unknown keys.
+    garbage: list[ObjectInfo] = field(default_factory=list)
+    young: list[ObjectInfo] = field(default_factory=list)
+    failed_keys: list[str] = field(default_factory=list)
+    unknown_keys: list[str] = field(default_factory=list)
 
 
 async def collect(
@@ -49,8 +57,12 @@ async def collect(
     referenced: Callable[[], set[str]],
     grace: float,
     now: float | None = None,
+    dry_run: bool = False,
 ) -> GcResult:
-    """One pass over ``node``'s chunk objects; ``referenced()`` is asked again before deleting."""
+    """One pass over ``node``'s chunk objects; ``referenced()`` is asked again before deleting.
+
+    With ``dry_run`` nothing is deleted: ``garbage`` lists what would be (fsck).
+    """
     result = GcResult()
     now = time.time() if now is None else now
     objects = await layer.list(names.node_prefix(node))
@@ -63,25 +75,32 @@ async def collect(
             continue
         if not obj.key.startswith(chunks_prefix) or names.chunk_epoch(obj.key) is None:
             result.unknown += 1
+            result.unknown_keys.append(obj.key)
             continue
         result.listed += 1
         if obj.key in named:
             result.referenced += 1
         elif now - obj.mtime < grace:
             result.kept_young += 1
+            result.young.append(obj)
         else:
-            candidates.append(obj.key)
+            candidates.append(obj)
     if candidates:
         # Again, now: a chunk may have been added since the listing began.
         named = referenced()
-        for key in candidates:
+        for obj in candidates:
+            key = obj.key
             if key in named:
                 result.referenced += 1
+                continue
+            result.garbage.append(obj)
+            if dry_run:
                 continue
             try:
                 await layer.delete(key)
             except Tier2Error as e:
                 result.failed += 1
+                result.failed_keys.append(key)
                 log.warning("GC: cannot delete %s: %s", key, e)
                 continue
             result.deleted += 1
