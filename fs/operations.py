@@ -38,7 +38,7 @@ import re
 import stat
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
 import pyfuse3
 import trio
@@ -338,14 +338,16 @@ class SegmentFS(pyfuse3.Operations):
         assert handle.prefetcher is not None
         handle.prefetcher.on_read(view, off, size)
         try:
-            data = await self.container.read_index.read(view, off, size, read_ahead=False)
+            data = await self.container.read_index.read_buffer(view, off, size, read_ahead=False)
         except GatewayError as e:
             self.read_errors += 1
             log.error("read of %r at offset %d (%d bytes) failed: %s", seg.name, off, size, e)
             raise pyfuse3.FUSEError(errno.EIO) from None
         self.reads += 1
         self.bytes_read += len(data)
-        return data
+        # pyfuse3 replies from any contiguous buffer (PyObject_GetBuffer), so a
+        # view into a fetched block goes to the kernel without a copy.
+        return cast(bytes, data)
 
     async def flush(self, fh: int) -> None:
         """Nothing buffered: nothing to flush."""

@@ -35,6 +35,7 @@ import trio
 
 from cache import CacheStore
 from gateway.errors import ChunkCorrupt, GatewayError
+from gateway.journal.format import Buffer
 from gateway.protocol.metadata_pb2 import ChunkRecord
 from gateway.tier2.layer import ChunkLayer
 
@@ -70,7 +71,7 @@ class ChunkReader:
         self.store = store
         self.read_ahead = read_ahead
         self._memory_limit = max(memory_bytes, (read_ahead + 2 * FETCH_BLOCKS) * BLOCK_SIZE)
-        self._ready: OrderedDict[BlockId, bytes] = OrderedDict()
+        self._ready: OrderedDict[BlockId, Buffer] = OrderedDict()
         self._ready_bytes = 0
         self._inflight: dict[BlockId, trio.Event] = {}
         #: segment id -> end of its last read (sequential detection).
@@ -111,8 +112,10 @@ class ChunkReader:
         offset: int,
         length: int,
         read_ahead: bool = True,
-    ) -> bytes:
+    ) -> Buffer:
         """Bytes ``[offset, offset+length)`` of a segment, all of which lie in ``chunks``.
+
+        A view into a fetched block where one block holds them all (no copy).
 
         With ``read_ahead``, a read that continues the previous read of the
         segment schedules `read_ahead` MiB ahead of it. Callers that track
@@ -134,7 +137,7 @@ class ChunkReader:
             chunk, index, lo, hi = wanted[0]
             data = await self._block(chunk, index)
             return data[lo:hi] if (lo, hi) != (0, len(data)) else data
-        results: list[bytes] = [b""] * len(wanted)
+        results: list[Buffer] = [b""] * len(wanted)
 
         async def one(i: int, chunk: ChunkRecord, index: int) -> None:
             results[i] = await self._block(chunk, index)
@@ -231,7 +234,7 @@ class ChunkReader:
     def _expected(self, chunk: ChunkRecord, index: int) -> int:
         return min(BLOCK_SIZE, int(chunk.length) - index * BLOCK_SIZE)
 
-    async def _block(self, chunk: ChunkRecord, index: int) -> bytes:
+    async def _block(self, chunk: ChunkRecord, index: int) -> Buffer:
         """Block ``index`` of ``chunk``: exactly its bytes within the chunk's length."""
         key = (chunk.name, index)
         expected = self._expected(chunk, index)
@@ -258,7 +261,7 @@ class ChunkReader:
 
     async def _fetch(
         self, chunk: ChunkRecord, index: int, count: int, cache: bool = True
-    ) -> list[bytes]:
+    ) -> list[Buffer]:
         """GET the claimed blocks ``index``..``index+count-1`` in one ranged read.
 
         Read-ahead passes ``cache=False``: a sequential scan does not go
@@ -282,10 +285,14 @@ class ChunkReader:
             if start == 0 and end == chunk.length and crc32c.crc32c(data) != chunk.crc32c:
                 raise ChunkCorrupt(chunk.name, "its CRC32C does not match the chunk record")
             if count == 1:
-                blocks = [data]
+                blocks: list[Buffer] = [data]
             else:
+                # Views, not copies: copying a GET into its blocks took a
+                # third of the daemon's time in a cold sequential read
+                # (bench/fuse_read.py, py-spy). The blocks keep the GET's
+                # buffer alive while any of them is in memory.
                 view = memoryview(data)
-                blocks = [bytes(view[i : i + BLOCK_SIZE]) for i in range(0, len(data), BLOCK_SIZE)]
+                blocks = [view[i : i + BLOCK_SIZE] for i in range(0, len(data), BLOCK_SIZE)]
             self.blocks_fetched += count
             self.bytes_fetched += len(data)
             for key, block in zip(keys, blocks, strict=True):
@@ -303,7 +310,7 @@ class ChunkReader:
                 if event is not None:
                     event.set()
 
-    def _remember(self, key: BlockId, data: bytes) -> None:
+    def _remember(self, key: BlockId, data: Buffer) -> None:
         old = self._ready.pop(key, None)
         if old is not None:
             self._ready_bytes -= len(old)
@@ -313,7 +320,7 @@ class ChunkReader:
             _, gone = self._ready.popitem(last=False)
             self._ready_bytes -= len(gone)
 
-    async def _cache(self, keys: list[BlockId], blocks: list[bytes]) -> None:
+    async def _cache(self, keys: list[BlockId], blocks: list[Buffer]) -> None:
         """Keep fetched blocks in the cache store (one writer at a time, off the loop)."""
 
         def put() -> None:
