@@ -3,7 +3,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install run test proto lint bench deb clean
+.PHONY: install run test proto lint bench deb clean torture
 
 install:
 	@scripts/bootstrap.sh
@@ -18,6 +18,13 @@ run: install
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The torture loop for longer than CI's short run (tests/torture): faults at
+# random against a real daemon, SeaweedFS and mount; prints a summary.
+TORTURE_SECONDS ?= 1800
+torture: install
+	SEGMENT_GATEWAY_TORTURE_SECONDS=$(TORTURE_SECONDS) $(PY) -m pytest -s \
+		tests/torture
 
 proto: install
 	$(PY) scripts/gen_proto.py

@@ -20,6 +20,7 @@ a failure is a `ConnectionLost` saying why.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import ssl
 import threading
@@ -39,6 +40,7 @@ from gateway.container.segment import SegmentInfo
 from gateway.errors import BY_WIRE_CODE, ConfigError, ConnectionLost, GatewayError, ProtocolError
 from gateway.protocol import wire_pb2 as wire
 from gateway.protocol.framing import MessageStream, close_now, encode_append_request
+from gateway.protocol.metadata_pb2 import MetadataSnapshot
 
 T = TypeVar("T")
 DEFAULT_MAX_MESSAGE = 64 * 1024 * 1024
@@ -211,7 +213,9 @@ class Client:
             fut._set(None, error)
         streams, self._streams = self._streams, {}
         for channel in streams.values():
-            channel.send_nowait(error)
+            # A reader that was cancelled has closed its end already.
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                channel.send_nowait(error)
             channel.close()
 
     async def _receive_loop(self) -> None:
@@ -398,6 +402,11 @@ class Client:
     async def flush(self, segment: str = "") -> None:
         """Flush a segment ("" = all) to Tier 2; returns once it is there."""
         await self._call(flush=wire.FlushRequest(segment=segment))
+
+    async def export_metadata(self) -> MetadataSnapshot:
+        """The committed metadata of every segment (chunk lists, attributes)."""
+        response = await self._call(export_metadata=wire.ExportMetadataRequest())
+        return MetadataSnapshot.FromString(response.metadata.snapshot)
 
     async def info(self, segment: str) -> SegmentInfo:
         """A segment's committed metadata."""
@@ -606,6 +615,11 @@ class SyncClient:
         """See `Client.delete`."""
         assert self._client is not None
         self._run(self._client.delete, segment)
+
+    def export_metadata(self) -> MetadataSnapshot:
+        """See `Client.export_metadata`."""
+        assert self._client is not None
+        return self._run(self._client.export_metadata)
 
     def info(self, segment: str) -> SegmentInfo:
         """See `Client.info`."""

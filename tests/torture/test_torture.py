@@ -1,0 +1,349 @@
+"""The torture loop: a real daemon, SeaweedFS and mount, writers and readers, random faults.
+
+Rounds of a few seconds each; in every round one or two faults are injected
+at random, while three exactly-once writers append numbered lines and readers
+follow the segments through the protocol and through the mount:
+
+- ``kill_daemon``: SIGKILL the daemon, restart it (a stale mount and an
+  unflushed journal to recover from; nobody repairs anything by hand);
+- ``kill_s3``: SIGKILL SeaweedFS, restart it a moment later;
+- ``s3_faults``: the S3 proxy answers 503 SlowDown, resets connections
+  before and during responses, and delays requests;
+- ``disk_full``: fill the journal's small tmpfs with a ballast file, then
+  free it (appends are refused meanwhile and writers retry);
+- ``slow_disk``: restart the daemon with every journal fdatasync delayed.
+
+After every round: every acknowledged event is in its segment exactly once
+and in order (through the protocol and through the mount), and what every
+reader saw was a prefix of it. At the end, `fsck` finds nothing (once the
+faults stop). The CI run lasts ``SEGMENT_GATEWAY_TORTURE_SECONDS`` (default
+90); ``make torture`` runs it for 30 minutes and prints the summary.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import pathlib
+import random
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import trio
+
+from gateway.client import open_client
+from gateway.errors import GatewayError
+from gateway.tier2.embedded import EmbeddedS3
+from gateway.tier2.s3 import S3Storage
+from gateway.writer import open_segment_writer
+from tests.helpers.mount import MountedDaemon, require_fuse
+from tests.helpers.s3proxy import S3FaultProxy
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+SECONDS = float(os.environ.get("SEGMENT_GATEWAY_TORTURE_SECONDS", "90"))
+WRITERS = 3
+FAULTS = ("kill_daemon", "kill_s3", "s3_faults", "disk_full", "slow_disk")
+
+CONFIG = """
+[journal]
+dir = "{journal}"
+file_size = "4 MiB"
+preallocate_step = "1 MiB"
+max_pending_bytes = "4 MiB"
+max_group_bytes = "1 MiB"
+max_frame_bytes = "256 KiB"
+max_operation_bytes = "1 MiB"
+[container]
+max_append_bytes = "512 KiB"
+overload_timeout = "1s"
+[server]
+max_message_bytes = "1 MiB"
+[tier2]
+url = "s3://{bucket}/torture"
+endpoint_url = "{endpoint}"
+flush_size = "128 KiB"
+flush_interval = "0.5s"
+max_chunk_size = "1 MiB"
+retry_deadline = "20s"
+request_timeout = "5s"
+snapshot_interval = "2s"
+gc_interval = "3s"
+gc_grace = "30s"
+"""
+
+
+def line(writer: int, n: int) -> bytes:
+    return b"w%d-%08d" % (writer, n)
+
+
+def check_prefix(writer: int, data: bytes, at_least: int, where: str) -> int:
+    """``data`` is lines 0.. of ``writer``, in order, none twice; at least ``at_least``."""
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    elif lines:
+        raise AssertionError(f"{where}: writer {writer}'s segment ends inside a line")
+    for i, got in enumerate(lines):
+        if got != line(writer, i):
+            raise AssertionError(f"{where}: line {i} of writer {writer} is {got!r}")
+    if len(lines) < at_least:
+        raise AssertionError(f"{where}: {len(lines)} lines, {at_least} were acknowledged")
+    return len(lines)
+
+
+class Torture:
+    """The moving parts and the fault injectors."""
+
+    def __init__(self, tmp: pathlib.Path, seed: int) -> None:
+        self.tmp = tmp
+        self.rng = random.Random(seed)
+        self.s3 = EmbeddedS3(tmp / "s3")
+        self.proxy: S3FaultProxy | None = None
+        self.daemon: MountedDaemon | None = None
+        self.journal_fs = tmp / "journal-fs"
+        self.faults: collections.Counter[str] = collections.Counter()
+        self.acked = [0] * WRITERS
+        self.reader_bytes = 0
+        self.rounds = 0
+
+    def start(self) -> None:
+        self.s3.start()
+        bucket = f"torture-{uuid.uuid4().hex[:8]}"
+        storage = S3Storage(
+            bucket,
+            endpoint_url=self.s3.endpoint_url,
+            access_key=self.s3.access_key,
+            secret_key=self.s3.secret_key,
+        )
+        storage.create_bucket_if_missing()
+        storage.close()
+        self.proxy = S3FaultProxy(self.s3.endpoint_url, seed=7).start()
+        self.journal_fs.mkdir()
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(self.journal_fs)], check=True
+        )
+        config = CONFIG.format(
+            journal=self.journal_fs / "journal", bucket=bucket, endpoint=self.proxy.endpoint_url
+        )
+        env = {
+            "AWS_ACCESS_KEY_ID": self.s3.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.s3.secret_key,
+        }
+        self.daemon = MountedDaemon(
+            self.tmp / "node", self.tmp / "mnt", config_text=config, env=env
+        )
+        self.daemon.start(timeout=60)
+
+    def close(self) -> None:
+        if self.daemon is not None:
+            self.daemon.teardown()
+        if self.proxy is not None:
+            self.proxy.stop()
+        self.s3.stop()
+        subprocess.run(["umount", "-l", str(self.journal_fs)], check=False)
+
+    # -- faults (run in a worker thread: they block) ---------------------------------
+
+    def restart_daemon(self, env: dict[str, str] | None = None) -> None:
+        assert self.daemon is not None
+        self.daemon.kill()
+        time.sleep(self.rng.uniform(0, 0.5))
+        base = {k: v for k, v in self.daemon.env.items() if k != "SEGMENT_GATEWAY_FAILPOINTS"}
+        self.daemon.env = {**base, **(env or {})}
+        self.daemon.start(timeout=90)
+
+    def inject(self, fault: str, seconds: float) -> None:
+        self.faults[fault] += 1
+        assert self.proxy is not None
+        if fault == "kill_daemon":
+            self.restart_daemon()
+            time.sleep(seconds)
+        elif fault == "kill_s3":
+            self.s3.kill()
+            time.sleep(self.rng.uniform(0.5, 2.0))
+            # On the event loop's thread: SeaweedFS dies with the thread
+            # that started it (PR_SET_PDEATHSIG), and worker threads end.
+            trio.from_thread.run_sync(self.s3.start)
+            time.sleep(seconds)
+        elif fault == "s3_faults":
+            self.proxy.fail(30, fraction=0.3, retry_after=0.2)
+            self.proxy.drop(10, fraction=0.3)
+            self.proxy.drop(10, when="response", fraction=0.3)
+            self.proxy.delay(20, 0.3, fraction=0.5)
+            time.sleep(seconds)
+            self.proxy.clear()
+        elif fault == "disk_full":
+            ballast = self.journal_fs / "ballast"
+            fd = os.open(ballast, os.O_WRONLY | os.O_CREAT)
+            try:
+                for size in (1 << 20, 4096, 1):
+                    with contextlib.suppress(OSError):
+                        while True:
+                            os.write(fd, b"\0" * size)
+            finally:
+                os.close(fd)
+            time.sleep(min(seconds, 2.0))
+            ballast.unlink()
+            time.sleep(max(0.0, seconds - 2.0))
+        elif fault == "slow_disk":
+            self.restart_daemon({"SEGMENT_GATEWAY_FAILPOINTS": "journal_sync=delay:0.02"})
+            time.sleep(seconds)
+            self.restart_daemon()
+
+
+async def writer_task(
+    t: Torture, k: int, stop: trio.Event, *, task_status: trio.TaskStatus[None]
+) -> None:
+    assert t.daemon is not None
+    async with open_segment_writer(
+        t.daemon.address,
+        f"torture/w{k}",
+        codec="lines",
+        writer_id=uuid.UUID(int=(k + 1) << 64).bytes,  # not a core attribute id
+        max_batch_bytes=8192,
+        reconnect_timeout=300,
+    ) as w:
+        task_status.started()
+        n = 0
+        while not stop.is_set():
+            await w.write(line(k, n))
+            n += 1
+            t.acked[k] = w.acked_event
+            if n % 50 == 0:
+                await trio.sleep(0.01)
+    t.acked[k] = w.acked_event
+
+
+async def protocol_reader(t: Torture, k: int, stop: trio.Event) -> None:
+    """Follows a segment; what it sees must always be a prefix of the writer's lines."""
+    assert t.daemon is not None
+    seen = bytearray()
+    while not stop.is_set():
+        try:
+            async with open_client(t.daemon.address) as c:
+                while not stop.is_set():
+                    r = await c.read(f"torture/w{k}", len(seen), 1 << 20, wait=0.5)
+                    seen += r.data
+                    t.reader_bytes += len(r.data)
+                    complete = bytes(seen[: seen.rfind(b"\n") + 1])
+                    check_prefix(k, complete, 0, f"protocol reader {k}")
+        except (GatewayError, OSError):
+            await trio.sleep(0.2)  # the daemon is down or busy: come back
+
+
+def mount_read(t: Torture, k: int) -> None:
+    """Read the segment through the mount (in a thread); it must be a prefix too."""
+    assert t.daemon is not None
+    try:
+        data = (t.daemon.mnt / f"torture/w{k}").read_bytes()
+    except OSError:
+        return  # the daemon is down (ENOTCONN) or the file not there yet
+    complete = data[: data.rfind(b"\n") + 1]
+    check_prefix(k, complete, 0, f"mount reader {k}")
+    t.reader_bytes += len(data)
+
+
+async def mount_reader(t: Torture, stop: trio.Event) -> None:
+    while not stop.is_set():
+        for k in range(WRITERS):
+            with trio.move_on_after(30) as scope:
+                await trio.to_thread.run_sync(mount_read, t, k, abandon_on_cancel=True)
+            assert not scope.cancelled_caught, "a read through the mount hung for 30 s"
+        await trio.sleep(0.3)
+
+
+async def verify(t: Torture) -> int:
+    """Every acknowledged event, once, in order: through the protocol and the mount."""
+    assert t.daemon is not None
+    acked = list(t.acked)
+    total = 0
+    async with open_client(t.daemon.address) as c:
+        for k in range(WRITERS):
+            name = f"torture/w{k}"
+            info = await c.info(name)
+            data = bytearray()
+            while len(data) < info.length:
+                data += (await c.read(name, len(data), 4 << 20)).data
+            total += check_prefix(k, bytes(data), acked[k], f"round {t.rounds} protocol")
+            # The kernel may hold a size up to fuse.active_timeout old: wait
+            # that long, then the mount shows at least what was read above.
+            await trio.sleep(0.6)
+            through_mount = await trio.to_thread.run_sync(
+                (t.daemon.mnt / name).read_bytes, abandon_on_cancel=True
+            )
+            assert len(through_mount) >= len(data), f"{name}: the mount shows less"
+            assert through_mount[: len(data)] == bytes(data), f"mount differs for {name}"
+    return total
+
+
+@pytest.mark.timeout(SECONDS + 240)
+async def test_torture(tmp_path: pathlib.Path) -> None:
+    require_fuse()
+    seed = int(os.environ.get("SEGMENT_GATEWAY_TORTURE_SEED", "20261122"))
+    t = Torture(tmp_path, seed)
+    t.start()  # here, not in a worker thread: SeaweedFS lives as long as its starter
+    verified = 0
+    try:
+        assert t.daemon is not None
+        async with open_client(t.daemon.address) as c:
+            for k in range(WRITERS):
+                await c.create(f"torture/w{k}")
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            for k in range(WRITERS):
+                await nursery.start(writer_task, t, k, stop)
+                nursery.start_soon(protocol_reader, t, k, stop)
+            nursery.start_soon(mount_reader, t, stop)
+            deadline = trio.current_time() + SECONDS
+            while trio.current_time() < deadline:
+                t.rounds += 1
+                kinds = t.rng.sample(FAULTS, t.rng.choice((1, 1, 2)))
+                for fault in kinds:
+                    await trio.to_thread.run_sync(t.inject, fault, t.rng.uniform(1.0, 3.0))
+                verified = await verify(t)
+                print(f"torture: round {t.rounds}: {'+'.join(kinds)}; {verified} events verified")
+            stop.set()
+        # Quiet now: everything reaches Tier 2, and fsck finds nothing.
+        verified = await verify(t)
+        async with open_client(t.daemon.address) as c:
+            await c.flush()
+        await fsck_is_clean(t)
+    finally:
+        t.close()
+    summary = {
+        "seconds": SECONDS,
+        "seed": seed,
+        "rounds": t.rounds,
+        "faults": dict(t.faults),
+        "events_verified": verified,
+        "acked": t.acked,
+        "reader_bytes": t.reader_bytes,
+    }
+    print(f"torture summary: {summary}")
+    assert t.rounds >= 3 and sum(t.faults.values()) >= t.rounds
+    assert verified >= sum(t.acked) > 0
+
+
+async def fsck_is_clean(t: Torture) -> None:
+    """Online fsck through the daemon, if this build has it."""
+    assert t.daemon is not None
+    help_text = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "--help"], capture_output=True, text=True, cwd=ROOT
+    ).stdout
+    if " fsck" not in help_text and "fsck," not in help_text:
+        pytest.fail("segment-gateway fsck is missing")
+    r = await trio.to_thread.run_sync(
+        lambda: subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "fsck", "--connect", t.daemon.address],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+    )
+    assert r.returncode == 0, f"fsck found problems:\n{r.stdout}\n{r.stderr}"
