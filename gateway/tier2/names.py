@@ -20,6 +20,7 @@ import gateway
 CHUNK_FORMAT_VERSION = 1
 
 _CHUNK_NAME = re.compile(r"(?:.*/)?chunks/(\d+)/(\d{20})\.e(\d+)\.[0-9a-f]{32}")
+_SNAPSHOT_NAME = re.compile(r"(?:.*/)?meta/(\d{20})\.e(\d+)\.snapshot")
 
 
 def node_prefix(node: str) -> str:
@@ -46,6 +47,18 @@ def chunk_epoch(key: str) -> int | None:
     """The epoch a chunk key carries, or None if ``key`` is not a chunk key."""
     m = _CHUNK_NAME.fullmatch(key)
     return int(m.group(3)) if m else None
+
+
+def parse_chunk_key(key: str) -> tuple[int, int, int] | None:
+    """(segment id, start offset, epoch) of a chunk key, or None if it is not one."""
+    m = _CHUNK_NAME.fullmatch(key)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
+
+
+def parse_snapshot_key(key: str) -> tuple[int, int] | None:
+    """(Unix ms, epoch) of a metadata snapshot key, or None if it is not one."""
+    m = _SNAPSHOT_NAME.fullmatch(key)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def snapshot_key(node: str, at_ms: int, epoch: int) -> str:

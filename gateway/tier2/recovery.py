@@ -1,0 +1,610 @@
+"""Rebuilding a node's metadata from Tier 2 alone (disaster recovery, import).
+
+When a node's SSD is lost, Tier 2 still holds, under ``<node>/``:
+
+- metadata snapshots (``meta/``): the committed metadata of every segment,
+  chunk lists included, uploaded after flushes; and
+- chunk objects (``chunks/``), whose key carries the segment id, start offset
+  and epoch, and whose user metadata carries the segment name, offset,
+  length, CRC32C and epoch (`gateway.tier2.names`).
+
+`recover_metadata` starts from the newest readable snapshot and replays the
+chunks written after it, the way Pravega's SystemJournal rebuilds storage
+metadata from the chunks themselves. Per segment, in offset order:
+
+1. The snapshot's chunks are checked against a listing. Leading chunks that
+   are gone were truncated away (or the segment deleted) after the snapshot:
+   the segment now starts at the first chunk that is left. A chunk missing
+   after that is a hole: nothing past it can be read, so the segment ends
+   there. A segment whose every chunk is gone is taken as deleted.
+2. A chunk the snapshot does not name extends the segment if it starts
+   exactly at the segment's current storage end and its epoch is not below
+   that of the chunk before it (an older epoch's object past a newer one is
+   left over from before an earlier recovery). Among several such chunks
+   the newest epoch wins, then the longest: a crashed epoch's unjournaled
+   upload loses to the re-upload of the epoch after it. On bindings that
+   append, the snapshot's last chunk may have grown since: its metadata says
+   how far.
+3. Chunks that overlap what is already covered, start after a gap, or have
+   unusable metadata are ignored and reported; GC deletes them later.
+4. Segments created after the snapshot (ids at or above its
+   ``next_segment_id``) come back from their chunks alone, named by the
+   chunk metadata. Chunks of ids below it that the snapshot does not list
+   belong to segments deleted before the snapshot, and chunks of epochs
+   below the snapshot's that it does not name are garbage it already
+   outlived: neither is looked at.
+
+Every recovered segment then has ``length == storage_length ==`` the end of
+its contiguous chunks. What only the lost journal held cannot come back:
+bytes not yet flushed, and every change after the newest snapshot that no
+chunk records -- seals, attribute updates (exactly-once writers' event
+numbers included), truncations that deleted no whole chunk, deletions whose
+chunk deletes had not run. docs/OPERATIONS.md says so to operators.
+
+`rebuild` without chunk replay is the check ``import-metadata`` runs on an
+exported snapshot: the same verification and clamping, nothing added.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import trio
+
+from gateway.container.names import validate_name
+from gateway.errors import ChunkNotFound, GatewayError, NothingToRecover, SnapshotInvalid
+from gateway.protocol.metadata_pb2 import (
+    ChunkRecord,
+    ContainerSnapshot,
+    MetadataSnapshot,
+    SegmentRecord,
+)
+from gateway.tier2 import names
+from gateway.tier2.layer import ChunkLayer
+from gateway.tier2.storage import ObjectInfo
+
+log = logging.getLogger(__name__)
+
+#: The MetadataSnapshot and ContainerSnapshot versions this code reads.
+SNAPSHOT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class FoundChunk:
+    """A chunk object as its key and user metadata describe it."""
+
+    key: str
+    segment_id: int
+    segment: str
+    start_offset: int
+    length: int
+    crc32c: int
+    epoch: int
+    #: Last modification, Unix seconds.
+    mtime: float
+
+    @property
+    def end(self) -> int:
+        """Segment offset just past the chunk."""
+        return self.start_offset + self.length
+
+    def record(self) -> ChunkRecord:
+        """The chunk as segment metadata lists it."""
+        return ChunkRecord(
+            name=self.key,
+            start_offset=self.start_offset,
+            length=self.length,
+            crc32c=self.crc32c,
+            epoch=self.epoch,
+        )
+
+
+@dataclass
+class RebuildReport:
+    """What a rebuild found, used and left out -- for the log and the CLI."""
+
+    #: The snapshot the rebuild started from ("" = none).
+    snapshot_key: str = ""
+    snapshot_epoch: int = 0
+    snapshot_created_ms: int = 0
+    #: Snapshots that could not be used (newer ones first), and why.
+    bad_snapshots: list[tuple[str, str]] = field(default_factory=list)
+    #: Chunk objects listed under the node's prefix.
+    chunks_listed: int = 0
+    #: Chunk objects whose metadata was read (HEAD) because no snapshot named them.
+    chunks_examined: int = 0
+    #: Unnamed chunk objects skipped without a look: older than the snapshot,
+    #: or of segments deleted before it (garbage for GC).
+    chunks_skipped: int = 0
+    segments: int = 0
+    #: Bytes of all recovered segments in Tier 2 (from start offset to length).
+    stored_bytes: int = 0
+    #: Segment -> bytes it gained from chunks written after the snapshot.
+    extended: dict[str, int] = field(default_factory=dict)
+    #: Segments created after the snapshot, recovered from chunk metadata alone.
+    new_segments: list[str] = field(default_factory=list)
+    #: Segment -> bytes the snapshot counted that Tier 2 does not hold (lost).
+    lost_bytes: dict[str, int] = field(default_factory=dict)
+    #: Segment -> its new start offset, its leading chunks being gone.
+    raised_start: dict[str, int] = field(default_factory=dict)
+    #: Segments left out, and why.
+    dropped: list[tuple[str, str]] = field(default_factory=list)
+    #: Chunks named by the snapshot whose objects are gone (or too short).
+    missing_chunks: list[str] = field(default_factory=list)
+    #: Chunk objects not used, and why.
+    ignored_chunks: list[tuple[str, str]] = field(default_factory=list)
+    #: Highest epoch in any snapshot, chunk key or chunk record seen.
+    max_epoch: int = 0
+
+    def summary(self) -> list[str]:
+        """Human-readable lines: totals first, then every exception."""
+        base = (
+            f"snapshot {self.snapshot_key} (epoch {self.snapshot_epoch})"
+            if self.snapshot_key
+            else "no snapshot"
+        )
+        lines = [
+            f"rebuilt {self.segments} segment(s), {self.stored_bytes} byte(s) in Tier 2, from "
+            f"{base} and {self.chunks_examined} newer chunk object(s) of "
+            f"{self.chunks_listed} listed; highest epoch seen {self.max_epoch}"
+        ]
+        lines += [f"snapshot {k} unusable: {why}" for k, why in self.bad_snapshots]
+        for n, b in sorted(self.extended.items()):
+            if n in self.new_segments:
+                lines.append(f"{n!r}: created after the snapshot, {b} byte(s) from its chunks")
+            else:
+                lines.append(f"{n!r}: {b} byte(s) from chunks newer than the snapshot")
+        for n, b in sorted(self.lost_bytes.items()):
+            lines.append(f"{n!r}: LOST {b} byte(s) that were only in the journal")
+        for n, o in sorted(self.raised_start.items()):
+            lines.append(f"{n!r}: its first chunks are gone, it now starts at {o}")
+        lines += [f"{n!r} left out: {why}" for n, why in self.dropped]
+        lines += [f"chunk {k} named by the snapshot is gone" for k in self.missing_chunks]
+        lines += [f"chunk {k} ignored: {why}" for k, why in self.ignored_chunks]
+        if self.chunks_skipped:
+            lines.append(
+                f"{self.chunks_skipped} chunk object(s) older than the snapshot or of segments "
+                "deleted before it were not looked at (garbage)"
+            )
+        return lines
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    """The outcome of a rebuild: the metadata to install, and the report."""
+
+    container: ContainerSnapshot
+    report: RebuildReport
+
+    @property
+    def max_epoch(self) -> int:
+        """The new node's journal must start above this epoch."""
+        return self.report.max_epoch
+
+
+def check_snapshot(snap: MetadataSnapshot, what: str) -> MetadataSnapshot:
+    """``snap`` if this code can use it, else SnapshotInvalid naming ``what``."""
+    if snap.version != SNAPSHOT_VERSION:
+        raise SnapshotInvalid(what, f"format version {snap.version} is unknown")
+    if not snap.HasField("container") or snap.container.version != SNAPSHOT_VERSION:
+        raise SnapshotInvalid(what, f"container version {snap.container.version} is unknown")
+    for r in snap.container.segments:
+        end = r.start_offset
+        for c in r.chunks:
+            if c.start_offset > end:
+                raise SnapshotInvalid(what, f"segment {r.name!r} has no chunk at offset {end}")
+            end = max(end, c.start_offset + c.length)
+    return snap
+
+
+def _decode_chunk(key: str, info: ObjectInfo) -> FoundChunk | str:
+    """The chunk that ``key``'s metadata describes, or why it cannot be used."""
+    parsed = names.parse_chunk_key(key)
+    assert parsed is not None
+    segment_id, key_offset, key_epoch = parsed
+    md = info.metadata
+    try:
+        chunk = FoundChunk(
+            key=key,
+            segment_id=segment_id,
+            segment=md["segment"],
+            start_offset=int(md["offset"]),
+            length=int(md["length"]),
+            crc32c=int(md["crc32c"], 16),
+            epoch=int(md["epoch"]),
+            mtime=info.mtime,
+        )
+    except (KeyError, ValueError):
+        return "its user metadata lacks segment, offset, length, crc32c or epoch"
+    version = md.get("format-version", str(names.CHUNK_FORMAT_VERSION))
+    if version != str(names.CHUNK_FORMAT_VERSION):
+        return f"chunk format version {version} is unknown"
+    if chunk.start_offset != key_offset or chunk.epoch != key_epoch:
+        return "its metadata disagrees with its key (offset or epoch)"
+    if chunk.length > info.size:
+        return f"its metadata says {chunk.length} bytes, the object holds {info.size}"
+    return chunk
+
+
+async def _stat_all(layer: ChunkLayer, keys: list[str]) -> dict[str, ObjectInfo | None]:
+    """HEAD every key at once (the layer bounds the concurrency); None: gone."""
+    found: dict[str, ObjectInfo | None] = {}
+
+    async def one(key: str) -> None:
+        try:
+            found[key] = await layer.stat(key)
+        except ChunkNotFound:
+            found[key] = None
+
+    async with trio.open_nursery() as nursery:
+        for key in keys:
+            nursery.start_soon(one, key)
+    return found
+
+
+def _extend(
+    end: int, last_epoch: int, candidates: list[FoundChunk], limit: int | None
+) -> tuple[list[FoundChunk], list[tuple[FoundChunk, str]]]:
+    """Chain candidates onto a segment whose storage ends at ``end`` (rule 2).
+
+    Returns the chunks used, in offset order, and the others with the reason.
+    ``limit``: a sealed segment's length, which no chunk may pass.
+    """
+    by_start: dict[int, list[FoundChunk]] = defaultdict(list)
+    for c in candidates:
+        by_start[c.start_offset].append(c)
+    picked: list[FoundChunk] = []
+    while True:
+        options = [
+            c
+            for c in by_start.get(end, ())
+            if c.length > 0 and c.epoch >= last_epoch and (limit is None or c.end <= limit)
+        ]
+        if not options:
+            break
+        best = max(options, key=lambda c: (c.epoch, c.length, c.key))
+        picked.append(best)
+        end, last_epoch = best.end, best.epoch
+    used = {c.key for c in picked}
+    ignored: list[tuple[FoundChunk, str]] = []
+    for c in sorted(candidates, key=lambda c: (c.start_offset, c.key)):
+        if c.key in used:
+            continue
+        if c.length == 0:
+            why = "empty"
+        elif limit is not None and c.end > limit:
+            why = f"ends at {c.end}, past the sealed length {limit}"
+        elif c.start_offset < end:
+            why = f"overlaps bytes already recovered (up to {end})"
+        elif c.start_offset > end:
+            why = f"starts at {c.start_offset}, after a gap at {end}"
+        else:
+            why = f"epoch {c.epoch} is below the epoch {last_epoch} of the chunk before it (stale)"
+        ignored.append((c, why))
+    return picked, ignored
+
+
+def _ms(seconds: float) -> int:
+    return int(seconds * 1000)
+
+
+@dataclass
+class _Outcome:
+    """One recovered segment, before name conflicts are settled."""
+
+    record: SegmentRecord
+    #: Bytes gained from chunks newer than the snapshot.
+    gained: int
+    #: Created after the snapshot (recovered from its chunks alone).
+    new: bool
+
+
+async def rebuild(
+    layer: ChunkLayer,
+    node: str,
+    base: MetadataSnapshot | None,
+    *,
+    replay_chunks: bool,
+    report: RebuildReport | None = None,
+) -> Rebuilt:
+    """Metadata for ``node`` from ``base`` (may be None) checked against Tier 2.
+
+    With ``replay_chunks``, chunks written after ``base`` are added (disaster
+    recovery); without, ``base`` is only verified and clamped to what Tier 2
+    holds (import of an exported snapshot). Raises Tier2Error if Tier 2
+    fails after retries.
+    """
+    report = report or RebuildReport()
+    container = base.container if base is not None else ContainerSnapshot(version=1)
+    listing = await layer.list(names.chunks_prefix(node))
+    objects: dict[str, tuple[int, int, int]] = {}
+    sizes: dict[str, int] = {}
+    max_epoch = base.epoch if base is not None else 0
+    for obj in listing:
+        parsed = names.parse_chunk_key(obj.key)
+        if parsed is None:
+            continue  # not a chunk: GC counts such keys, recovery has no use for them
+        objects[obj.key] = parsed
+        sizes[obj.key] = obj.size
+        max_epoch = max(max_epoch, parsed[2])
+    report.chunks_listed = len(objects)
+    for obj in await layer.list(names.meta_prefix(node)):
+        snapshot = names.parse_snapshot_key(obj.key)
+        if snapshot is not None:
+            max_epoch = max(max_epoch, snapshot[1])
+    named: set[str] = set()
+    for r in container.segments:
+        for c in r.chunks:
+            named.add(c.name)
+            max_epoch = max(max_epoch, c.epoch)
+    report.max_epoch = max(report.max_epoch, max_epoch)
+    known = {r.id for r in container.segments}
+
+    # Which unnamed objects matter (rule 4), and the snapshot's last chunks,
+    # which may have grown on a binding that appends: one HEAD each.
+    unnamed: list[str] = []
+    last_chunks: list[str] = []
+    if replay_chunks:
+        for key, (segment_id, _, epoch) in objects.items():
+            if key in named:
+                continue
+            older = base is not None and epoch < base.epoch
+            deleted = segment_id < container.next_segment_id and segment_id not in known
+            if older or deleted:
+                report.chunks_skipped += 1
+            else:
+                unnamed.append(key)
+        report.chunks_examined = len(unnamed)
+        if layer.storage.supports_append:
+            last_chunks = [r.chunks[-1].name for r in container.segments if r.chunks]
+    stats = await _stat_all(layer, unnamed + last_chunks)
+
+    candidates: dict[int, list[FoundChunk]] = defaultdict(list)
+    for key in unnamed:
+        info = stats.get(key)
+        if info is None:
+            continue  # deleted since the listing
+        found = _decode_chunk(key, info)
+        if isinstance(found, str):
+            report.ignored_chunks.append((key, found))
+        else:
+            candidates[found.segment_id].append(found)
+
+    outcomes: list[_Outcome] = []
+    for r in container.segments:
+        grown = stats.get(r.chunks[-1].name) if r.chunks else None
+        outcome = _rebuild_segment(r, sizes, grown, candidates.pop(r.id, []), report)
+        if outcome is not None:
+            outcomes.append(outcome)
+    for segment_id in sorted(candidates):
+        outcome = _new_segment(segment_id, candidates[segment_id], report)
+        if outcome is not None:
+            outcomes.append(outcome)
+
+    # Two live segments with one name: the one created later (the larger id)
+    # is the one that exists; the other was deleted and its chunks not yet.
+    by_name: dict[str, _Outcome] = {}
+    for o in sorted(outcomes, key=lambda o: o.record.id, reverse=True):
+        rec = o.record
+        if rec.name in by_name:
+            later = by_name[rec.name].record.id
+            report.dropped.append(
+                (rec.name, f"id {rec.id}: id {later}, created later, has the name")
+            )
+            continue
+        by_name[rec.name] = o
+    kept = sorted(by_name.values(), key=lambda o: o.record.id)
+    for o in kept:
+        if o.new:
+            report.new_segments.append(o.record.name)
+        if o.gained:
+            report.extended[o.record.name] = o.gained
+    report.segments = len(kept)
+    report.stored_bytes = sum(o.record.length - o.record.start_offset for o in kept)
+    max_id = max((i for i, _, _ in objects.values()), default=0)
+    result = ContainerSnapshot(
+        version=SNAPSHOT_VERSION,
+        next_segment_id=max(container.next_segment_id, max_id + 1, 1),
+        segments=[o.record for o in kept],
+    )
+    return Rebuilt(result, report)
+
+
+def _rebuild_segment(
+    r: SegmentRecord,
+    sizes: dict[str, int],
+    grown: ObjectInfo | None,
+    candidates: list[FoundChunk],
+    report: RebuildReport,
+) -> _Outcome | None:
+    """One segment of the snapshot, checked (rule 1) and extended (rule 2).
+
+    ``sizes``: every chunk object listed; ``grown``: the metadata of the
+    snapshot's last chunk now, if it was read (bindings that append).
+    """
+
+    def present(c: ChunkRecord) -> bool:
+        return sizes.get(c.name, -1) >= c.length
+
+    chunks = list(r.chunks)
+    first = 0
+    while first < len(chunks) and not present(chunks[first]):
+        report.missing_chunks.append(chunks[first].name)
+        first += 1
+    if chunks and first == len(chunks):
+        if not candidates:
+            why = "every chunk the snapshot names is gone: deleted (or truncated past its "
+            report.dropped.append((r.name, why + "last chunk) after the snapshot"))
+            return None
+        start = max(r.start_offset, min(c.start_offset for c in candidates))
+    elif first:
+        start = max(r.start_offset, chunks[first].start_offset)
+    else:
+        start = r.start_offset
+    if start > r.start_offset:
+        report.raised_start[r.name] = start
+    kept: list[ChunkRecord] = []
+    end = start
+    hole = False
+    for c in chunks[first:]:
+        if c.start_offset + c.length <= end and not kept:
+            continue  # wholly below the start offset: garbage
+        if c.start_offset > end or not present(c):
+            hole = True
+            break
+        kept.append(c)
+        end = c.start_offset + c.length
+    if hole:
+        # Nothing past a hole can be read, whatever else is there.
+        for c in chunks[first + len(kept) :]:
+            if present(c):
+                report.ignored_chunks.append((c.name, f"after a hole at {end}"))
+            else:
+                report.missing_chunks.append(c.name)
+        report.ignored_chunks += [(fc.key, f"after a hole at {end}") for fc in candidates]
+        candidates = []
+    snapshot_end = end
+    if not hole and kept and kept[-1].name == chunks[-1].name and grown is not None:
+        g = _decode_chunk(kept[-1].name, grown)
+        if isinstance(g, FoundChunk) and g.length > kept[-1].length:
+            kept[-1] = g.record()
+            end = g.end
+    usable = []
+    for fc in candidates:
+        if fc.segment == r.name:
+            usable.append(fc)
+        else:
+            why = f"its metadata names {fc.segment!r}, segment id {r.id} is {r.name!r}"
+            report.ignored_chunks.append((fc.key, why))
+    picked, ignored = _extend(
+        end, kept[-1].epoch if kept else 0, usable, r.length if r.sealed else None
+    )
+    report.ignored_chunks += [(c.key, why) for c, why in ignored]
+    if picked:
+        end = picked[-1].end
+    if r.length > end:
+        report.lost_bytes[r.name] = r.length - end
+    rec = SegmentRecord()
+    rec.CopyFrom(r)
+    rec.start_offset = start
+    rec.length = rec.storage_length = end
+    rec.sealed_in_storage = rec.sealed
+    del rec.chunks[:]
+    rec.chunks.extend(kept)
+    rec.chunks.extend(c.record() for c in picked)
+    del rec.event_index[:]
+    rec.event_index.extend(x for x in r.event_index if start <= x < end)
+    if picked:
+        rec.last_modified_ms = max(r.last_modified_ms, _ms(max(c.mtime for c in picked)))
+    return _Outcome(rec, end - snapshot_end, new=False)
+
+
+def _new_segment(
+    segment_id: int, candidates: list[FoundChunk], report: RebuildReport
+) -> _Outcome | None:
+    """A segment the snapshot does not know, from its chunks alone (rule 4)."""
+    nonempty = [c for c in candidates if c.length > 0]
+    if not nonempty:
+        report.ignored_chunks += [(c.key, "empty") for c in candidates]
+        return None
+    first = min(nonempty, key=lambda c: (c.start_offset, -c.epoch, -c.length))
+    name = first.segment
+    try:
+        validate_name(name)
+    except GatewayError as e:
+        report.dropped.append((name, f"id {segment_id}: {e}"))
+        report.ignored_chunks += [(c.key, "its segment name is invalid") for c in candidates]
+        return None
+    same = []
+    for c in candidates:
+        if c.segment == name:
+            same.append(c)
+        else:
+            why = f"its metadata names {c.segment!r}, segment id {segment_id} is {name!r}"
+            report.ignored_chunks.append((c.key, why))
+    picked, ignored = _extend(first.start_offset, 0, same, None)
+    report.ignored_chunks += [(c.key, why) for c, why in ignored]
+    start, end = first.start_offset, picked[-1].end
+    record = SegmentRecord(
+        id=segment_id,
+        name=name,
+        start_offset=start,
+        length=end,
+        storage_length=end,
+        created_at_ms=_ms(picked[0].mtime),
+        last_modified_ms=_ms(max(c.mtime for c in picked)),
+        chunks=[c.record() for c in picked],
+        # Offset 0 is where the first append began; other chunk starts need
+        # not be event boundaries (a chunk may roll inside an append).
+        event_index=[0] if start == 0 else [],
+    )
+    return _Outcome(record, end - start, new=True)
+
+
+async def newest_snapshot(
+    layer: ChunkLayer, node: str, report: RebuildReport
+) -> tuple[str, MetadataSnapshot] | None:
+    """The newest readable snapshot of ``node`` (by epoch, then time), or None.
+
+    Unreadable ones (bad CRC, unknown version, another node's) are skipped
+    and reported; the next older one is tried.
+    """
+    import crc32c
+
+    listing = await layer.list(names.meta_prefix(node))
+    found: list[tuple[int, int, ObjectInfo]] = []
+    for obj in listing:
+        parsed = names.parse_snapshot_key(obj.key)
+        if parsed is not None:
+            at_ms, epoch = parsed
+            found.append((epoch, at_ms, obj))
+            report.max_epoch = max(report.max_epoch, epoch)
+    for _, _, obj in sorted(found, key=lambda t: (t[0], t[1]), reverse=True):
+        try:
+            info = await layer.stat(obj.key)
+            data = await layer.read(obj.key, 0, info.size)
+            if len(data) != info.size:
+                raise SnapshotInvalid(obj.key, f"read {len(data)} of {info.size} bytes")
+            want = info.metadata.get("crc32c")
+            if want is not None and int(want, 16) != crc32c.crc32c(data):
+                raise SnapshotInvalid(obj.key, "its CRC32C does not match")
+            try:
+                snap = MetadataSnapshot.FromString(data)
+            except Exception as e:  # protobuf's DecodeError; any failure means unusable
+                raise SnapshotInvalid(obj.key, f"does not decode: {e}") from e
+            check_snapshot(snap, obj.key)
+            if snap.node != node:
+                raise SnapshotInvalid(obj.key, f"it is of node {snap.node!r}")
+        except (SnapshotInvalid, ChunkNotFound) as e:
+            report.bad_snapshots.append((obj.key, str(e)))
+            log.warning("recovery: %s", e)
+            continue
+        return obj.key, snap
+    return None
+
+
+async def recover_metadata(layer: ChunkLayer, node: str) -> Rebuilt:
+    """Disaster recovery: ``node``'s metadata from its newest snapshot and newer chunks.
+
+    Raises NothingToRecover when Tier 2 holds neither a snapshot nor a chunk
+    of ``node`` (most likely a wrong ``tier2.url`` or ``node.id``).
+    """
+    report = RebuildReport()
+    newest = await newest_snapshot(layer, node, report)
+    base = None
+    if newest is not None:
+        report.snapshot_key, base = newest
+        report.snapshot_epoch = base.epoch
+        report.snapshot_created_ms = base.created_at_ms
+    rebuilt = await rebuild(layer, node, base, replay_chunks=True, report=report)
+    if base is None and not report.chunks_listed:
+        detail = "; ".join(f"{k}: {why}" for k, why in report.bad_snapshots)
+        raise NothingToRecover(
+            f"Tier 2 holds no usable metadata snapshot and no chunk under {node!r}/"
+            + (f" ({detail})" if detail else "")
+            + ": check tier2.url and node.id; a new, empty node starts without "
+            "--recover-from-tier2"
+        )
+    return rebuilt
