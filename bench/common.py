@@ -125,6 +125,7 @@ def running_daemon(
     config = work / "gateway.toml"
     config.write_text(config_text)
     ready = work / "ready"
+    ready.unlink(missing_ok=True)  # a restart must not take the last run's file for its own
     log_path = work / "daemon.log"
     command = [
         sys.executable, "-m", "gateway.cli", "--config", str(config),

@@ -65,6 +65,8 @@ _LENGTH = struct.Struct(">I")
 #: Bytes read from the mount at once: the gateway's prefetcher sees a
 #: sequential reader, and a Python loop over events stays cheap.
 READ_BUFFER = 4 * 1024 * 1024
+#: Events are handed to Spark as Arrow record batches of about this many bytes.
+BATCH_BYTES = 8 * 1024 * 1024
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -233,8 +235,8 @@ class SegmentsReader(DataSourceReader):
                     parts.append(SegmentPart(file, segment, a, b, max(lo, a), min(hi, b), sealed))
         return parts or [InputPartition(None)]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        """The events of one part."""
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        """The events of one part, as Arrow record batches."""
         if not isinstance(partition, SegmentPart):
             return iter(())
         if self.codec == "framed":
@@ -242,10 +244,32 @@ class SegmentsReader(DataSourceReader):
         return _lines(partition)
 
 
-def _framed(p: SegmentPart) -> Iterator[tuple[Any, ...]]:
+def _batch(p: SegmentPart, offsets: Any, events: Any) -> Any:
+    """One Arrow record batch of events (Spark moves these without per-row work)."""
+    import pyarrow as pa
+
+    n = len(events)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.repeat(pa.scalar(p.segment, pa.string()), n),
+            offsets,
+            events,
+            pa.repeat(pa.scalar(p.sealed, pa.bool_()), n),
+        ],
+        names=["segment", "offset", "event", "sealed"],
+    )
+
+
+def _framed(p: SegmentPart) -> Iterator[Any]:
+    """Length-prefixed events, parsed in Python, handed over in batches of ~8 MiB."""
+    import pyarrow as pa
+
     with open(p.file, "rb", buffering=READ_BUFFER) as f:
         f.seek(p.start)
         offset = p.start
+        offsets: list[int] = []
+        events: list[bytes] = []
+        size = 0
         while offset < p.end and offset < p.hi:
             head = f.read(4)
             if len(head) < 4:
@@ -255,21 +279,48 @@ def _framed(p: SegmentPart) -> Iterator[tuple[Any, ...]]:
             if len(event) < n:
                 raise OSError(f"{p.segment}: event at {offset} cut short ({len(event)} of {n})")
             if offset >= p.lo:
-                yield (p.segment, offset, event, p.sealed)
+                offsets.append(offset)
+                events.append(event)
+                size += n
+                if size >= BATCH_BYTES:
+                    yield _batch(p, pa.array(offsets, pa.int64()), pa.array(events, pa.binary()))
+                    offsets, events, size = [], [], 0
             offset += 4 + n
+        if events:
+            yield _batch(p, pa.array(offsets, pa.int64()), pa.array(events, pa.binary()))
 
 
-def _lines(p: SegmentPart) -> Iterator[tuple[Any, ...]]:
-    with open(p.file, "rb", buffering=READ_BUFFER) as f:
+def _lines(p: SegmentPart) -> Iterator[Any]:
+    """Newline-ended events, split by Arrow (no Python loop per line)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    stop = min(p.end, max(p.hi, p.start))
+    with open(p.file, "rb", buffering=0) as f:
         f.seek(p.start)
-        offset = p.start
-        while offset < p.end and offset < p.hi:
-            line = f.readline()
-            if not line:
+        base = p.start
+        carry = b""
+        while base + len(carry) < p.end:
+            chunk = f.read(min(BATCH_BYTES, p.end - base - len(carry)))
+            if not chunk:
+                raise OSError(f"{p.segment}: ends at {base + len(carry)}, before {p.end}")
+            data = carry + chunk
+            cut = data.rfind(b"\n") + 1
+            data, carry = data[:cut], data[cut:]
+            if not data:
+                continue
+            lines = pc.split_pattern(pa.array([data], pa.large_binary()), b"\n").values
+            lines = lines.slice(0, len(lines) - 1)  # the empty piece after the last newline
+            sizes = pc.add(pc.binary_length(lines).cast(pa.int64()), 1)
+            starts = pc.add(pc.subtract(pc.cumulative_sum(sizes), sizes), base)
+            keep = pc.and_(pc.greater_equal(starts, p.lo), pc.less(starts, p.hi))
+            if not pc.all(keep).as_py():
+                lines, starts = lines.filter(keep), starts.filter(keep)
+            if len(lines):
+                yield _batch(p, starts, lines.cast(pa.binary()))
+            base += len(data)
+            if base >= stop:
                 return
-            if offset >= p.lo:
-                yield (p.segment, offset, line.rstrip(b"\n"), p.sealed)
-            offset += len(line)
 
 
 class PushdownSegmentsReader(SegmentsReader):
