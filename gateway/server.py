@@ -412,6 +412,26 @@ class Connection:
 
         return produce
 
+    def _export_metadata(self, req: wire.Request) -> Producer:
+        container = self.server.container
+        node = self.server.node
+        rid = req.request_id
+
+        async def produce() -> wire.Response:
+            # Taken when its turn to answer comes: it includes everything
+            # this connection asked for before.
+            from gateway.metadata_io import build_snapshot
+
+            journal = container.journal
+            epoch = journal.epoch if journal is not None else 0
+            snapshot = build_snapshot(container.committed_snapshot(), node, epoch)
+            return wire.Response(
+                request_id=rid,
+                metadata=wire.ExportMetadataResponse(snapshot=snapshot.SerializeToString()),
+            )
+
+        return produce
+
     def _update_attributes(self, req: wire.Request) -> Producer:
         u = req.update_attributes
         op = self.server.container.prepare_update_attributes(u.segment, _updates(list(u.updates)))
@@ -522,9 +542,13 @@ class Connection:
 class Server:
     """Accepts connections and serves the protocol until cancelled."""
 
-    def __init__(self, container: SegmentContainer, config: ServerConfig, max_append: int) -> None:
+    def __init__(
+        self, container: SegmentContainer, config: ServerConfig, max_append: int, node: str = ""
+    ) -> None:
         self.container = container
         self.config = config
+        #: ``node.id``, named in exported metadata snapshots.
+        self.node = node
         #: TLS for every connection (None: plain TCP); ConfigError if the files do not load.
         self.ssl_context: ssl.SSLContext | None = config.ssl_context()
         #: Seconds a client has to complete the TLS handshake, and then to send Hello.

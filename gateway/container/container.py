@@ -29,12 +29,13 @@ import bisect
 import builtins
 import logging
 import os
+import pathlib
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import trio
 
@@ -67,7 +68,7 @@ from gateway.errors import (
     TooLarge,
     Unavailable,
 )
-from gateway.journal import Journal, JournalStatistics, Ticket, open_journal
+from gateway.journal import Journal, JournalStatistics, Ticket, open_journal, recover
 from gateway.journal.format import Buffer, encode_append
 from gateway.protocol.journal_pb2 import (
     ChunkAdded,
@@ -1068,6 +1069,37 @@ def _check_chunks(seg: Segment) -> None:
         raise ContainerCorrupt(
             f"{seg.name!r} is in Tier 2 up to {seg.storage_length}, its chunks end at {need}"
         )
+
+
+class _DiscardedData:
+    """Stands in for the cache store when only metadata is wanted: drops append data."""
+
+    def put_append(self, segment_id: int, offset: int, data: Buffer) -> None:
+        """Nothing to keep."""
+
+    def unpin_appends(self, segment_id: int, below: int) -> int:
+        """Nothing was kept."""
+        return 0
+
+    def drop_segment(self, segment_id: int) -> int:
+        """Nothing was kept."""
+        return 0
+
+
+def replay_metadata(journal_dir: pathlib.Path) -> tuple[ContainerSnapshot, int]:
+    """The committed metadata a journal holds, and the highest epoch in it (blocking).
+
+    For ``export-metadata --offline``: the journal is replayed exactly as
+    `open_container` would, but read-only (no lock, no repair: a torn tail
+    is simply where the replay stops, as in ``journal-dump``) and without
+    keeping append data. Raises JournalCorrupt or ContainerCorrupt.
+    """
+    store = cast(CacheStore, _DiscardedData())
+    container = SegmentContainer(ContainerConfig(), ReadIndex(store))
+    replayer = _Replayer(container)
+    result = recover(journal_dir, replayer.replay, False, replayer.on_file)
+    replayer.finish()
+    return container.committed_snapshot(), result.max_epoch
 
 
 @asynccontextmanager

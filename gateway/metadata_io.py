@@ -1,0 +1,298 @@
+"""Metadata snapshots in and out of a node: export, import, disaster recovery.
+
+- **Export** writes the committed `MetadataSnapshot` (every segment, its
+  chunk list and attributes) of a running daemon (the wire request
+  ``ExportMetadata``) or of a stopped node's journal (replayed read-only) to
+  a file (atomically), to stdout, or to an S3 object.
+- **Import** reads one back (protobuf or its JSON view), checks it against
+  Tier 2 (`gateway.tier2.recovery.rebuild` without chunk replay: chunks
+  that are gone, lengths past the last chunk) and installs it on an empty
+  node.
+- **Recovery** (``serve --recover-from-tier2``, ``import-metadata
+  --from-tier2``) installs what `gateway.tier2.recovery.recover_metadata`
+  rebuilds from the newest snapshot and the chunks written after it.
+
+Installing writes a new journal whose first operations are the epoch --
+above every epoch Tier 2 has seen, so chunk names never collide and the
+epoch fence holds -- and a checkpoint holding the metadata. It is written in
+a staging directory and moved into the empty journal directory by rename,
+so a crash leaves either no journal or a complete one: never a journal
+without the checkpoint, which the next start would take for an empty node
+(whose GC would then delete every chunk).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+from urllib.parse import urlsplit
+
+import crc32c
+import trio
+from google.protobuf import json_format
+
+import gateway
+from gateway.config import Config
+from gateway.container.container import replay_metadata
+from gateway.errors import GatewayError, NodeNotEmpty, SnapshotInvalid
+from gateway.journal import open_journal
+from gateway.journal.files import DirectoryLock, fsync_directory, list_files
+from gateway.protocol.metadata_pb2 import ContainerSnapshot, MetadataSnapshot
+from gateway.tier2.layer import ChunkLayer
+from gateway.tier2.recovery import (
+    SNAPSHOT_VERSION,
+    RebuildReport,
+    check_snapshot,
+    rebuild,
+    recover_metadata,
+)
+
+log = logging.getLogger(__name__)
+
+#: Where `install` writes the new journal before moving it into place. Its
+#: name is not a journal file name, so the journal ignores a leftover one.
+STAGING = "initial.tmp"
+
+
+def build_snapshot(container: ContainerSnapshot, node: str, epoch: int) -> MetadataSnapshot:
+    """``container`` as a MetadataSnapshot of ``node`` taken now by ``epoch``."""
+    return MetadataSnapshot(
+        version=SNAPSHOT_VERSION,
+        node=node,
+        epoch=epoch,
+        created_at_ms=int(time.time() * 1000),
+        software_version=gateway.__version__,
+        container=container,
+    )
+
+
+def encode(snapshot: MetadataSnapshot, as_json: bool = False) -> bytes:
+    """The protobuf bytes, or with ``as_json`` the JSON view (proto3 JSON mapping)."""
+    if not as_json:
+        return snapshot.SerializeToString()
+    text = json_format.MessageToJson(snapshot, preserving_proto_field_name=True, indent=1)
+    return text.encode() + b"\n"
+
+
+def decode(data: bytes, what: str) -> MetadataSnapshot:
+    """A snapshot from protobuf bytes or its JSON view; SnapshotInvalid if unusable."""
+    try:
+        if data.lstrip()[:1] == b"{":
+            snapshot = json_format.Parse(data.decode(), MetadataSnapshot())
+        else:
+            snapshot = MetadataSnapshot.FromString(data)
+    except Exception as e:  # DecodeError, ParseError, UnicodeError: all mean unusable
+        raise SnapshotInvalid(what, f"does not decode: {e}") from e
+    return check_snapshot(snapshot, what)
+
+
+# -- where snapshots go: a file, stdout, or an S3 object -----------------------------
+
+
+def _s3_location(location: str, config: Config) -> tuple[ChunkLayer, str]:
+    """A layer on the bucket of ``s3://BUCKET/KEY`` (configured endpoint), and KEY."""
+    from gateway.tier2.s3 import S3Storage
+
+    parts = urlsplit(location)
+    key = parts.path.lstrip("/")
+    if not parts.netloc or not key or parts.query or parts.fragment:
+        raise GatewayError(f"expected s3://BUCKET/KEY, got {location!r}")
+    t = config.tier2
+    storage = S3Storage(
+        parts.netloc, endpoint_url=t.endpoint_url, region=t.region, timeout=t.request_timeout
+    )
+    return ChunkLayer(storage, retry_deadline=t.retry_deadline), key
+
+
+def _write_file_atomically(path: pathlib.Path, data: bytes) -> None:
+    """Temporary file, fsync, rename, fsync of the directory."""
+    directory = path.parent
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_directory(directory)
+
+
+async def write_location(location: str, data: bytes, config: Config) -> None:
+    """Write ``data`` to a file (atomically), ``-`` (stdout) or ``s3://BUCKET/KEY``."""
+    if location == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    elif location.startswith("s3://"):
+        layer, key = _s3_location(location, config)
+        metadata = {
+            "crc32c": f"{crc32c.crc32c(data):08x}",
+            "format-version": str(SNAPSHOT_VERSION),
+            "software-version": gateway.__version__,
+        }
+        try:
+            await layer.write(key, data, metadata)
+        finally:
+            await trio.to_thread.run_sync(layer.storage.close)
+    else:
+        try:
+            await trio.to_thread.run_sync(_write_file_atomically, pathlib.Path(location), data)
+        except OSError as e:
+            raise GatewayError(f"cannot write {location}: {e.strerror or e}") from e
+
+
+async def read_location(location: str, config: Config) -> bytes:
+    """The bytes of a file, ``-`` (stdin) or ``s3://BUCKET/KEY`` (CRC32C checked if stored)."""
+    if location == "-":
+        return sys.stdin.buffer.read()
+    if location.startswith("s3://"):
+        layer, key = _s3_location(location, config)
+        try:
+            info = await layer.stat(key)
+            data = await layer.read(key, 0, info.size)
+        finally:
+            await trio.to_thread.run_sync(layer.storage.close)
+        want = info.metadata.get("crc32c")
+        if want is not None and int(want, 16) != crc32c.crc32c(data):
+            raise SnapshotInvalid(location, "its CRC32C does not match")
+        return data
+    try:
+        return await trio.to_thread.run_sync(pathlib.Path(location).read_bytes)
+    except OSError as e:
+        raise GatewayError(f"cannot read {location}: {e.strerror or e}") from e
+
+
+# -- export from a stopped node ------------------------------------------------------
+
+
+def export_offline(config: Config) -> MetadataSnapshot:
+    """The committed metadata in this node's journal, replayed read-only (blocking).
+
+    Safe while a daemon runs (nothing is locked or changed), but then the
+    result may lag it: ask the daemon instead.
+    """
+    directory = config.journal_dir
+    if not directory.is_dir() or not list_files(directory):
+        raise GatewayError(f"{directory} holds no journal to export (is node.data_dir right?)")
+    container, epoch = replay_metadata(directory)
+    return build_snapshot(container, config.node.id, epoch)
+
+
+# -- installing metadata on an empty node -------------------------------------------
+
+
+def ensure_empty(journal_dir: pathlib.Path) -> None:
+    """NodeNotEmpty unless ``journal_dir`` is missing or holds no journal file."""
+    if journal_dir.is_dir():
+        files = list_files(journal_dir)
+        if files:
+            raise NodeNotEmpty(str(journal_dir), len(files))
+
+
+def _move_into_place(staging: pathlib.Path, journal_dir: pathlib.Path) -> None:
+    """Move the staged journal files into ``journal_dir``, durably (blocking).
+
+    Newest first: should a (very large) checkpoint have rolled into a second
+    file, that file alone is already a journal that starts with it.
+    """
+    for f in reversed(list_files(staging)):
+        os.rename(f.path, journal_dir / f.path.name)
+    fsync_directory(journal_dir)
+    shutil.rmtree(staging)
+
+
+async def install(config: Config, container: ContainerSnapshot, min_epoch: int) -> int:
+    """Give an empty node ``container`` as its first checkpoint; return the epoch written.
+
+    The next ``serve`` starts from it at a higher epoch still. Refuses
+    (NodeNotEmpty) if the journal directory holds journal files; holds the
+    directory's lock meanwhile, so no daemon can start halfway.
+    """
+    journal_dir = config.journal_dir
+    journal_dir.mkdir(parents=True, exist_ok=True)
+    lock = DirectoryLock(journal_dir)
+    try:
+        ensure_empty(journal_dir)
+        staging = journal_dir / STAGING
+        if staging.exists():  # left by an interrupted import: never moved, so never used
+            await trio.to_thread.run_sync(shutil.rmtree, staging)
+        async with open_journal(staging, config.journal, min_epoch=min_epoch) as journal:
+            await journal.checkpoint(container.SerializeToString())
+            epoch = journal.epoch
+        await trio.to_thread.run_sync(_move_into_place, staging, journal_dir)
+    finally:
+        lock.release()
+    log.info(
+        "installed the metadata of %d segment(s) as the first checkpoint of %s (epoch %d)",
+        len(container.segments),
+        journal_dir,
+        epoch,
+    )
+    return epoch
+
+
+def _log_report(report: RebuildReport) -> None:
+    lines = report.summary()
+    log.info("%s", lines[0])
+    for line in lines[1:]:
+        log.warning("%s", line)
+
+
+async def import_metadata(
+    config: Config, snapshot: MetadataSnapshot, what: str, log_report: bool = True
+) -> RebuildReport:
+    """Install an exported ``snapshot`` on this empty node, checked against Tier 2.
+
+    Segments keep what Tier 2 holds: bytes past a segment's last chunk
+    (only in the exporter's journal) are dropped and reported, as are
+    chunks that are gone. ``log_report=False``: the caller shows the report.
+    """
+    node = config.node.id
+    if snapshot.node != node:
+        raise SnapshotInvalid(
+            what,
+            f"it is the metadata of node {snapshot.node!r}, this is {node!r}: set node.id "
+            f"= {snapshot.node!r} (its chunks are under that name in Tier 2)",
+        )
+    ensure_empty(config.journal_dir)
+    from gateway.tier2.bindings import open_tier2
+
+    async with open_tier2(config) as tier2:
+        rebuilt = await rebuild(tier2, node, snapshot, replay_chunks=False)
+    rebuilt.report.snapshot_key = what
+    rebuilt.report.snapshot_epoch = snapshot.epoch
+    rebuilt.report.snapshot_created_ms = snapshot.created_at_ms
+    if log_report:
+        _log_report(rebuilt.report)
+    await install(config, rebuilt.container, rebuilt.max_epoch + 1)
+    return rebuilt.report
+
+
+async def recover_node(config: Config, tier2: ChunkLayer, log_report: bool = True) -> RebuildReport:
+    """Disaster recovery of this empty node from Tier 2 alone; see `recover_metadata`.
+
+    ``log_report=False``: the caller shows the report.
+    """
+    ensure_empty(config.journal_dir)
+    log.info("recovering the metadata of node %r from Tier 2", config.node.id)
+    rebuilt = await recover_metadata(tier2, config.node.id)
+    if log_report:
+        _log_report(rebuilt.report)
+    await install(config, rebuilt.container, rebuilt.max_epoch + 1)
+    return rebuilt.report
+
+
+async def recover_from_tier2(config: Config, log_report: bool = True) -> RebuildReport:
+    """`recover_node` with Tier 2 opened here (``import-metadata --from-tier2``)."""
+    from gateway.tier2.bindings import open_tier2
+
+    ensure_empty(config.journal_dir)
+    async with open_tier2(config) as tier2:
+        return await recover_node(config, tier2, log_report)
