@@ -152,7 +152,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     logs.REDACT.add(config.server.token)
     logging.getLogger().setLevel(config.logging.level.upper())
     ready = pathlib.Path(args.ready_file) if args.ready_file else None
-    trio.run(run_daemon, config, ready, load)
+    trio.run(run_daemon, config, ready, load, None, args.recover_from_tier2)
     return 0
 
 
@@ -180,6 +180,74 @@ def _override(config: Config, overrides: dict[str, dict[str, Any]]) -> Config:
     for section, values in overrides.items():
         doc[section].update(values)
     return Config.from_dict(doc, source="command line")
+
+
+# -- metadata export and import ---------------------------------------------------
+
+
+def _node_config(args: argparse.Namespace, check_files: bool = True) -> Config:
+    """The configuration with ``--data-dir`` applied (commands that act on a node's files)."""
+    config = _config(args, check_files=check_files)
+    if args.data_dir:
+        data_dir = str(pathlib.Path(args.data_dir).resolve())
+        config = _override(config, {"node": {"data_dir": data_dir}})
+    return config
+
+
+def _cmd_export_metadata(args: argparse.Namespace) -> int:
+    from gateway import metadata_io
+
+    if args.offline:
+        config = _node_config(args, check_files=False)
+        snapshot = metadata_io.export_offline(config)
+    else:
+        unreadable = not os.access(DEFAULT_CONFIG_PATH, os.R_OK)
+        if not args.config and DEFAULT_CONFIG_PATH.exists() and unreadable:
+            config = Config()  # as for every client command (see _connect)
+        else:
+            config = _node_config(args, check_files=False)
+
+        answers = []
+
+        async def ask(client: Any) -> int:
+            answers.append(await client.export_metadata())
+            return 0
+
+        _run_client(args, ask)
+        snapshot = answers[0]
+    data = metadata_io.encode(snapshot, as_json=args.json)
+    trio.run(metadata_io.write_location, args.out, data, config)
+    segments = snapshot.container.segments
+    chunks = sum(len(s.chunks) for s in segments)
+    stored = sum(s.storage_length - s.start_offset for s in segments)
+    print(
+        f"exported node {snapshot.node!r} (epoch {snapshot.epoch}): {len(segments)} segment(s), "
+        f"{chunks} chunk(s), {stored} byte(s) in Tier 2, to {args.out}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _cmd_import_metadata(args: argparse.Namespace) -> int:
+    from gateway import metadata_io
+
+    config = _node_config(args)
+    if args.from_tier2 == bool(args.source):
+        print("segment-gateway: import-metadata takes a SOURCE or --from-tier2", file=sys.stderr)
+        return 2
+    if args.from_tier2:
+        report = trio.run(metadata_io.recover_from_tier2, config, False)
+    else:
+        data = trio.run(metadata_io.read_location, args.source, config)
+        snapshot = metadata_io.decode(data, args.source)
+        report = trio.run(metadata_io.import_metadata, config, snapshot, args.source, False)
+    for line in report.summary():
+        print(line)
+    print(
+        f"imported {report.segments} segment(s), {report.stored_bytes} byte(s) in Tier 2, "
+        f"into {config.journal_dir}; `serve` starts from them"
+    )
+    return 0
 
 
 # -- client commands --------------------------------------------------------------
@@ -407,6 +475,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mountpoint", metavar="DIR",
                    help='override fuse.mountpoint ("" = no mount)')  # fmt: skip
     p.add_argument("--ready-file", metavar="FILE", help="write HOST:PORT here once serving")
+    p.add_argument("--recover-from-tier2", action="store_true",
+                   help="disaster recovery: rebuild this node's metadata from its newest "
+                   "snapshot and newer chunks in Tier 2 first (the journal directory must "
+                   "be empty)")  # fmt: skip
+    p = add("export-metadata", _cmd_export_metadata,
+            "write the metadata snapshot (segments, chunk lists, attributes)",
+            client=True)  # fmt: skip
+    p.add_argument("--out", required=True, metavar="FILE|s3://BUCKET/KEY|-",
+                   help="where to write it (a file is replaced atomically)")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="the JSON view instead of protobuf")
+    p.add_argument("--offline", action="store_true",
+                   help="read a stopped node's journal instead of asking the daemon")  # fmt: skip
+    p.add_argument("--data-dir", metavar="DIR", help="with --offline: override node.data_dir")
+    p = add("import-metadata", _cmd_import_metadata,
+            "give an empty node the metadata of an export (or rebuilt from Tier 2)")  # fmt: skip
+    p.add_argument("source", nargs="?", metavar="FILE|s3://BUCKET/KEY|-",
+                   help="an export-metadata file (protobuf or JSON)")  # fmt: skip
+    p.add_argument("--from-tier2", action="store_true",
+                   help="rebuild from the newest snapshot and newer chunks in Tier 2 "
+                   "(what serve --recover-from-tier2 does), without serving")  # fmt: skip
+    p.add_argument("--data-dir", metavar="DIR", help="override node.data_dir")
 
     p = add("create", _cmd_create, "create a segment", client=True)
     p.add_argument("segment")

@@ -179,19 +179,37 @@ async def run_daemon(
     ready_file: pathlib.Path | None = None,
     load: Callable[[], Config] | None = None,
     notifier: Notifier | None = None,
+    recover_from_tier2: bool = False,
 ) -> None:
     """Serve until SIGTERM or SIGINT, then shut down in order.
 
     ``load`` re-reads the configuration at SIGHUP (without it, SIGHUP only
-    logs that there is nothing to reload).
+    logs that there is nothing to reload). ``recover_from_tier2``: this node
+    has lost its journal; rebuild its metadata from Tier 2 first
+    (`gateway.metadata_io.recover_node`; refused unless the journal
+    directory is empty).
     """
     notifier = notifier or Notifier()
     life = _Lifecycle(config, notifier)
+    if recover_from_tier2:
+        from gateway.metadata_io import ensure_empty
+
+        ensure_empty(config.journal_dir)  # before starting anything
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with open_tier2(config) as tier2:
             await check_tier2(tier2, config)
+            if recover_from_tier2:
+                from gateway.metadata_io import recover_node
+
+                notifier.status("recovering the metadata from Tier 2")
+                await recover_node(config, tier2)
             async with open_container(config, tier2) as container:
-                server = Server(container, config.server, config.container.max_append_bytes)
+                server = Server(
+                    container,
+                    config.server,
+                    config.container.max_append_bytes,
+                    node=config.node.id,
+                )
                 async with service_nursery() as nursery:
                     collector = None
                     if config.metrics.listen:

@@ -49,8 +49,12 @@ class Daemon:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
-    def start(self, timeout: float = 30.0) -> None:
-        """Start and wait until it serves (its ready file appears)."""
+    def start(self, timeout: float = 30.0, serve_args: tuple[str, ...] = ()) -> None:
+        """Start and wait until it serves (its ready file appears).
+
+        ``serve_args`` are added to the ``serve`` command line (e.g.
+        ``--recover-from-tier2``).
+        """
         assert self.proc is None or self.proc.poll() is not None, "already running"
         self.ready_file.unlink(missing_ok=True)
         log = self.log_path.open("ab")
@@ -60,7 +64,7 @@ class Daemon:
                 "serve", "--data-dir", str(self.data_dir), "--listen", self.address,
                 "--ready-file", str(self.ready_file),
                 "--mountpoint", str(self.mountpoint or ""),
-                "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
+                "--metrics-listen", f"127.0.0.1:{self.metrics_port}", *serve_args,
             ],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT), **self.env},
