@@ -68,7 +68,14 @@ from gateway.errors import (
     TooLarge,
     Unavailable,
 )
-from gateway.journal import Journal, JournalStatistics, Ticket, open_journal, recover
+from gateway.journal import (
+    Journal,
+    JournalStatistics,
+    RecoveryResult,
+    Ticket,
+    open_journal,
+    recover,
+)
 from gateway.journal.format import Buffer, encode_append
 from gateway.protocol.journal_pb2 import (
     ChunkAdded,
@@ -1044,7 +1051,8 @@ class _Replayer:
             raise ContainerCorrupt(f"sequence {seq} refers to unknown segment id {segment_id}")
         return seg
 
-    def finish(self) -> None:
+    def finish(self, check: bool = True) -> None:
+        """End the replay; ``check=False`` leaves the invariants to the caller (fsck)."""
         if self.first_seq and not self.based:
             raise ContainerCorrupt(
                 f"the journal starts at sequence {self.first_seq} without a checkpoint"
@@ -1054,8 +1062,10 @@ class _Replayer:
             seg.reset_pending()
             index.on_truncate(seg.id, seg.start_offset)
             index.on_flushed(seg.id, seg.storage_length)
-            _check_chunks(seg)
-        index.check_coverage([s.view() for s in self.c._segments.values()])
+            if check:
+                _check_chunks(seg)
+        if check:
+            index.check_coverage([s.view() for s in self.c._segments.values()])
 
 
 def _check_chunks(seg: Segment) -> None:
@@ -1094,12 +1104,30 @@ def replay_metadata(journal_dir: pathlib.Path) -> tuple[ContainerSnapshot, int]:
     is simply where the replay stops, as in ``journal-dump``) and without
     keeping append data. Raises JournalCorrupt or ContainerCorrupt.
     """
+    container, result = _replay_read_only(journal_dir, check=True)
+    return container.committed_snapshot(), result.max_epoch
+
+
+def replay_for_fsck(journal_dir: pathlib.Path) -> SegmentContainer:
+    """The committed view a journal holds, for fsck to inspect (blocking).
+
+    Replayed as `replay_metadata` does, but the invariants are not checked,
+    so that fsck can report every violation rather than stop at the first;
+    the read index still tells which bytes the journal holds. Raises
+    JournalCorrupt or ContainerCorrupt (an operation that does not apply).
+    """
+    return _replay_read_only(journal_dir, check=False)[0]
+
+
+def _replay_read_only(
+    journal_dir: pathlib.Path, check: bool
+) -> tuple[SegmentContainer, RecoveryResult]:
     store = cast(CacheStore, _DiscardedData())
     container = SegmentContainer(ContainerConfig(), ReadIndex(store))
     replayer = _Replayer(container)
     result = recover(journal_dir, replayer.replay, False, replayer.on_file)
-    replayer.finish()
-    return container.committed_snapshot(), result.max_epoch
+    replayer.finish(check=check)
+    return container, result
 
 
 @asynccontextmanager
