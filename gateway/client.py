@@ -88,6 +88,16 @@ def _wire_updates(updates: Iterable[AttributeUpdate]) -> list[wire.AttributeUpda
     ]
 
 
+def _more_follows(response: wire.Response) -> bool:
+    """Whether more responses answer the same request (reads and fsck come in pieces)."""
+    kind = response.WhichOneof("kind")
+    if kind == "read":
+        return not response.read.last
+    if kind == "fsck":
+        return not response.fsck.last
+    return False
+
+
 class ResponseFuture:
     """The answer to one pipelined request."""
 
@@ -229,7 +239,7 @@ class Client:
                 channel = self._streams.get(response.request_id)
                 if channel is not None:
                     channel.send_nowait(response)
-                    if response.WhichOneof("kind") != "read" or response.read.last:
+                    if not _more_follows(response):
                         del self._streams[response.request_id]
                         channel.close()
                     continue
@@ -326,6 +336,28 @@ class Client:
             last = piece
         assert last is not None
         return ReadResult(offset, bytes(data), last.length, last.start_offset, last.sealed)
+
+    async def fsck(
+        self, deep: bool = False, repair: bool = False
+    ) -> AsyncIterator[wire.FsckResponse]:
+        """Have the daemon run fsck's checks on its state; its messages as they arrive.
+
+        The closing message (``last``) is not yielded. ``repair`` allows only
+        the repairs that are safe while it runs (docs/OPERATIONS.md, "fsck").
+        """
+        rid = self._new_request_id()
+        send, receive = trio.open_memory_channel[wire.Response | GatewayError](math.inf)
+        self._streams[rid] = send
+        req = wire.Request(request_id=rid, fsck=wire.FsckRequest(deep=deep, repair=repair))
+        await self._send((req.SerializeToString(),))
+        async with receive:
+            async for item in receive:
+                if isinstance(item, GatewayError):
+                    raise item
+                if item.WhichOneof("kind") == "error":
+                    raise error_from_wire(item.error)
+                if not item.fsck.last:
+                    yield item.fsck
 
     async def _call(self, **kind: Any) -> wire.Response:
         def build(rid: int) -> Sequence[bytes]:

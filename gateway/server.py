@@ -173,6 +173,10 @@ class _Item:
     close_after: bool = False
     #: For reads: the pieces of the answer, produced one at a time.
     stream: Callable[[], AsyncIterator[list[bytes]]] | None = None
+    #: For fsck: sends its answer's messages itself, through the function it
+    #: is given (its checks run tasks in parallel, which an async generator
+    #: cannot do across a yield).
+    push: Callable[[Callable[[bytes], Awaitable[None]]], Awaitable[None]] | None = None
 
 
 class Connection:
@@ -291,6 +295,8 @@ class Connection:
         kind = req.WhichOneof("kind")
         if kind == "read":
             return self._read(req)
+        if kind == "fsck":
+            return self._fsck(req)
         handler = getattr(self, "_" + str(kind))
         return await self._admit(req.request_id, nbytes, kind in _MUTATING, lambda: handler(req))
 
@@ -503,10 +509,25 @@ class Connection:
 
         return _Item(rid, 0, None, stream=stream)
 
+    def _fsck(self, req: wire.Request) -> _Item:
+        """fsck's checks on the live state (gateway/fsck/online.py), answered as they go."""
+        container = self.server.container
+        rid = req.request_id
+
+        async def push(send: Callable[[bytes], Awaitable[None]]) -> None:
+            from gateway.fsck.online import serve_fsck
+
+            await serve_fsck(container, req.fsck, rid, send)
+
+        return _Item(rid, 0, None, push=push)
+
     # -- responses ---------------------------------------------------------------
 
     async def _send_stream(self, item: _Item) -> None:
         """Send a read's pieces as they are produced (errors end the answer)."""
+        if item.push is not None:
+            await item.push(self.messages.send_message)
+            return
         assert item.stream is not None
         async for parts in item.stream():
             await self.messages.send(parts)
@@ -516,7 +537,7 @@ class Connection:
             async for item in receive:
                 try:
                     try:
-                        if item.stream is not None:
+                        if item.stream is not None or item.push is not None:
                             await self._send_stream(item)
                             response = None
                         else:

@@ -66,7 +66,7 @@ SEGMENT_TRUNCATED: ErrorCode
 TIER2_UNAVAILABLE: ErrorCode
 
 class Request(_message.Message):
-    __slots__ = ("request_id", "hello", "create", "append", "seal", "truncate", "delete", "update_attributes", "get_info", "list", "get_attributes", "read", "flush", "export_metadata")
+    __slots__ = ("request_id", "hello", "create", "append", "seal", "truncate", "delete", "update_attributes", "get_info", "list", "get_attributes", "read", "flush", "fsck", "export_metadata")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +80,7 @@ class Request(_message.Message):
     GET_ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     READ_FIELD_NUMBER: _ClassVar[int]
     FLUSH_FIELD_NUMBER: _ClassVar[int]
+    FSCK_FIELD_NUMBER: _ClassVar[int]
     EXPORT_METADATA_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     hello: Hello
@@ -94,8 +95,9 @@ class Request(_message.Message):
     get_attributes: GetAttributesRequest
     read: ReadRequest
     flush: FlushRequest
+    fsck: FsckRequest
     export_metadata: ExportMetadataRequest
-    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., create: _Optional[_Union[CreateSegmentRequest, _Mapping]] = ..., append: _Optional[_Union[AppendRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., truncate: _Optional[_Union[TruncateRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteRequest, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributesRequest, _Mapping]] = ..., get_info: _Optional[_Union[GetInfoRequest, _Mapping]] = ..., list: _Optional[_Union[ListSegmentsRequest, _Mapping]] = ..., get_attributes: _Optional[_Union[GetAttributesRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ..., flush: _Optional[_Union[FlushRequest, _Mapping]] = ..., export_metadata: _Optional[_Union[ExportMetadataRequest, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., create: _Optional[_Union[CreateSegmentRequest, _Mapping]] = ..., append: _Optional[_Union[AppendRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., truncate: _Optional[_Union[TruncateRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteRequest, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributesRequest, _Mapping]] = ..., get_info: _Optional[_Union[GetInfoRequest, _Mapping]] = ..., list: _Optional[_Union[ListSegmentsRequest, _Mapping]] = ..., get_attributes: _Optional[_Union[GetAttributesRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ..., flush: _Optional[_Union[FlushRequest, _Mapping]] = ..., fsck: _Optional[_Union[FsckRequest, _Mapping]] = ..., export_metadata: _Optional[_Union[ExportMetadataRequest, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("protocol_version", "token", "client")
@@ -175,6 +177,14 @@ class FlushRequest(_message.Message):
     segment: str
     def __init__(self, segment: _Optional[str] = ...) -> None: ...
 
+class FsckRequest(_message.Message):
+    __slots__ = ("deep", "repair")
+    DEEP_FIELD_NUMBER: _ClassVar[int]
+    REPAIR_FIELD_NUMBER: _ClassVar[int]
+    deep: bool
+    repair: bool
+    def __init__(self, deep: _Optional[bool] = ..., repair: _Optional[bool] = ...) -> None: ...
+
 class ExportMetadataRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -224,7 +234,7 @@ class ReadRequest(_message.Message):
     def __init__(self, segment: _Optional[str] = ..., offset: _Optional[int] = ..., max_length: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class Response(_message.Message):
-    __slots__ = ("request_id", "error", "hello", "append", "info", "list", "attributes", "done", "read", "metadata")
+    __slots__ = ("request_id", "error", "hello", "append", "info", "list", "attributes", "done", "read", "fsck", "metadata")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
@@ -234,6 +244,7 @@ class Response(_message.Message):
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     READ_FIELD_NUMBER: _ClassVar[int]
+    FSCK_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     error: Error
@@ -244,8 +255,67 @@ class Response(_message.Message):
     attributes: Attributes
     done: Done
     read: ReadResponse
+    fsck: FsckResponse
     metadata: ExportMetadataResponse
-    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., hello: _Optional[_Union[HelloResponse, _Mapping]] = ..., append: _Optional[_Union[AppendResponse, _Mapping]] = ..., info: _Optional[_Union[SegmentInfo, _Mapping]] = ..., list: _Optional[_Union[SegmentList, _Mapping]] = ..., attributes: _Optional[_Union[Attributes, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., read: _Optional[_Union[ReadResponse, _Mapping]] = ..., metadata: _Optional[_Union[ExportMetadataResponse, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., hello: _Optional[_Union[HelloResponse, _Mapping]] = ..., append: _Optional[_Union[AppendResponse, _Mapping]] = ..., info: _Optional[_Union[SegmentInfo, _Mapping]] = ..., list: _Optional[_Union[SegmentList, _Mapping]] = ..., attributes: _Optional[_Union[Attributes, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., read: _Optional[_Union[ReadResponse, _Mapping]] = ..., fsck: _Optional[_Union[FsckResponse, _Mapping]] = ..., metadata: _Optional[_Union[ExportMetadataResponse, _Mapping]] = ...) -> None: ...
+
+class FsckResponse(_message.Message):
+    __slots__ = ("finding", "check", "progress", "last")
+    FINDING_FIELD_NUMBER: _ClassVar[int]
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    finding: FsckFinding
+    check: FsckCheck
+    progress: FsckProgress
+    last: bool
+    def __init__(self, finding: _Optional[_Union[FsckFinding, _Mapping]] = ..., check: _Optional[_Union[FsckCheck, _Mapping]] = ..., progress: _Optional[_Union[FsckProgress, _Mapping]] = ..., last: _Optional[bool] = ...) -> None: ...
+
+class FsckFinding(_message.Message):
+    __slots__ = ("check", "problem", "repaired", "message", "action", "segment", "key", "file", "offset")
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    REPAIRED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    check: str
+    problem: bool
+    repaired: bool
+    message: str
+    action: str
+    segment: str
+    key: str
+    file: str
+    offset: int
+    def __init__(self, check: _Optional[str] = ..., problem: _Optional[bool] = ..., repaired: _Optional[bool] = ..., message: _Optional[str] = ..., action: _Optional[str] = ..., segment: _Optional[str] = ..., key: _Optional[str] = ..., file: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class FsckCheck(_message.Message):
+    __slots__ = ("name", "skipped", "detail")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    skipped: str
+    detail: str
+    def __init__(self, name: _Optional[str] = ..., skipped: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class FsckProgress(_message.Message):
+    __slots__ = ("check", "done_bytes", "total_bytes", "done_items", "total_items")
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    DONE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DONE_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    check: str
+    done_bytes: int
+    total_bytes: int
+    done_items: int
+    total_items: int
+    def __init__(self, check: _Optional[str] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., done_items: _Optional[int] = ..., total_items: _Optional[int] = ...) -> None: ...
 
 class ExportMetadataResponse(_message.Message):
     __slots__ = ("snapshot",)

@@ -1,0 +1,94 @@
+"""fsck on a running daemon: the checks run inside it, on its live state.
+
+The daemon answers an ``FsckRequest`` (gateway/protocol/wire.proto) by
+running checks 2-6 (`gateway.fsck.checks`) on its committed metadata, its
+Tier-2 binding and its cache, and streams the findings back. Only repairs
+that the daemon makes by itself anyway are allowed here: deleting garbage
+older than ``tier2.gc_grace`` (what GC does) and dropping cache blocks
+(what a chunk deletion does). The journal is checked by the command from
+the files (it is read-only and safe while the daemon writes).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from gateway.config import Tier2Config
+from gateway.container.container import SegmentContainer
+from gateway.errors import GatewayError
+from gateway.protocol import wire_pb2 as wire
+from gateway.protocol.metadata_pb2 import ChunkRecord
+
+from .checks import Options, Target, run_target_checks
+from .report import Event, to_wire
+
+log = logging.getLogger(__name__)
+
+
+def live_target(container: SegmentContainer) -> Target:
+    """The running daemon's state as a check target."""
+    # Imported here: the storage writer builds on the container.
+    from gateway.tier2.storage_writer import StorageWriter
+
+    writer = container.storage if isinstance(container.storage, StorageWriter) else None
+    reader = container.read_index.tier2
+
+    def chunks_now() -> dict[str, ChunkRecord]:
+        return {c.name: c for s in container.segments() for c in s.chunks}
+
+    def forget_chunk(key: str) -> None:
+        if reader is not None:
+            reader.drop_chunk(key)
+
+    if writer is None:
+        return Target(
+            online=True,
+            node="",
+            tier2=Tier2Config(),
+            snapshot=container.committed_snapshot,
+            read_index=container.read_index,
+            layer=None,
+            store=container.read_index.store,
+            chunks_now=chunks_now,
+            no_tier2="Tier 2 is not running in this daemon",
+        )
+    return Target(
+        online=True,
+        node=writer.node,
+        tier2=writer.cfg,
+        snapshot=container.committed_snapshot,
+        read_index=container.read_index,
+        layer=writer.layer,
+        store=container.read_index.store,
+        chunks_now=chunks_now,
+        uploading=lambda: set(writer.uploading),
+        forget_chunk=forget_chunk,
+    )
+
+
+async def serve_fsck(
+    container: SegmentContainer,
+    request: wire.FsckRequest,
+    request_id: int,
+    send: Callable[[bytes], Awaitable[None]],
+) -> None:
+    """Answer one FsckRequest: every event as a Response, then the closing one."""
+
+    async def sink(event: Event) -> None:
+        response = wire.Response(request_id=request_id, fsck=to_wire(event))
+        await send(response.SerializeToString())
+
+    options = Options(deep=request.deep, repair=request.repair)
+    try:
+        await run_target_checks(live_target(container), options, sink)
+    except (GatewayError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        raise  # answered, or the connection is gone: the server handles both
+    except Exception as e:
+        # A bug in a check must cost this request only, never the daemon.
+        log.exception("fsck failed")
+        raise GatewayError(f"fsck failed in the daemon: {e!r} (see its log)") from e
+    closing = wire.Response(request_id=request_id, fsck=wire.FsckResponse(last=True))
+    await send(closing.SerializeToString())

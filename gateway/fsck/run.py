@@ -1,0 +1,193 @@
+"""``segment-gateway fsck``: offline on a stopped node, or through a running daemon.
+
+The journal directory's lock decides (`gateway.journal.files.DirectoryLock`):
+
+- **Offline** (the lock is free; fsck holds it throughout, so no daemon can
+  start meanwhile): the journal is read with the recovery code, the
+  committed metadata rebuilt from it the way the daemon's start does
+  (`replay_for_fsck`), then Tier 2 is opened as configured (``embedded``
+  starts SeaweedFS from the data directory) and the cache, and every check
+  runs here. ``--repair`` fixes what is safe: a torn journal tail, files
+  without frames, garbage objects older than ``tier2.gc_grace``, cache
+  entries that disagree.
+- **Online** (a daemon holds the lock, or ``--connect`` names one): the
+  journal files are read here, read-only (as ``journal-dump`` does), and
+  the daemon runs the other checks on its live state and streams the
+  findings (`gateway.fsck.online`); ``--repair`` then makes only the
+  repairs the daemon makes by itself anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+from contextlib import AsyncExitStack
+from typing import Any, TextIO
+
+import trio
+
+from cache import CacheStore
+from gateway.config import Config
+from gateway.errors import GatewayError, JournalCorrupt, JournalLocked
+from gateway.journal.files import DirectoryLock
+from gateway.protocol.metadata_pb2 import ChunkRecord
+from gateway.tier2 import names
+
+from .checks import CheckRun, Options, Target, check_journal, run_target_checks, skip
+from .output import Printer
+from .report import CHECKS, Sink, from_wire
+
+log = logging.getLogger(__name__)
+
+
+class FsckUsageError(GatewayError):
+    """fsck: {}"""
+
+    exit_code = 2
+
+
+def _lock(journal_dir: pathlib.Path) -> DirectoryLock | None:
+    """The journal's lock if no daemon holds it; None if one does."""
+    if not journal_dir.is_dir():
+        raise FsckUsageError(
+            f"there is no journal directory {journal_dir} (is --config or --data-dir right?)"
+        )
+    try:
+        return DirectoryLock(journal_dir)
+    except JournalLocked:
+        return None
+    except PermissionError as e:
+        raise FsckUsageError(
+            f"cannot lock {journal_dir}: {e.strerror}; run fsck as the daemon's user"
+        ) from None
+
+
+async def _skip_rest(sink: Sink, after: str, reason: str) -> None:
+    for name in CHECKS[CHECKS.index(after) + 1 :]:
+        await skip(name, sink, reason)
+
+
+async def _open_tier2(stack: AsyncExitStack, config: Config) -> tuple[Any, str]:
+    """The configured Tier 2, checked to answer; (None, why) if it does not."""
+    from gateway.tier2.bindings import open_tier2
+
+    try:
+        layer = await stack.enter_async_context(open_tier2(config))
+        # One listing (as serve does before READY): a dead endpoint or a
+        # missing bucket shows here once, not once per chunk.
+        await layer.list(names.meta_prefix(config.node.id))
+    except (GatewayError, OSError) as e:
+        return None, f"Tier 2 ({config.tier2.url}) does not answer: {e}"
+    return layer, ""
+
+
+async def _open_cache(stack: AsyncExitStack, config: Config) -> tuple[CacheStore | None, str]:
+    """The node's cache (opening drops stale pinned copies, as every start does)."""
+    from gateway.container.container import cache_budget
+
+    directory = config.cache_dir
+    if not (directory / "CURRENT").exists():
+        return None, ""
+    try:
+        store = await trio.to_thread.run_sync(
+            CacheStore.open, directory, cache_budget(config), config.cache.pinned_share
+        )
+    except Exception as e:  # rocksdict raises bare exceptions
+        return None, f"cannot open the cache {directory}: {e}"
+    stack.push_async_callback(trio.to_thread.run_sync, store.close)
+    return store, ""
+
+
+async def run_offline(config: Config, options: Options, sink: Sink) -> None:
+    """Every check on a stopped node (the caller holds the journal's lock)."""
+    from gateway.container.container import ContainerCorrupt, replay_for_fsck
+
+    journal_dir = config.journal_dir
+    if not await check_journal(journal_dir, CheckRun("journal", sink, options)):
+        await _skip_rest(sink, "journal", "the journal is corrupt: no metadata to check")
+        return
+    try:
+        container = await trio.to_thread.run_sync(replay_for_fsck, journal_dir)
+    except (ContainerCorrupt, JournalCorrupt) as e:
+        run = CheckRun("metadata", sink, options)
+        await run.problem(f"the journal does not replay: {e}")
+        await run.done()
+        await _skip_rest(sink, "metadata", "the metadata could not be rebuilt")
+        return
+    snapshot = container.committed_snapshot()
+    records = {c.name: c for s in snapshot.segments for c in s.chunks}
+    async with AsyncExitStack() as stack:
+        layer, tier2_error = await _open_tier2(stack, config)
+        store, cache_error = await _open_cache(stack, config)
+
+        def chunks_now() -> dict[str, ChunkRecord]:
+            return records
+
+        target = Target(
+            online=False,
+            node=config.node.id,
+            tier2=config.tier2,
+            snapshot=lambda: snapshot,
+            read_index=container.read_index,
+            layer=layer,
+            store=store,
+            chunks_now=chunks_now,
+            tier2_error=tier2_error,
+            cache_error=cache_error,
+        )
+        await run_target_checks(target, options, sink)
+
+
+async def run_online(
+    address: str,
+    token: str,
+    tls: dict[str, Any],
+    options: Options,
+    sink: Sink,
+    journal_dir: pathlib.Path | None,
+) -> None:
+    """The journal check here, the others by the daemon at ``address``."""
+    from gateway.client import open_client
+
+    if journal_dir is not None and os.access(journal_dir, os.R_OK | os.X_OK):
+        await check_journal(journal_dir, CheckRun("journal", sink, options), online=True)
+    else:
+        await skip(
+            "journal",
+            sink,
+            f"{journal_dir} is not readable here (on the daemon's node, give its --config "
+            "or --data-dir)",
+        )
+    async with open_client(address, token, **tls) as client:
+        async for message in client.fsck(deep=options.deep, repair=options.repair):
+            event = from_wire(message)
+            if event is not None:
+                await sink(event)
+
+
+def fsck(
+    config: Config,
+    options: Options,
+    out: TextIO,
+    err: TextIO,
+    *,
+    as_json: bool = False,
+    connect: str = "",
+    token: str = "",
+    tls: dict[str, Any] | None = None,
+) -> int:
+    """Run fsck, print what it finds, return the exit code (0 clean, 1 repaired, 2 left)."""
+    printer = Printer(out, err, as_json)
+    journal_dir = config.journal_dir
+    lock = None if connect else _lock(journal_dir)
+    if lock is None:
+        address = connect or config.server.listen
+        local = journal_dir if journal_dir.is_dir() else None
+        trio.run(run_online, address, token, tls or {}, options, printer, local)
+        return printer.finish(f"online, through {address}")
+    try:
+        trio.run(run_offline, config, options, printer)
+    finally:
+        lock.release()
+    return printer.finish("offline")
