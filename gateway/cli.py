@@ -109,6 +109,36 @@ def _cmd_journal_dump(args: argparse.Namespace) -> int:
     return dump(directory, sys.stdout, as_json=args.json)
 
 
+def _cmd_fsck(args: argparse.Namespace) -> int:
+    from gateway.fsck import Options, fsck
+
+    # As for client commands, the daemon's TLS files are not needed here.
+    config = _config(args, check_files=False)
+    if args.data_dir:
+        data_dir = str(pathlib.Path(args.data_dir).resolve())
+        config = _override(config, {"node": {"data_dir": data_dir}})
+    connect = args.connect or ""
+    token = args.token or os.environ.get("SEGMENT_GATEWAY_TOKEN", "") or config.server.token
+    options = Options(deep=args.deep, repair=args.repair)
+    try:
+        return fsck(
+            config,
+            options,
+            sys.stdout,
+            sys.stderr,
+            as_json=args.json,
+            connect=connect,
+            token=token,
+            tls=_tls(args),
+        )
+    except GatewayError as e:
+        if e.exit_code > 1:
+            raise
+        # Exit 1 means "repaired" for fsck: an error must not read as that.
+        print(f"segment-gateway: {e}", file=sys.stderr)
+        return 2
+
+
 def _cmd_pipeline(args: argparse.Namespace) -> int:
     import importlib
 
@@ -460,6 +490,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("journal-dump", _cmd_journal_dump, "print a journal's frames and whether it is intact")
     p.add_argument("directory", metavar="DIR", help="journal directory (<data_dir>/journal)")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p = add("fsck", _cmd_fsck, "check the journal, metadata, Tier-2 chunks and cache "
+            "(exit 0 clean, 1 repaired, 2 problems left)", client=True)  # fmt: skip
+    p.add_argument("--deep", action="store_true", help="also read every chunk and compare "
+                   "its CRC32C (reads all of Tier 2)")  # fmt: skip
+    p.add_argument("--repair", action="store_true", help="fix what can be fixed safely "
+                   "(a running daemon: only what it would fix itself)")  # fmt: skip
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object per finding, then a summary")  # fmt: skip
+    p.add_argument("--data-dir", metavar="DIR", help="override node.data_dir")
     p = add("pipeline", _cmd_pipeline, "run a Spark job over the mounted segments (local Spark)")
     p.add_argument("action", choices=["run"])
     p.add_argument("job", metavar="JOB", help="a module of pipeline.jobs, e.g. events_per_minute")
