@@ -39,7 +39,7 @@ from google.protobuf import json_format
 import gateway
 from gateway.config import Config
 from gateway.container.container import replay_metadata
-from gateway.errors import GatewayError, NodeNotEmpty, SnapshotInvalid
+from gateway.errors import GatewayError, NodeNotEmpty, NothingToRecover, SnapshotInvalid
 from gateway.journal import open_journal
 from gateway.journal.files import DirectoryLock, fsync_directory, list_files
 from gateway.protocol.metadata_pb2 import ContainerSnapshot, MetadataSnapshot
@@ -266,6 +266,14 @@ async def import_metadata(
 
     async with open_tier2(config) as tier2:
         rebuilt = await rebuild(tier2, node, snapshot, replay_chunks=False)
+    named = sum(len(r.chunks) for r in snapshot.container.segments)
+    if named and len(rebuilt.report.missing_chunks) == named:
+        # Not one chunk where the export says: this Tier 2 is not the
+        # exporter's. Installing would make every segment empty or absent.
+        raise NothingToRecover(
+            f"Tier 2 holds none of the {named} chunk(s) {what} names: check tier2.url "
+            "(it must be the exporter's)"
+        )
     rebuilt.report.snapshot_key = what
     rebuilt.report.snapshot_epoch = snapshot.epoch
     rebuilt.report.snapshot_created_ms = snapshot.created_at_ms

@@ -394,6 +394,14 @@ def test_refusals(tmp_path: pathlib.Path) -> None:
     assert r.returncode == 2 and "of node 'node-1', this is 'node-2'" in r.stderr
     r = cli(other / "gateway.toml", "import-metadata", "--data-dir", str(other))
     assert r.returncode == 2
+    # A Tier 2 that holds none of the export's chunks is not the exporter's.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "gateway.toml").write_text(f'[tier2]\nurl = "file://{tmp_path}/other-tier2"\n')
+    r = cli(elsewhere / "gateway.toml", "import-metadata", "--data-dir", str(elsewhere),
+            str(exported))  # fmt: skip
+    assert r.returncode == 30 and "holds none of the 1 chunk(s)" in r.stderr, r.stderr
+    assert not list((elsewhere / "journal").glob("*.wal"))
     garbage = tmp_path / "garbage"
     garbage.write_bytes(b"\xff" * 10)
     r = cli(other / "gateway.toml", "import-metadata", "--data-dir", str(other), str(garbage))
