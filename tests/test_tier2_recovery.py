@@ -2,19 +2,24 @@
 
 Each test lays out the objects a node would have left in Tier 2 -- metadata
 snapshots and chunk objects with their user metadata -- in the in-memory
-binding, and checks what the rebuild makes of them. The daemon-level tests
-(a real node killed and rebuilt, on SeaweedFS) are in tests/test_recovery.py.
+binding, and checks what the rebuild makes of them. The last tests install
+the result as an empty node's journal. The daemon-level tests (a real node
+killed and rebuilt, on SeaweedFS) are in tests/test_recovery.py.
 """
 
 from __future__ import annotations
 
+import pathlib
 import random
 import uuid
 
 import crc32c
 import pytest
 
-from gateway.errors import NothingToRecover
+from gateway import metadata_io
+from gateway.container import open_container
+from gateway.errors import NodeNotEmpty, NothingToRecover, SnapshotInvalid
+from gateway.journal.files import list_files
 from gateway.protocol.metadata_pb2 import (
     AttributeValue,
     ChunkRecord,
@@ -26,6 +31,8 @@ from gateway.tier2 import names
 from gateway.tier2.layer import ChunkLayer
 from gateway.tier2.memory import MemoryStorage
 from gateway.tier2.recovery import Rebuilt, rebuild, recover_metadata
+
+from .helpers.segments import make_config
 
 NODE = "n1"
 DATA = random.Random(3).randbytes(4096)
@@ -295,3 +302,58 @@ async def test_without_replay_newer_chunks_stay_out() -> None:
     a = by_name(rebuilt)["a"]
     assert a.length == 100 and rebuilt.report.lost_bytes == {"a": 200}
     assert rebuilt.max_epoch == 2  # never reuse an epoch some chunk carries
+
+
+async def test_a_sealed_segment_takes_no_chunk_past_its_length() -> None:
+    t2 = Tier2()
+    c = t2.chunk(1, "s", 0, 100, 1)
+    t2.snapshot(1, 2, segment(1, "s", c, sealed=True, sealed_in_storage=True))
+    past = t2.chunk(1, "s", 100, 10, 1)
+    rebuilt = await t2.recover()
+    s = by_name(rebuilt)["s"]
+    assert s.length == 100 and s.sealed and s.sealed_in_storage
+    assert "past the sealed length 100" in ignored(rebuilt)[past.name]
+
+
+# -- installing the result as an empty node's first checkpoint ----------------------
+
+
+async def test_install_starts_an_empty_node_above_the_epochs_seen(tmp_path: pathlib.Path) -> None:
+    t2 = Tier2()
+    c = t2.chunk(1, "a", 0, 100, 6)
+    t2.snapshot(6, 2, segment(1, "a", c, length=120))
+    rebuilt = await t2.recover()
+    config = make_config(tmp_path)
+    # A staging directory left by an import that crashed is never used.
+    leftover = config.journal_dir / metadata_io.STAGING
+    leftover.mkdir(parents=True)
+    (leftover / "00000000000000000001.wal").write_bytes(b"junk")
+    epoch = await metadata_io.install(config, rebuilt.container, rebuilt.max_epoch + 1)
+    assert epoch == 7 and not leftover.exists()
+    assert [f.first_sequence for f in list_files(config.journal_dir)] == [1]
+    async with open_container(config) as container:
+        assert container.journal is not None and container.journal.epoch == 8
+        (seg,) = container.segments()
+        assert (seg.name, seg.length, seg.storage_length, len(seg.chunks)) == ("a", 100, 100, 1)
+    with pytest.raises(NodeNotEmpty):
+        await metadata_io.install(config, rebuilt.container, 1)
+
+
+def test_snapshot_files_decode_as_protobuf_or_json() -> None:
+    snap = MetadataSnapshot(
+        version=1,
+        node=NODE,
+        epoch=3,
+        container=ContainerSnapshot(
+            version=1,
+            next_segment_id=2,
+            segments=[SegmentRecord(id=1, name="a", attributes=[AttributeValue(id=b"\x10" * 16)])],
+        ),
+    )
+    assert metadata_io.decode(metadata_io.encode(snap), "f") == snap
+    assert metadata_io.decode(metadata_io.encode(snap, as_json=True), "f") == snap
+    with pytest.raises(SnapshotInvalid, match="does not decode"):
+        metadata_io.decode(b"{nope", "f")
+    snap.version = 2
+    with pytest.raises(SnapshotInvalid, match="version 2 is unknown"):
+        metadata_io.decode(metadata_io.encode(snap), "f")

@@ -466,11 +466,18 @@ def _rebuild_segment(
         report.ignored_chunks += [(fc.key, f"after a hole at {end}") for fc in candidates]
         candidates = []
     snapshot_end = end
+    limit = r.length if r.sealed else None
+    modified_ms = r.last_modified_ms
     if not hole and kept and kept[-1].name == chunks[-1].name and grown is not None:
         g = _decode_chunk(kept[-1].name, grown)
-        if isinstance(g, FoundChunk) and g.length > kept[-1].length:
+        if (
+            isinstance(g, FoundChunk)
+            and g.length > kept[-1].length
+            and (limit is None or g.end <= limit)
+        ):
             kept[-1] = g.record()
             end = g.end
+            modified_ms = max(modified_ms, _ms(g.mtime))
     usable = []
     for fc in candidates:
         if fc.segment == r.name:
@@ -478,9 +485,7 @@ def _rebuild_segment(
         else:
             why = f"its metadata names {fc.segment!r}, segment id {r.id} is {r.name!r}"
             report.ignored_chunks.append((fc.key, why))
-    picked, ignored = _extend(
-        end, kept[-1].epoch if kept else 0, usable, r.length if r.sealed else None
-    )
+    picked, ignored = _extend(end, kept[-1].epoch if kept else 0, usable, limit)
     report.ignored_chunks += [(c.key, why) for c, why in ignored]
     if picked:
         end = picked[-1].end
@@ -497,7 +502,8 @@ def _rebuild_segment(
     del rec.event_index[:]
     rec.event_index.extend(x for x in r.event_index if start <= x < end)
     if picked:
-        rec.last_modified_ms = max(r.last_modified_ms, _ms(max(c.mtime for c in picked)))
+        modified_ms = max(modified_ms, _ms(max(c.mtime for c in picked)))
+    rec.last_modified_ms = modified_ms
     return _Outcome(rec, end - snapshot_end, new=False)
 
 
