@@ -23,6 +23,7 @@ def local_session(app: str = "segment-gateway", cores: int = 2, **conf: str) -> 
         SparkSession.builder.master(f"local[{cores}]")
         .appName(app)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(max(2, cores * 2)))
         .config("spark.driver.memory", "2g")
         .config("spark.sql.session.timeZone", "UTC")
