@@ -15,8 +15,9 @@ follow the segments through the protocol and through the mount:
 
 After every round: every acknowledged event is in its segment exactly once
 and in order (through the protocol and through the mount), and what every
-reader saw was a prefix of it, and online `fsck` finds nothing. The CI run lasts ``SEGMENT_GATEWAY_TORTURE_SECONDS`` (default
-90); ``make torture`` runs it for 30 minutes and prints the summary.
+reader saw was a prefix of it, and online `fsck` finds nothing. The CI run
+lasts ``SEGMENT_GATEWAY_TORTURE_SECONDS`` (default 90); ``make torture``
+runs it for 30 minutes and prints the summary.
 """
 
 from __future__ import annotations
