@@ -446,7 +446,7 @@ def test_metadata_invariants_name_every_violation() -> None:
         chunks=[chunk(60, 100), chunk(150, 100), chunk(260, 50)], event_index=[10],
     )  # fmt: skip
     messages = [m for m, _ in segment_problems(bad)]
-    assert any("sealed in storage, but not sealed" in m for m in messages)
+    assert any("marked sealed in storage, but it is not sealed" in m for m in messages)
     assert any("no chunk holds [50, 60)" in m for m in messages)
     assert any("overlap at [150, 160)" in m for m in messages)
     assert any("no chunk holds [250, 260)" in m for m in messages)
@@ -489,3 +489,19 @@ def test_fsck_over_s3(tmp_path: pathlib.Path, seaweedfs: EmbeddedS3, s3_storage:
     assert all(p["repaired"] for p in run.findings if p["severity"] == "problem")
     assert {o.key for o in s3_storage.list(f"p/{NODE}/chunks/")} == set(keys)
     assert_clean(fsck(daemon.config_path, "--deep", env=env))
+
+
+def test_no_journal_directory_is_a_usage_error(tmp_path: pathlib.Path) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text(node_config(tmp_path / "nothing"))
+    r = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "--config", str(config), "fsck"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert f"no journal directory {tmp_path / 'nothing' / 'journal'}" in r.stderr
+    assert not (tmp_path / "nothing").exists()  # fsck creates nothing

@@ -28,7 +28,6 @@ it can safely fix fixes it only when asked (``--repair``) and says so.
 from __future__ import annotations
 
 import itertools
-import logging
 import pathlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -50,8 +49,6 @@ from gateway.tier2.layer import ChunkLayer
 from gateway.tier2.reader import BLOCK_SIZE
 
 from .report import CheckDone, Finding, Progress, Sink
-
-log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -315,14 +312,19 @@ def scan_journal(directory: pathlib.Path, online: bool, repair: bool) -> Journal
 
 
 async def check_journal(directory: pathlib.Path, run: CheckRun, online: bool = False) -> bool:
-    """Check 1: the journal's frames. Returns False if it is corrupt.
+    """Check 1: the journal's frames. Returns False if it is corrupt or unreadable.
 
     Read-only and lock-free like ``journal-dump``; ``online`` (a daemon
     writes it) means a torn tail is the group being written: a note. With
     ``--repair`` offline, a torn tail is cut off and files without frames
     are deleted, as the next start would; corruption is never touched.
     """
-    scan = await trio.to_thread.run_sync(scan_journal, directory, online, run.options.repair)
+    try:
+        scan = await trio.to_thread.run_sync(scan_journal, directory, online, run.options.repair)
+    except OSError as e:
+        await run.problem(f"cannot read the journal in {directory}: {e}", file=str(directory))
+        await run.done()
+        return False
     for f in scan.findings:
         if f.problem:
             await run.problem(
@@ -397,12 +399,12 @@ def segment_problems(r: SegmentRecord) -> Iterable[tuple[str, int | None]]:
             None,
         )
     if r.sealed_in_storage and not (r.sealed and r.storage_length == r.length):
-        yield (
-            f"segment {name}: sealed in storage, but "
-            + ("not sealed" if not r.sealed else f"only {r.storage_length} of {r.length} bytes")
-            + " in Tier 2",
-            None,
+        why = (
+            "it is not sealed"
+            if not r.sealed
+            else f"only {r.storage_length} of its {r.length} bytes are in Tier 2"
         )
+        yield f"segment {name}: marked sealed in storage, but {why}", None
     chunks = list(r.chunks)
     if not chunks:
         if r.storage_length > r.start_offset:

@@ -19,7 +19,6 @@ The journal directory's lock decides (`gateway.journal.files.DirectoryLock`):
 
 from __future__ import annotations
 
-import logging
 import os
 import pathlib
 from contextlib import AsyncExitStack
@@ -37,8 +36,6 @@ from gateway.tier2 import names
 from .checks import CheckRun, Options, Target, check_journal, run_target_checks, skip
 from .output import Printer
 from .report import CHECKS, Sink, from_wire
-
-log = logging.getLogger(__name__)
 
 
 class FsckUsageError(GatewayError):
@@ -105,7 +102,7 @@ async def run_offline(config: Config, options: Options, sink: Sink) -> None:
 
     journal_dir = config.journal_dir
     if not await check_journal(journal_dir, CheckRun("journal", sink, options)):
-        await _skip_rest(sink, "journal", "the journal is corrupt: no metadata to check")
+        await _skip_rest(sink, "journal", "the journal cannot be read: no metadata to check")
         return
     try:
         container = await trio.to_thread.run_sync(replay_for_fsck, journal_dir)
