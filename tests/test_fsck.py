@@ -329,7 +329,17 @@ def test_orphan_objects_old_ones_repaired_young_ones_kept(node: Node) -> None:
 def test_orphan_repaired_by_a_running_daemon(node: Node, running: Daemon) -> None:
     old = f"{NODE}/chunks/1/{0:020d}.e1.{'c' * 32}"
     node.tier2.write(old, b"x" * 100, {})
+    # Older than tier2.gc_grace (1h), but the daemon's GC (every hour) may
+    # not have passed yet: a note, not a problem.
     os.utime(node.object_path(old), (time.time() - 7200,) * 2)
+    run = fsck(node.config, "--connect", running.address)
+    assert run.code == 0
+    assert [f["key"] for f in run.findings if f["check"] == "orphans"] == [old]
+    # Older than GC's two passes with their retries: GC is failing, a problem.
+    os.utime(node.object_path(old), (time.time() - 5 * 3600,) * 2)
+    run = fsck(node.config, "--connect", running.address)
+    assert run.code == 2
+    assert [p["key"] for p in run.problems("orphans")] == [old]
     run = fsck(node.config, "--connect", running.address, "--repair")
     assert run.code == 1
     (problem,) = run.problems("orphans")

@@ -729,13 +729,24 @@ async def check_chunk_data(target: Target, state: _State, run: CheckRun) -> None
 # -- 5. orphans --------------------------------------------------------------------------------
 
 
+def _gc_overdue(tier2: Tier2Config) -> float:
+    """Age past which a running daemon's GC should have deleted an orphan (seconds).
+
+    GC passes run every ``gc_interval`` and delete what is older than
+    ``gc_grace``; allow two passes, each retrying Tier 2 for its deadline.
+    """
+    return tier2.gc_grace + 2 * (tier2.gc_interval + tier2.retry_deadline)
+
+
 async def check_orphans(target: Target, run: CheckRun) -> None:
     """Check 5: chunk objects that no segment names, with GC's own rules.
 
     With ``--repair`` exactly what GC would delete is deleted: garbage older
     than ``tier2.gc_grace``. Younger garbage is reported and kept (offline
     it is a problem left; on a running daemon it may be an upload or a
-    delete in progress, so a note).
+    delete in progress, so a note). On a running daemon, garbage that its
+    GC deletes at one of its next passes is expected: only garbage that GC
+    should have deleted by now is a problem (`_gc_overdue`).
     """
     layer = target.layer
     if layer is None:
@@ -754,6 +765,13 @@ async def check_orphans(target: Target, run: CheckRun) -> None:
     now = time.time()
     deleted, failed = set(result.deleted_keys), set(result.failed_keys)
     for obj in result.garbage:
+        if target.online and not repair and now - obj.mtime <= _gc_overdue(target.tier2):
+            await run.note(
+                f"orphan object {obj.key} ({_size(obj.size)}, {_age(now - obj.mtime)} old): "
+                "no segment names it; the daemon's GC deletes it at its next pass",
+                key=obj.key,
+            )
+            continue
         action = ""
         if obj.key in deleted:
             action = "deleted"
