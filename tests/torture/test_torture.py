@@ -261,6 +261,8 @@ async def verify(t: Torture) -> int:
     assert t.daemon is not None
     acked = list(t.acked)
     total = 0
+    if not t.daemon.alive():
+        raise AssertionError(f"the daemon died:\n{t.daemon.log()}")
     async with open_client(t.daemon.address) as c:
         for k in range(WRITERS):
             name = f"torture/w{k}"
@@ -309,7 +311,13 @@ async def test_torture(tmp_path: pathlib.Path) -> None:
                     kinds.append(t.rng.choice([f for f in FAULTS if f != kinds[0]]))
                 for fault in kinds:
                     await trio.to_thread.run_sync(t.inject, fault, t.rng.uniform(1.0, 3.0))
-                verified = await verify(t)
+                try:
+                    verified = await verify(t)
+                except (GatewayError, OSError) as e:
+                    raise AssertionError(
+                        f"round {t.rounds} ({kinds}): {e}; daemon alive: {t.daemon.alive()}\n"
+                        f"{t.daemon.log()}"
+                    ) from e
                 await fsck_is_clean(t)
                 print(f"torture: round {t.rounds}: {'+'.join(kinds)}; {verified} events verified")
             stop.set()
