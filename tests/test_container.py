@@ -422,3 +422,31 @@ async def test_event_index_is_sparse_true_and_survives_restart(tmp_path: pathlib
         await c.truncate("e", cut)
         assert seg.event_index and seg.event_index[0] >= cut
         assert seg.event_index == [i for i in index_after if i >= cut]
+
+
+async def test_checkpoint_includes_chunks_added_while_it_was_taken(tmp_path: pathlib.Path) -> None:
+    """A chunk record in flight when a checkpoint is submitted must be in its snapshot.
+
+    Otherwise recovery replays the record, loads the snapshot over it, and
+    the next chunk "starts past the storage length" (seen in the bulk test).
+    """
+    from gateway.protocol.metadata_pb2 import ChunkRecord
+
+    async with open_container(make_config(tmp_path)) as c:
+        await c.create("s")
+        await c.append("s", b"a" * 1000)
+        await c.append("s", b"b" * 1000)
+        seg_id = c.info("s").id
+        first = c.prepare_chunk_added(
+            seg_id, ChunkRecord(name="c1", start_offset=0, length=1000, epoch=1), False
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(c.checkpoint)  # submitted while `first` is in flight
+            assert await first.wait() is True
+        second = c.prepare_chunk_added(
+            seg_id, ChunkRecord(name="c2", start_offset=1000, length=1000, epoch=1), False
+        )
+        assert await second.wait() is True
+    async with open_container(make_config(tmp_path)) as c:
+        info = c.info("s")
+        assert info.storage_length == 2000 and info.chunk_count == 2

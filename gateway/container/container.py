@@ -174,7 +174,16 @@ def _now_ms() -> int:
 class PendingOperation:
     """A prepared operation; `wait` returns its result once it is durable."""
 
-    __slots__ = ("_apply", "_container", "_deferred", "_result_fn", "error", "result", "ticket")
+    __slots__ = (
+        "_apply",
+        "_container",
+        "_deferred",
+        "_result_fn",
+        "error",
+        "result",
+        "storage",
+        "ticket",
+    )
 
     def __init__(
         self,
@@ -193,6 +202,9 @@ class PendingOperation:
         self._deferred = deferred
         self.error: GatewayError | None = None
         self._result_fn: Callable[[], Any] | None = None
+        #: Changes chunks or the storage length, which the pending view (and
+        #: so a checkpoint's snapshot) does not carry until it is applied.
+        self.storage = False
 
     def _with_result(self, fn: Callable[[], Any]) -> PendingOperation:
         """Compute the result when applied (e.g. the segment's new info)."""
@@ -523,7 +535,9 @@ class SegmentContainer:
             for w in self.watchers:
                 w.on_truncated(seg)
 
-        return self._track(ticket, None, apply, seg)._with_result(lambda: seg.info())
+        pending = self._track(ticket, None, apply, seg)
+        pending.storage = True  # drops chunks, raises the storage length
+        return pending._with_result(lambda: seg.info())
 
     def prepare_delete(self, name: str) -> PendingOperation:
         """Delete a segment (result: None)."""
@@ -593,7 +607,9 @@ class SegmentContainer:
         def apply(seq: int) -> None:
             added.append(self._apply_chunk_added(seg, chunk, extends_last))
 
-        return self._track(ticket, None, apply, seg)._with_result(lambda: added[0])
+        pending = self._track(ticket, None, apply, seg)
+        pending.storage = True
+        return pending._with_result(lambda: added[0])
 
     def prepare_storage_sealed(self, segment_id: int) -> PendingOperation:
         """Mark a sealed segment whose bytes are all in Tier 2 as sealed there too."""
@@ -601,7 +617,9 @@ class SegmentContainer:
         seg = self._pending_by_id(segment_id)
         op = Operation(storage_sealed=StorageSealed(segment_id=segment_id))
         ticket = self._submit((op.SerializeToString(),))
-        return self._track(ticket, None, lambda seq: self._apply_storage_sealed(seg), seg)
+        pending = self._track(ticket, None, lambda seq: self._apply_storage_sealed(seg), seg)
+        pending.storage = True
+        return pending
 
     def segment_by_id(self, segment_id: int) -> Segment | None:
         """The committed segment with this id, if it is live."""
@@ -902,6 +920,22 @@ class SegmentContainer:
         """Journal a checkpoint, then truncate the journal as far as possible."""
         assert self._journal is not None
         await self._journal.wait_for_space(64 * len(self._segments) + 1024)
+        # The snapshot is the pending view, but chunk lists and storage
+        # lengths change only when an operation is applied. A chunk added,
+        # sealed in storage or truncated away that is still in flight would
+        # sit before the checkpoint in the journal yet be missing from its
+        # snapshot: recovery replays it, then loads the snapshot over it and
+        # loses it (seen: a later chunk then "starts past the storage
+        # length"). So no such operation may be in flight when it is taken.
+        while True:
+            storage_ops = [op for op in self._inflight if op.storage]
+            if not storage_ops:
+                break
+            last = storage_ops[-1].ticket
+            if last is not None:
+                with suppress(JournalError):
+                    await last.wait()
+            self._settle()
         self._start()
         ticket = self._journal.submit_checkpoint(self._snapshot())
         op = PendingOperation(self, ticket, None)
