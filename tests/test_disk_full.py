@@ -13,26 +13,11 @@ import pytest
 from gateway.client import SyncClient
 from gateway.errors import Overloaded
 from tests.helpers.daemon import Daemon
+from tests.helpers.disk import fill
 
 KiB = 1024
 MiB = 1024 * KiB
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-def fill(directory: pathlib.Path) -> pathlib.Path:
-    """Take every free byte of ``directory``'s file system; returns the ballast file."""
-    ballast = directory / "ballast"
-    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        for size in (64 * KiB, 4 * KiB, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError:
-                pass  # ENOSPC: go on with smaller writes, down to the last byte
-    finally:
-        os.close(fd)
-    return ballast
 
 
 @pytest.mark.timeout(120)

@@ -23,7 +23,6 @@ runs it for 30 minutes and prints the summary.
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import pathlib
 import random
@@ -40,6 +39,7 @@ from gateway.errors import GatewayError
 from gateway.tier2.embedded import EmbeddedS3
 from gateway.tier2.s3 import S3Storage
 from gateway.writer import open_segment_writer
+from tests.helpers.disk import fill
 from tests.helpers.mount import MountedDaemon, require_fuse
 from tests.helpers.s3proxy import S3FaultProxy
 
@@ -177,15 +177,7 @@ class Torture:
             time.sleep(seconds)
             self.proxy.clear()
         elif fault == "disk_full":
-            ballast = self.journal_fs / "ballast"
-            fd = os.open(ballast, os.O_WRONLY | os.O_CREAT)
-            try:
-                for size in (1 << 20, 4096, 1):
-                    with contextlib.suppress(OSError):
-                        while True:
-                            os.write(fd, b"\0" * size)
-            finally:
-                os.close(fd)
+            ballast = fill(self.journal_fs)
             time.sleep(min(seconds, 2.0))
             ballast.unlink()
             time.sleep(max(0.0, seconds - 2.0))
