@@ -515,6 +515,11 @@ class JournalConfig:
     checkpoint_every_bytes: int = _key(
         256 * MiB, _size_in(1 * MiB, 1024 * GiB), "bytes between checkpoints"
     )
+    reserve: int = _key(
+        0,
+        _size_in(0, 64 * GiB),
+        'disk kept for flush records and checkpoints when full; 0 = "auto"',
+    )
 
 
 @dataclass(frozen=True)

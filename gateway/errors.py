@@ -85,11 +85,15 @@ restart the daemon to recover"""
     exit_code = 5
 
 
-class JournalFull(JournalError):
-    """journal disk is full: cannot allocate {} bytes in {} ({}). Nothing was written; \
-free space and retry"""
+class JournalRefused(JournalError):
+    """journal cannot take operations now: {}. Nothing was written; retry later"""
 
     exit_code = 6
+
+
+class JournalFull(JournalRefused):
+    """journal disk is full: cannot allocate {} bytes in {} ({}). Nothing was written; \
+free space and retry"""
 
 
 class JournalClosed(JournalError):

@@ -21,9 +21,10 @@ from gateway.errors import (
     JournalFailed,
     JournalFull,
     JournalLocked,
+    JournalRefused,
     OperationTooLarge,
 )
-from gateway.journal import open_journal, recover
+from gateway.journal import Journal, open_journal, recover
 from gateway.journal.files import list_files
 from gateway.journal.format import HEADER_SIZE, decode_header, encode_append
 from gateway.journal.recovery import FrameRecord, mapped, read_frames
@@ -336,6 +337,12 @@ async def test_close_drains_queued_appends(
     assert len(appends(replayed(tmp_path))) == 100
 
 
+async def wait_for_room(j: Journal) -> None:
+    """The journal notices that space came back within its retry interval."""
+    with trio.fail_after(5):
+        await j.wait_room()
+
+
 async def test_disk_full_refuses_then_resumes(
     small_tmpfs: pathlib.Path, journal_config: ConfigFactory
 ) -> None:
@@ -353,12 +360,14 @@ async def test_disk_full_refuses_then_resumes(
             data = payload(i, 8000)
             try:
                 acked[await j.append_parts(encode_append(1, i, data))] = (i, data)
-            except JournalFull as e:
+            except JournalRefused as e:
                 full_errors += 1
                 assert "Nothing was written" in str(e)
         assert full_errors > 0, "the disk never filled up"
         assert j.failed is None, "disk full must not be fatal"
+        assert j.short_of_space
         filler.unlink()
+        await wait_for_room(j)
         # Space is back: appends work again, numbered on without a gap.
         for i in range(400, 420):
             data = payload(i, 8000)
@@ -612,6 +621,7 @@ async def test_refused_group_refuses_everything_queued_behind_it(
         assert all(o is None for o in outcome[refused:]), "a later group landed after a refusal"
         assert j.refusals >= 1
         (small_tmpfs / "filler").unlink()
+        await wait_for_room(j)
         seq = await j.append_parts(encode_append(1, 999, b"after"))
         assert seq == outcome[refused - 1] + 1, "sequence numbers must not skip"
 

@@ -18,12 +18,26 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.errors import JournalFull, JournalLocked
+from gateway.errors import JournalFull, JournalLocked, JournalRefused
 from gateway.journal.format import Buffer
 
 SUFFIX = ".wal"
 _NAME = re.compile(r"^([0-9]{20})\.wal$")
 LOCK_NAME = "LOCK"
+RESERVE_NAME = "RESERVE"
+#: errno values of a full file system: the operation may succeed once space is freed.
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+#: errno values of running out of descriptors or kernel memory while opening a
+#: file: a resource shortage of the moment, not a failed disk.
+_NO_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
+_PAGE = 4096
+
+
+def _refusal(e: OSError, what: str, path: pathlib.Path) -> JournalRefused | None:
+    """The refusal for a shortage that may pass (full disk, no descriptors), else None."""
+    if e.errno in _NO_SPACE or e.errno in _NO_RESOURCES:
+        return JournalRefused(f"cannot {what} {path}: {e.strerror}")
+    return None
 
 
 def file_name(first_sequence: int) -> str:
@@ -68,7 +82,7 @@ class DirectoryLock:
 
     def __init__(self, directory: pathlib.Path) -> None:
         self.path = directory / LOCK_NAME
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -95,41 +109,71 @@ class JournalFile:
         self.path = path
         self.first_sequence = first_sequence
         self._step = preallocate_step
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            refusal = _refusal(e, "create", path)
+            if refusal is None:
+                raise
+            raise refusal from e
         #: Bytes of frames written (and, once synced, durable).
         self.size = 0
         self._allocated = 0
 
     @classmethod
     def create(
-        cls, directory: pathlib.Path, first_sequence: int, preallocate_step: int, initial: int
+        cls,
+        directory: pathlib.Path,
+        first_sequence: int,
+        preallocate_step: int,
+        initial: int,
+        exact: bool = False,
     ) -> JournalFile:
-        """Create, preallocate and make durable a new file; raise JournalFull if no space."""
+        """Create, preallocate and make durable a new file.
+
+        Raises JournalFull if there is no space, JournalRefused if no file
+        descriptor is free: either way nothing is left behind. ``exact``: as
+        in `ensure_space`.
+        """
         f = cls(directory / file_name(first_sequence), first_sequence, preallocate_step)
         try:
-            f.ensure_space(initial)
-            fsync_directory(directory)
+            f.ensure_space(initial, exact)
+            try:
+                fsync_directory(directory)
+            except OSError as e:
+                refusal = _refusal(e, "open the directory of", f.path)
+                if refusal is None:
+                    raise
+                raise refusal from e
         except BaseException:
             f.close()
             f.path.unlink(missing_ok=True)
             raise
         return f
 
-    def ensure_space(self, nbytes: int) -> None:
+    @property
+    def allocated(self) -> int:
+        """Bytes of the file preallocated so far (data included)."""
+        return self._allocated
+
+    def ensure_space(self, nbytes: int, exact: bool = False) -> None:
         """Preallocate so that ``nbytes`` more bytes fit; raise JournalFull if the disk is full.
 
-        Nothing is written on failure, so the caller may refuse the operations
-        that needed the space and go on.
+        Space is taken in whole preallocation steps, or with ``exact`` in
+        whole pages only (the journal's reserve pays for that: see
+        `ReserveFile`). Nothing is written on failure, so the caller may
+        refuse the operations that needed the space and go on.
         """
         need = self.size + nbytes
         if need <= self._allocated:
             return
-        steps = -(-(need - self._allocated) // self._step)
-        new_allocated = self._allocated + steps * self._step
+        step = _PAGE if exact else self._step
+        steps = -(-(need - self._allocated) // step)
+        new_allocated = self._allocated + steps * step
         try:
             os.posix_fallocate(self._fd, self._allocated, new_allocated - self._allocated)
         except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            if e.errno in _NO_SPACE:
                 raise JournalFull(
                     new_allocated - self._allocated, str(self.path), e.strerror
                 ) from e
@@ -171,6 +215,58 @@ class JournalFile:
 
     def close(self) -> None:
         """Close the descriptor (idempotent)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class ReserveFile:
+    """Disk space kept back for the operations that free space (``<dir>/RESERVE``).
+
+    A preallocated file of zeros in the journal directory, never read. When
+    the disk is full, client appends are refused, but the operations that
+    record Tier-2 progress and checkpoints -- the ones that let the journal
+    be truncated -- give back as much of this file as they need and take it
+    at once (`release`, then an exact preallocation). The journal grows it
+    back (`grow_to`) when there is room again, before clients may write.
+    Keeping it across restarts means a node restarted on a full disk can
+    still journal its new epoch and flush its way out. A file of its own,
+    not space inside a journal file, so that it survives journal rolls and
+    truncation.
+    """
+
+    def __init__(self, directory: pathlib.Path) -> None:
+        self.path = directory / RESERVE_NAME
+        # Open for the journal's lifetime: using the reserve must not need a
+        # free descriptor at the moment descriptors may have run out.
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    @property
+    def size(self) -> int:
+        """Bytes held now."""
+        return os.fstat(self._fd).st_size
+
+    def grow_to(self, target: int) -> bool:
+        """Hold ``target`` bytes; False if the disk has no room for that now."""
+        if self.size >= target:
+            return True
+        try:
+            os.posix_fallocate(self._fd, 0, target)
+        except OSError as e:
+            if e.errno in _NO_SPACE:
+                return False
+            raise
+        return True
+
+    def release(self, nbytes: int) -> int:
+        """Give ``nbytes`` back to the file system (fewer if it holds less); return how many."""
+        size = self.size
+        keep = max(0, size - -(-nbytes // _PAGE) * _PAGE)
+        os.ftruncate(self._fd, keep)
+        return size - keep
+
+    def close(self) -> None:
+        """Close the descriptor; the file and its space stay for the next start."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -12,20 +12,33 @@ park/unpark; the disk sees one sync per group (BookKeeper's journal).
 Failure model (DESIGN.md, Tier 1): an error from write or fdatasync is fatal
 -- the page cache state of the file is unknown, so nothing is retried on that
 descriptor; the group and everything queued fail with JournalFailed and later
-appends are refused. Running out of space is *not* fatal: space is allocated
-before anything is written, so the group fails with JournalFull, nothing was
-written, and later appends may succeed once space is freed.
+appends are refused. Running out of space (or of file descriptors, opening a
+new file) is *not* fatal: space is allocated before anything is written, so
+the group fails with JournalRefused/JournalFull, nothing was written, and
+later appends may succeed once space is freed.
+
+A full disk must not wedge the node: the only way out is to flush to Tier 2,
+record that, checkpoint and delete files, and all of those need journal
+space. So operations are submitted either as *client* operations or as
+*reserved* ones (Tier-2 progress, checkpoints, deletions: the operations
+that free space). The journal keeps a `ReserveFile` of disk space that only
+groups made of reserved operations may take when the disk is full. From the
+first refusal (or the first use of the reserve) until the reserve is whole
+again and there is room for a preallocation step, the journal is *short of
+space*: client operations wait (`wait_for_space`) or are refused at once
+(`submit`), reserved ones go on, and a background task retries the refill.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+import os
 import pathlib
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 
 import trio
@@ -37,10 +50,16 @@ from gateway.errors import (
     JournalClosed,
     JournalError,
     JournalFailed,
-    JournalFull,
+    JournalRefused,
     OperationTooLarge,
 )
-from gateway.journal.files import DirectoryLock, JournalFile, JournalFileName, fsync_directory
+from gateway.journal.files import (
+    DirectoryLock,
+    JournalFile,
+    JournalFileName,
+    ReserveFile,
+    fsync_directory,
+)
 from gateway.journal.format import Buffer, encode_group, operation_prefix
 from gateway.journal.recovery import RecoveryResult, ReplayCallback, recover
 from gateway.protocol.journal_pb2 import Checkpoint, EpochStarted, Operation
@@ -48,12 +67,27 @@ from gateway.stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)
 
+KiB = 1024
+MiB = 1024 * KiB
+#: How often a journal short of space tries to make its reserve whole again.
+RESERVE_RETRY_SECONDS = 0.2
+#: Refusals while short of space are logged once, then at most this often.
+REFUSAL_LOG_SECONDS = 60.0
+
+
+def auto_reserve(directory: pathlib.Path) -> int:
+    """``journal.reserve = 0``: 1/16 of the file system, within [256 KiB, 16 MiB]."""
+    st = os.statvfs(directory)
+    size = st.f_blocks * st.f_frsize // 16
+    return max(256 * KiB, min(16 * MiB, size - size % 4096))
+
 
 class _Group:
     """Operations written together and made durable by one fdatasync."""
 
     __slots__ = (
-        "count", "created", "done", "ends", "error", "first_sequence", "nbytes", "parts", "sizes",
+        "count", "created", "done", "ends", "error", "first_sequence", "nbytes", "parts",
+        "reserved", "roll", "sizes",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -72,6 +106,10 @@ class _Group:
         self.error: JournalError | None = None
         #: trio clock time of the first operation (only tracked when lingering).
         self.created = 0.0
+        #: Every operation in it may use the reserve (see the module docstring).
+        self.reserved = True
+        #: Start a new file with this group (a checkpoint that frees the old ones).
+        self.roll = False
 
 
 class Ticket:
@@ -122,6 +160,13 @@ class JournalStatistics:
     bytes_since_checkpoint: int
     last_checkpoint: int
     failed: str | None
+    #: Short of space: client operations wait, reserved ones may use the reserve.
+    short_of_space: bool
+    #: Bytes in the reserve file now, and what it should hold.
+    reserve_bytes: int
+    reserve_target: int
+    #: Groups refused (disk full, no descriptors) without failing the journal.
+    refusals: int
 
 
 class Journal:
@@ -162,6 +207,20 @@ class Journal:
         #: How many times a group was refused without failing the journal
         #: (disk full). Each refusal also refused everything queued then.
         self.refusals = 0
+        #: Disk space for reserved operations; opened by `open_journal`.
+        self._reserve: ReserveFile | None = None
+        self._reserve_base = config.reserve
+        self._last_checkpoint_bytes = 0
+        #: See the module docstring. Set by the writer, cleared by `_keep_reserve`.
+        self.short_of_space = False
+        self._space_lost = trio.Event()
+        self._space_restored = trio.Event()
+        self._space_restored.set()
+        self._reserve_poke = trio.Event()
+        #: Set by the writer thread when a group took space from the reserve.
+        self._used_reserve = False
+        self._refusal_logged = -float("inf")
+        self._refusals_unlogged = 0
         # One thread at a time touches the files: the writer's groups and
         # truncation are serialized by this limiter.
         self._limiter = trio.CapacityLimiter(1)
@@ -199,28 +258,39 @@ class Journal:
 
         The buffers are written as they are, never copied (see
         ``format.encode_append``); the caller must not change them until
-        this returns.
+        this returns. While the journal is short of disk space this raises
+        JournalRefused at once instead of waiting for room.
         """
-        await self.wait_for_space(sum(map(len, parts)))
+        # Waits for the queue only (``reserved``); `submit` refuses at once.
+        await self.wait_for_space(sum(map(len, parts)), reserved=True)
         return await self.submit(parts).wait()
 
-    def has_space(self, nbytes: int) -> bool:
+    def has_space(self, nbytes: int, reserved: bool = False) -> bool:
         """Whether an operation of ``nbytes`` would be queued without waiting."""
+        if self.short_of_space and not reserved:
+            return False
         return not self._admission.locked() and (
             not self._pending_bytes
             or self._pending_bytes + nbytes + 10 <= self._cfg.max_pending_bytes
         )
 
-    async def wait_for_space(self, nbytes: int) -> None:
+    async def wait_for_space(self, nbytes: int, reserved: bool = False) -> None:
         """Wait until an operation of ``nbytes`` fits under ``max_pending_bytes``.
 
-        Waiters are served in FIFO order, and while anyone waits newcomers
-        queue behind them, so no appender starves. Callers that must keep
-        operations in order call `submit` right after this returns, with no
-        checkpoint in between.
+        Client operations (not ``reserved``) also wait while the journal is
+        short of disk space. Waiters are served in FIFO order, and while
+        anyone waits newcomers queue behind them, so no appender starves.
+        Callers that must keep operations in order call `submit` right after
+        this returns, with no checkpoint in between.
         """
-        if self.has_space(nbytes):
+        if self.has_space(nbytes, reserved):
             return
+        while self.short_of_space and not reserved:
+            await self._space_restored.wait()
+            if self._error is not None:
+                raise self._error
+            if self._closing:
+                raise JournalClosed()
         async with self._admission:
             limit = self._cfg.max_pending_bytes
             while self._pending_bytes and self._pending_bytes + nbytes + 10 > limit:
@@ -230,13 +300,20 @@ class Journal:
                 if self._closing:
                     raise JournalClosed()
 
-    def submit(self, parts: Sequence[Buffer]) -> Ticket:
+    async def wait_room(self) -> None:
+        """Wait until the journal is no longer short of disk space (or closes)."""
+        while self.short_of_space and not self._closing and self._error is None:
+            await self._space_restored.wait()
+
+    def submit(self, parts: Sequence[Buffer], reserved: bool = False) -> Ticket:
         """Queue an operation without waiting; `Ticket.wait` gives its sequence number.
 
         Operations are made durable in the order they are submitted. This
         never blocks, so it does not apply backpressure: call
-        `wait_for_space` first. Raises JournalFailed, JournalClosed or
-        OperationTooLarge at once.
+        `wait_for_space` first. ``reserved``: the operation helps free disk
+        space (module docstring) and may use the reserve. Raises
+        JournalFailed, JournalClosed, OperationTooLarge, or JournalRefused
+        for a client operation while the journal is short of space, at once.
         """
         size = sum(map(len, parts))
         if self._error is not None:
@@ -245,6 +322,12 @@ class Journal:
             raise JournalClosed()
         if size > self._cfg.max_operation_bytes:
             raise OperationTooLarge(size, self._cfg.max_operation_bytes)
+        if self.short_of_space and not reserved:
+            self._note_refusal(None)
+            raise JournalRefused(
+                "its disk is full; client operations wait until flushes to Tier 2 and "
+                "checkpoints free space"
+            )
         prefix = operation_prefix(size)
         nbytes = len(prefix) + size
         group = self._open_group
@@ -254,6 +337,7 @@ class Journal:
         if group.count == 0 and self._cfg.group_commit_wait:
             group.created = trio.current_time()
         index = group.count
+        group.reserved = group.reserved and reserved
         group.parts.append(prefix)
         group.parts.extend(parts)
         group.ends.append(len(group.parts))
@@ -285,20 +369,31 @@ class Journal:
 
     # -- checkpoints and truncation -------------------------------------------
 
-    async def checkpoint(self, snapshot: bytes) -> int:
+    async def checkpoint(self, snapshot: bytes, roll: bool = False) -> int:
         """Journal a checkpoint holding ``snapshot``; return its sequence number.
 
         Recovery that finds this checkpoint can start from it; `truncate` can
         then delete the files before it.
         """
-        await self.wait_for_space(len(snapshot) + 16)
-        return await self.submit_checkpoint(snapshot).wait()
+        await self.wait_for_space(len(snapshot) + 16, reserved=True)
+        return await self.submit_checkpoint(snapshot, roll).wait()
 
-    def submit_checkpoint(self, snapshot: bytes) -> Ticket:
-        """`checkpoint` without waiting: queue it now, in order with `submit`."""
+    def submit_checkpoint(self, snapshot: bytes, roll: bool = False) -> Ticket:
+        """`checkpoint` without waiting: queue it now, in order with `submit`.
+
+        ``roll``: write it at the start of a new file, so that `truncate` may
+        delete every file before it (the way out of a full disk when the
+        active file holds only data that is already in Tier 2).
+        """
+        if roll and self._open_group.count:
+            self._close_open_group()
         ticket = self.submit(
-            (Operation(checkpoint=Checkpoint(snapshot=snapshot)).SerializeToString(),)
+            (Operation(checkpoint=Checkpoint(snapshot=snapshot)).SerializeToString(),),
+            reserved=True,
         )
+        if roll:
+            ticket._group.roll = True
+        self._last_checkpoint_bytes = len(snapshot)
         self._pending_checkpoints.append(ticket)
         return ticket
 
@@ -325,9 +420,30 @@ class Journal:
         if checkpoint_sequence not in self._checkpoints:
             raise ValueError(f"no checkpoint at sequence {checkpoint_sequence}")
         limit = checkpoint_sequence if keep_from is None else min(keep_from, checkpoint_sequence)
-        return await trio.to_thread.run_sync(
+        deleted = await trio.to_thread.run_sync(
             self._delete_files_before, limit, limiter=self._limiter
         )
+        if deleted:
+            self._reserve_poke.set()  # room again, perhaps: try the refill now
+        return deleted
+
+    def rolled_checkpoint_frees(self, keep_from: int | None) -> bool:
+        """Whether a checkpoint written now into a new file (``roll``) would free space.
+
+        That is, whether `truncate` after it, keeping ``keep_from`` (as in
+        `truncate`), would delete files holding clearly more than the
+        checkpoint costs, so that checkpoints taken for space always make
+        progress and never chase each other.
+        """
+        limit = self._next_sequence if keep_from is None else min(keep_from, self._next_sequence)
+        freed = 0
+        starts = [f.first_sequence for f in self._files[1:]] + [self._next_sequence]
+        for f, following in zip(self._files, starts, strict=True):
+            if following > limit:
+                break
+            with suppress(FileNotFoundError):
+                freed += f.path.stat().st_size
+        return freed > 2 * self._last_checkpoint_bytes + 64 * KiB
 
     def would_truncate(self, checkpoint_sequence: int, keep_from: int | None = None) -> bool:
         """Whether `truncate` with these arguments would delete a file."""
@@ -362,7 +478,7 @@ class Journal:
                 if self._error is not None:
                     return
         finally:
-            self._closing = True
+            self._begin_close()
             self._fail_waiting(self._error or JournalClosed())
 
     async def _take_group(self) -> _Group | None:
@@ -389,14 +505,15 @@ class Journal:
         first = self._next_sequence
         try:
             await trio.to_thread.run_sync(self._write_group, group, first, limiter=self._limiter)
-        except JournalFull as e:
-            log.error("journal: %s", e)
+        except JournalRefused as e:
             group.error = e
             # Everything queued behind a refused group is refused too: an
             # owner that assigned positions in submission order (segment
             # offsets) would otherwise see a later operation land without
             # an earlier one.
             self.refusals += 1
+            self._note_refusal(e)
+            self._become_short_of_space()
             self._fail_waiting(e)
         except OSError as e:
             self._error = JournalFailed(
@@ -412,6 +529,9 @@ class Journal:
             if self._pending_checkpoints:
                 self._note_checkpoints(group)
         finally:
+            if self._used_reserve:
+                self._used_reserve = False
+                self._become_short_of_space()
             self._pending_bytes -= group.nbytes
             self._space.set()
             self._space = trio.Event()
@@ -422,16 +542,7 @@ class Journal:
         buffers, total, frames = encode_group(
             group.parts, group.ends, group.sizes, first, self.epoch, self._cfg.max_frame_bytes
         )
-        f = self._file
-        if f is None or (f.size and f.size + total > self._cfg.file_size):
-            if f is not None:
-                f.seal()
-                self._file = None
-            # A group never spans files: recovery relies on it.
-            f = JournalFile.create(self.directory, first, self._cfg.preallocate_step, total)
-            self._file = f
-            self._files.append(JournalFileName(first, f.path))
-        f.ensure_space(total)
+        f = self._allocate(group, first, total)
         f.write(buffers)
         failpoints.hit("journal_sync")
         started = time.perf_counter()
@@ -445,6 +556,120 @@ class Journal:
         self._groups += 1
         self._frames_since_checkpoint += frames
         self._bytes_since_checkpoint += total
+
+    def _allocate(self, group: _Group, first: int, total: int) -> JournalFile:
+        """The file to write ``total`` bytes of ``group`` into, with the space allocated.
+
+        Raises JournalRefused (nothing written) when there is no room and
+        the group may not, or cannot, use the reserve.
+        """
+        f = self._file
+        roll = f is None or (f.size > 0 and (f.size + total > self._cfg.file_size or group.roll))
+        try:
+            return self._take_space(f, roll, first, total, exact=False)
+        except JournalRefused:
+            if not group.reserved or self._reserve is None:
+                raise
+        # The disk is full and every operation of the group frees space
+        # sooner or later: take what it needs, to the page, from the reserve.
+        # Growing the active file past file_size costs less than a new one.
+        if roll and not group.roll and f is not None:
+            roll = False
+        need = total if f is None or roll else f.size + total - f.allocated
+        self._reserve.release(need)
+        self._used_reserve = True
+        return self._take_space(f, roll, first, total, exact=True)
+
+    def _take_space(
+        self, f: JournalFile | None, roll: bool, first: int, total: int, exact: bool
+    ) -> JournalFile:
+        if f is not None and not roll:
+            f.ensure_space(total, exact)
+            return f
+        # A group never spans files: recovery relies on it.
+        new = JournalFile.create(self.directory, first, self._cfg.preallocate_step, total, exact)
+        if f is not None:
+            # Only now that the new file exists: on a full disk, a reserved
+            # group that cannot have a new file grows the old one instead.
+            f.seal()
+        self._file = new
+        self._files.append(JournalFileName(first, new.path))
+        return new
+
+    # -- running short of space --------------------------------------------------
+
+    def _reserve_target(self) -> int:
+        """Bytes the reserve should hold: the configured floor, and twice the last checkpoint."""
+        return max(self._reserve_base, 2 * self._last_checkpoint_bytes + 64 * KiB)
+
+    def _become_short_of_space(self) -> None:
+        """Client operations now wait until `_keep_reserve` finds room again."""
+        if not self.short_of_space:
+            self.short_of_space = True
+            self._space_restored = trio.Event()
+            self._space_lost.set()
+        self._reserve_poke.set()
+
+    def _note_refusal(self, e: JournalError | None) -> None:
+        """Log a refusal: the first at once, then a count at most every REFUSAL_LOG_SECONDS."""
+        now = time.monotonic()
+        self._refusals_unlogged += 1
+        if now - self._refusal_logged < REFUSAL_LOG_SECONDS:
+            return
+        what = f": {e}" if e is not None else ""
+        if self._refusal_logged == -float("inf"):
+            log.error(
+                "journal refused client operations%s; they wait and are refused until "
+                "flushes to Tier 2 and checkpoints free space (the reserve keeps room for those)",
+                what,
+            )
+        else:
+            log.warning(
+                "journal: still short of space: %d refusal(s) in the last %.0fs%s",
+                self._refusals_unlogged,
+                now - self._refusal_logged,
+                what,
+            )
+        self._refusal_logged = now
+        self._refusals_unlogged = 0
+
+    def _has_room(self) -> bool:
+        """Make the reserve whole; then is there room for client groups? (worker thread)"""
+        if self._reserve is None:
+            return True
+        if not self._reserve.grow_to(self._reserve_target()):
+            return False
+        f = self._file
+        if f is not None and f.allocated - f.size >= self._cfg.max_group_bytes:
+            return True
+        st = os.statvfs(self.directory)
+        return st.f_bavail * st.f_frsize >= self._cfg.preallocate_step
+
+    async def _keep_reserve(self) -> None:
+        """While short of space, retry the refill; when it works, let clients in again."""
+        while not self._closing and self._error is None:
+            if not self.short_of_space:
+                await self._space_lost.wait()
+                self._space_lost = trio.Event()
+                continue
+            try:
+                room = await trio.to_thread.run_sync(self._has_room, limiter=self._limiter)
+            except OSError as e:
+                log.warning("journal: cannot grow the reserve %s: %s", self._reserve, e)
+                room = False
+            if room and self.short_of_space:
+                self.short_of_space = False
+                self._space_restored.set()
+                log.info(
+                    "journal: room again (%d refusal(s) meanwhile); client operations resume",
+                    self.refusals,
+                )
+                self._refusal_logged = -float("inf")
+                self._refusals_unlogged = 0
+                continue
+            with trio.move_on_after(RESERVE_RETRY_SECONDS):
+                await self._reserve_poke.wait()
+            self._reserve_poke = trio.Event()
 
     def _note_checkpoints(self, group: _Group) -> None:
         """Register the checkpoints that just became durable."""
@@ -468,19 +693,40 @@ class Journal:
                 self._pending_bytes -= g.nbytes
                 g.done.set()
         self._space.set()
+        if not isinstance(error, JournalRefused):
+            self._space_restored.set()  # waiters for room see the failure or the close
 
     # -- lifecycle -------------------------------------------------------------
 
+    def _open_reserve(self) -> bool:
+        """Open the reserve; whether it is whole, or could be made so (worker thread)."""
+        if not self._reserve_base:
+            self._reserve_base = auto_reserve(self.directory)
+        self._reserve = ReserveFile(self.directory)
+        if self._reserve.grow_to(self._reserve_target()):
+            return True
+        log.warning(
+            "journal: the disk is full; %d of %d reserve bytes held (%s): client operations "
+            "wait until flushes and checkpoints make room",
+            self._reserve.size,
+            self._reserve_target(),
+            self._reserve.path,
+        )
+        return False
+
     async def _start_epoch(self) -> None:
-        await self.append(
-            Operation(
-                epoch_started=EpochStarted(
-                    epoch=self.epoch,
-                    started_at_ms=int(time.time() * 1000),
-                    software_version=__version__,
-                )
+        op = Operation(
+            epoch_started=EpochStarted(
+                epoch=self.epoch,
+                started_at_ms=int(time.time() * 1000),
+                software_version=__version__,
             )
         )
+        # Reserved: a node restarted on a full disk must still be able to
+        # fence its epoch, then flush and truncate its way out.
+        parts = (op.SerializeToString(),)
+        await self.wait_for_space(len(parts[0]), reserved=True)
+        await self.submit(parts, reserved=True).wait()
         log.info(
             "journal: opened %s, epoch %d, next sequence %d",
             self.directory,
@@ -490,12 +736,17 @@ class Journal:
 
     def _begin_close(self) -> None:
         self._closing = True
+        self._space_restored.set()
+        self._space_lost.set()  # `_keep_reserve` ends
+        self._reserve_poke.set()
         self._wake_writer()
 
     def _close_file(self) -> None:
         if self._file is not None:
             self._file.seal()
             self._file = None
+        if self._reserve is not None:
+            self._reserve.close()
 
     @property
     def failed(self) -> JournalError | None:
@@ -520,6 +771,10 @@ class Journal:
             bytes_since_checkpoint=self._bytes_since_checkpoint,
             last_checkpoint=self._checkpoints[-1] if self._checkpoints else 0,
             failed=str(self._error) if self._error else None,
+            short_of_space=self.short_of_space,
+            reserve_bytes=self._reserve.size if self._reserve is not None else 0,
+            reserve_target=self._reserve_target(),
+            refusals=self.refusals,
         )
 
 
@@ -549,8 +804,11 @@ async def open_journal(
     try:
         recovered = await trio.to_thread.run_sync(recover, directory, replay, True, on_file)
         journal = Journal(directory, config, recovered, min_epoch)
+        if not await trio.to_thread.run_sync(journal._open_reserve):
+            journal._become_short_of_space()
         async with service_nursery() as nursery:
             nursery.start_soon(journal._run_writer)
+            nursery.start_soon(journal._keep_reserve)
             try:
                 await journal._start_epoch()
                 yield journal
