@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import pathlib
 import random
+import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 
 import pytest
 
 from gateway.client import SyncClient
 from gateway.errors import Overloaded
+from gateway.tier2.embedded import EmbeddedS3
+from gateway.tier2.s3 import S3Storage
 from tests.helpers.daemon import Daemon
 from tests.helpers.disk import fill
 
@@ -82,3 +89,221 @@ def test_full_journal_disk_refuses_then_resumes(
             assert c.read("full/s", 0, len(acked) + MiB).data == bytes(acked)
     finally:
         daemon.stop()
+
+
+def append_until_full(c: SyncClient, name: str, rng: random.Random, acked: bytearray) -> str:
+    """Append 100 KiB pieces until the journal refuses one; return the refusal."""
+    for _ in range(200):
+        piece = rng.randbytes(100 * KiB)
+        try:
+            c.append(name, piece)
+        except Overloaded as e:
+            return str(e)
+        acked += piece
+    raise AssertionError("appends kept being accepted on a full disk")
+
+
+def append_within(c: SyncClient, name: str, piece: bytes, seconds: float) -> float:
+    """Append ``piece``, retrying refusals for up to ``seconds``; return how long it took."""
+    started = time.monotonic()
+    while True:
+        try:
+            c.append(name, piece)
+            return time.monotonic() - started
+        except Overloaded:
+            if time.monotonic() - started > seconds:
+                raise
+            time.sleep(0.1)
+
+
+def error_lines(daemon: Daemon) -> list[str]:
+    return [line for line in daemon.log_path.read_text().splitlines() if " ERROR " in line]
+
+
+@pytest.mark.timeout(180)
+def test_flushed_full_journal_is_freed_by_a_checkpoint_and_restarts_full(
+    tmp_path: pathlib.Path, small_tmpfs: pathlib.Path
+) -> None:
+    """A journal full of data that is then flushed frees itself at once (issue 14, items 1-2).
+
+    No checkpoint is due by the frame count (300): without a checkpoint taken
+    because space ran short, the journal stayed full and appends were
+    refused until 300 tiny appends made one due. And a node restarted on
+    that full disk still starts, flushes and frees its journal.
+    """
+    config = (
+        f'[journal]\ndir = "{small_tmpfs}/journal"\nfile_size = "1 MiB"\n'
+        'preallocate_step = "256 KiB"\nmax_pending_bytes = "1 MiB"\nmax_group_bytes = "512 KiB"\n'
+        'max_frame_bytes = "256 KiB"\nmax_operation_bytes = "512 KiB"\n'
+        '[container]\nmax_append_bytes = "256 KiB"\noverload_timeout = "1s"\n'
+        '[server]\nmax_message_bytes = "1 MiB"\n'
+        # Flushed only when asked: the journal fills with unflushed data first.
+        f'[tier2]\nurl = "file://{tmp_path}/tier2"\nflush_size = "5 GiB"\n'
+        'max_chunk_size = "5 GiB"\nflush_interval = "24h"\n'
+    )
+    daemon = Daemon(tmp_path / "node", config)
+    daemon.start()
+    rng = random.Random(14)
+    acked = bytearray()
+    try:
+        with SyncClient(daemon.address) as c:
+            c.create("full/s")
+            message = append_until_full(c, "full/s", rng, acked)
+            assert "full" in message, message
+            errors_before = len(error_lines(daemon))
+            # Refusals for a few seconds are logged once, not once per refusal.
+            for _ in range(10):
+                with pytest.raises(Overloaded):
+                    c.append("full/s", rng.randbytes(100 * KiB))
+            assert len(error_lines(daemon)) - errors_before <= 1, error_lines(daemon)
+            c.flush("full/s")
+            # Everything is in Tier 2 now: a checkpoint lets the journal drop
+            # its files at once, and appends resume.
+            piece = rng.randbytes(100 * KiB)
+            took = append_within(c, "full/s", piece, 10)
+            acked += piece
+            assert took < 5, f"appends resumed only after {took:.1f}s"
+            for _ in range(20):  # and keep going: the space came back
+                piece = rng.randbytes(100 * KiB)
+                append_within(c, "full/s", piece, 10)
+                acked += piece
+            assert c.read("full/s", 0, len(acked) + MiB).data == bytes(acked)
+
+            # Full again, unflushed, and a crash: the node must start on the full disk.
+            append_until_full(c, "full/s", rng, acked)
+        ballast = fill(small_tmpfs)
+        daemon.kill()
+        daemon.start()
+        with SyncClient(daemon.address) as c:
+            assert c.read("full/s", 0, len(acked) + MiB).data == bytes(acked)
+            # It flushes what it recovered at once, then frees the journal.
+            piece = rng.randbytes(100 * KiB)
+            append_within(c, "full/s", piece, 10)
+            acked += piece
+            assert c.read("full/s", 0, len(acked) + MiB).data == bytes(acked)
+        ballast.unlink()
+        assert daemon.alive()
+        assert "Traceback" not in daemon.log_path.read_text()
+    finally:
+        daemon.stop()
+
+
+@pytest.fixture
+def journal_tmpfs(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
+    """A 64 MiB tmpfs for the journal (needs root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "journal-fs"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], check=False)
+    if r.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.timeout(240)
+def test_full_journal_while_tier2_is_stopped_flushes_its_way_out(
+    tmp_path: pathlib.Path, journal_tmpfs: pathlib.Path
+) -> None:
+    """The issue's reproduction: SeaweedFS stopped, three writers fill the journal, SeaweedFS
+    continues. The uploads then complete on a full disk: recording them must neither kill
+    the daemon nor fail, and the node flushes and truncates its way back to service."""
+    s3 = EmbeddedS3(tmp_path / "s3")
+    s3.start()
+    try:
+        bucket = "full-journal"
+        storage = S3Storage(
+            bucket,
+            endpoint_url=s3.endpoint_url,
+            access_key=s3.access_key,
+            secret_key=s3.secret_key,
+        )
+        storage.create_bucket_if_missing()
+        storage.close()
+        config = (
+            f'[journal]\ndir = "{journal_tmpfs}/journal"\nfile_size = "16 MiB"\n'
+            'preallocate_step = "4 MiB"\n'
+            '[container]\nmax_append_bytes = "2 MiB"\noverload_timeout = "1s"\n'
+            '[server]\nmax_message_bytes = "3 MiB"\n'
+            f'[tier2]\nurl = "s3://{bucket}/node"\nendpoint_url = "{s3.endpoint_url}"\n'
+            'flush_size = "4 MiB"\nflush_interval = "1s"\nretry_deadline = "120s"\n'
+            'request_timeout = "5s"\n'
+        )
+        env = {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key}
+        daemon = Daemon(tmp_path / "node", config, env=env)
+        daemon.start(timeout=60)
+        try:
+            names = [f"w/{k}" for k in range(3)]
+            with SyncClient(daemon.address) as c:
+                for name in names:
+                    c.create(name)
+            assert s3.pid is not None
+            os.kill(s3.pid, signal.SIGSTOP)
+            stop = threading.Event()
+            continued = threading.Event()
+            acked = {name: bytearray() for name in names}
+            refused = collections.Counter[str]()
+            after_continue = collections.Counter[str]()
+            failures: list[BaseException] = []
+
+            def writer(name: str, seed: int) -> None:
+                rng = random.Random(seed)
+                try:
+                    with SyncClient(daemon.address) as wc:
+                        while not stop.is_set():
+                            piece = rng.randbytes(MiB)
+                            try:
+                                wc.append(name, piece)
+                            except Overloaded:
+                                refused[name] += 1
+                                time.sleep(0.1)
+                                continue
+                            acked[name] += piece
+                            if continued.is_set():
+                                after_continue[name] += 1
+                except BaseException as e:  # reported by the test below
+                    failures.append(e)
+
+            threads = [
+                threading.Thread(target=writer, args=(name, k)) for k, name in enumerate(names)
+            ]
+            for t in threads:
+                t.start()
+            try:
+                deadline = time.monotonic() + 60
+                while min(refused[n] for n in names) < 3:
+                    assert not failures, failures
+                    assert time.monotonic() < deadline, f"the journal never filled: {refused}"
+                    time.sleep(0.1)
+                os.kill(s3.pid, signal.SIGCONT)
+                continued.set()
+                deadline = time.monotonic() + 90
+                while min(after_continue[n] for n in names) < 3:
+                    assert not failures, failures
+                    assert daemon.alive(), daemon.log()
+                    assert time.monotonic() < deadline, (
+                        f"appends did not resume: {after_continue}\n{daemon.log()}"
+                    )
+                    time.sleep(0.1)
+            finally:
+                stop.set()
+                os.kill(s3.pid, signal.SIGCONT)
+                for t in threads:
+                    t.join(60)
+            assert not failures, failures
+            assert daemon.alive(), daemon.log()
+            with SyncClient(daemon.address) as c:
+                for name in names:
+                    data = bytearray()
+                    while len(data) < len(acked[name]):
+                        data += c.read(name, len(data), 8 * MiB).data
+                    assert data == acked[name], name
+                c.flush()
+            log_text = daemon.log_path.read_text()
+            assert "Traceback" not in log_text, daemon.log()
+            assert daemon.stop() == 0, daemon.log()
+        finally:
+            daemon.stop()
+    finally:
+        s3.stop()

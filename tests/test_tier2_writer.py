@@ -10,12 +10,14 @@ from __future__ import annotations
 import pathlib
 import random
 import shutil
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from gateway.config import Config
 from gateway.container import SegmentContainer, open_container
@@ -329,3 +331,41 @@ async def test_read_of_flushed_bytes_while_tier2_is_down_fails_cleanly(
             await c.read("s", 0, 100)
         storage.set_down(False)
         assert (await c.read("s", 0, 5000)).data == b"y" * 5000
+
+
+class _GatedStorage(MemoryStorage):
+    """Writes wait for ``gate`` (a flush held in the middle of its upload)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.writing = threading.Event()
+
+    def write(self, key: str, data: Any, metadata: Any) -> None:
+        if "/chunks/" in key:
+            self.writing.set()
+            assert self.gate.wait(30)
+        super().write(key, data, metadata)
+
+
+async def test_flush_during_a_flush_does_not_leave_the_segment_urgent(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A flush request while the same segment is being flushed is answered by that flush;
+    afterwards the segment is under the policy again (its next append is not uploaded at once)."""
+    storage = _GatedStorage()
+    config = tier2_config(tmp_path, flush_interval="30s")
+    async with running(config, storage) as (c, _), trio.open_nursery() as nursery:
+        await c.create("s")
+        await c.append("s", b"x" * 100)
+        nursery.start_soon(c.flush, "s")
+        await trio.to_thread.run_sync(storage.writing.wait, 10)
+        nursery.start_soon(c.flush, "s")  # the same bytes, while the first upload runs
+        await trio.testing.wait_all_tasks_blocked()
+        storage.gate.set()
+        await wait_until(lambda: c.info("s").storage_length == 100)
+        await c.flush("s")
+        await c.append("s", b"y" * 50)
+        await trio.sleep(0.5)  # long enough for an urgent flush to start and finish
+        assert c.info("s").storage_length == 100, "the append was flushed at once"
+        assert c.info("s").chunk_count == 1

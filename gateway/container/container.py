@@ -58,7 +58,7 @@ from gateway.errors import (
     GatewayError,
     JournalClosed,
     JournalError,
-    JournalFull,
+    JournalRefused,
     LimitExceeded,
     Overloaded,
     SegmentExists,
@@ -333,12 +333,17 @@ class SegmentContainer:
             raise SegmentNotFound(name)
         return seg
 
-    def _submit(self, parts: Sequence[Buffer]) -> Ticket:
+    def _submit(self, parts: Sequence[Buffer], reserved: bool = False) -> Ticket:
+        """Submit to the journal; ``reserved`` for operations that free space (may use
+        the journal's reserve when the disk is full)."""
         assert self._journal is not None
         try:
-            return self._journal.submit(parts)
+            return self._journal.submit(parts, reserved)
         except JournalClosed as e:
             raise Unavailable("the daemon is shutting down") from e
+        except JournalRefused as e:
+            self._maintenance.set()  # a checkpoint may free space now
+            raise Overloaded(str(e)) from e
         except JournalError as e:
             raise Unavailable(str(e)) from e
 
@@ -525,7 +530,8 @@ class SegmentContainer:
         op = Operation(
             truncate_segment=TruncateSegment(segment_id=seg.id, offset=offset, at_ms=at_ms)
         )
-        ticket = self._submit((op.SerializeToString(),))
+        # Reserved when it drops bytes: that can free journal space on a full disk.
+        ticket = self._submit((op.SerializeToString(),), reserved=offset > seg.p_start_offset)
         seg.p_start_offset = offset
 
         def apply(seq: int) -> None:
@@ -544,7 +550,7 @@ class SegmentContainer:
         self._start()
         seg = self._pending(name)
         op = Operation(delete_segment=DeleteSegment(segment_id=seg.id))
-        ticket = self._submit((op.SerializeToString(),))
+        ticket = self._submit((op.SerializeToString(),), reserved=True)  # it frees space
         seg.p_deleted = True
 
         def apply(seq: int) -> None:
@@ -601,7 +607,8 @@ class SegmentContainer:
         op = Operation(
             chunk_added=ChunkAdded(segment_id=segment_id, chunk=chunk, extends_last=extends_last)
         )
-        ticket = self._submit((op.SerializeToString(),))
+        # Reserved: recording Tier-2 progress is what lets the journal shrink.
+        ticket = self._submit((op.SerializeToString(),), reserved=True)
         added: list[bool] = []
 
         def apply(seq: int) -> None:
@@ -616,7 +623,7 @@ class SegmentContainer:
         self._start()
         seg = self._pending_by_id(segment_id)
         op = Operation(storage_sealed=StorageSealed(segment_id=segment_id))
-        ticket = self._submit((op.SerializeToString(),))
+        ticket = self._submit((op.SerializeToString(),), reserved=True)
         pending = self._track(ticket, None, lambda seq: self._apply_storage_sealed(seg), seg)
         pending.storage = True
         return pending
@@ -655,22 +662,32 @@ class SegmentContainer:
         index = self.read_index
         return index.store.pinned_room(nbytes + self._pending_pinned + index.unwritten_bytes)
 
-    async def wait_for_capacity(self, nbytes: int) -> None:
+    async def wait_for_capacity(self, nbytes: int, reserved: bool = False) -> None:
         """Wait until the journal and the cache can take ``nbytes``; else Overloaded.
 
         Unflushed append data is pinned in the cache until it is in Tier 2;
         when it reaches its share of the cache budget, appends wait for room
         (truncation, deletion, or a flush) and after ``overload_timeout`` are
-        refused: memory and disk stay bounded.
+        refused: memory and disk stay bounded. While the journal's disk is
+        full, changes wait too, unless ``reserved`` (deletions and
+        truncations, which free space).
         """
-        assert self._journal is not None
-        if self._journal.has_space(nbytes) and self._pinned_room(nbytes):
+        journal = self._journal
+        assert journal is not None
+        if journal.has_space(nbytes, reserved) and self._pinned_room(nbytes):
             return
+        if journal.short_of_space:
+            self._maintenance.set()  # a checkpoint may free space now
         with trio.move_on_after(self._cfg.overload_timeout):
-            await self._journal.wait_for_space(nbytes)
+            await journal.wait_for_space(nbytes, reserved)
             while not self._pinned_room(nbytes):
                 await self._pinned_freed.wait()
             return
+        if journal.short_of_space and not reserved:
+            raise Overloaded(
+                f"the journal disk is full; waited {self._cfg.overload_timeout:g}s for "
+                "flushes to Tier 2 and checkpoints to free space"
+            )
         if not self._pinned_room(nbytes):
             raise Overloaded(
                 "unflushed data fills its share of the cache budget "
@@ -732,13 +749,13 @@ class SegmentContainer:
 
     async def truncate(self, name: str, offset: int) -> SegmentInfo:
         """Truncate a segment at ``offset``."""
-        await self.wait_for_capacity(64)
+        await self.wait_for_capacity(64, reserved=True)
         info: SegmentInfo = await self.prepare_truncate(name, offset).wait()
         return info
 
     async def delete(self, name: str) -> None:
         """Delete a segment."""
-        await self.wait_for_capacity(64)
+        await self.wait_for_capacity(64, reserved=True)
         await self.prepare_delete(name).wait()
 
     async def update_attributes(self, name: str, updates: Sequence[AttributeUpdate]) -> SegmentInfo:
@@ -759,7 +776,7 @@ class SegmentContainer:
             assert op.ticket is not None
             try:
                 seq = op.ticket.result()
-            except JournalFull as e:
+            except JournalRefused as e:
                 op.error = Overloaded(str(e))
             except JournalClosed:
                 op.error = Unavailable("the daemon is shutting down")
@@ -779,7 +796,9 @@ class SegmentContainer:
                 else:
                     seg.reset_pending()
             self._dirty.clear()
-        if self._journal is not None and self._journal.checkpoint_due():
+        if self._journal is not None and (
+            self._journal.checkpoint_due() or self._journal.short_of_space
+        ):
             self._maintenance.set()
 
     # -- applying to the committed view (live and during recovery) ----------------
@@ -916,10 +935,14 @@ class SegmentContainer:
             segments=[s.pending_record() for s in self._segments.values() if not s.p_deleted],
         ).SerializeToString()
 
-    async def checkpoint(self) -> int:
-        """Journal a checkpoint, then truncate the journal as far as possible."""
+    async def checkpoint(self, roll: bool = False) -> int:
+        """Journal a checkpoint, then truncate the journal as far as possible.
+
+        ``roll``: in a new journal file, so every older file may go (see
+        `Journal.submit_checkpoint`).
+        """
         assert self._journal is not None
-        await self._journal.wait_for_space(64 * len(self._segments) + 1024)
+        await self._journal.wait_for_space(64 * len(self._segments) + 1024, reserved=True)
         # The snapshot is the pending view, but chunk lists and storage
         # lengths change only when an operation is applied. A chunk added,
         # sealed in storage or truncated away that is still in flight would
@@ -937,7 +960,7 @@ class SegmentContainer:
                     await last.wait()
             self._settle()
         self._start()
-        ticket = self._journal.submit_checkpoint(self._snapshot())
+        ticket = self._journal.submit_checkpoint(self._snapshot(), roll)
         op = PendingOperation(self, ticket, None)
         self._inflight.append(op)
         await op.wait()
@@ -970,16 +993,32 @@ class SegmentContainer:
                     return f
         return None
 
+    def _checkpoint_for_space(self) -> bool:
+        """Whether the disk is full and a checkpoint in a new file would free journal files."""
+        journal = self._journal
+        return (
+            journal is not None
+            and journal.short_of_space
+            and journal.rolled_checkpoint_frees(self._oldest_needed_file())
+        )
+
     async def _run_maintenance(self) -> None:
         while True:
             await self._maintenance.wait()
             self._maintenance = trio.Event()
             if self._closing:
                 return
-            if self._journal is not None and self._journal.checkpoint_due():
+            journal = self._journal
+            if journal is None:
+                continue
+            # When space runs short, a checkpoint is due as soon as the
+            # journal holds files of flushed data, however few operations
+            # went by: it is the only way to give their space back.
+            for_space = self._checkpoint_for_space()
+            if for_space or journal.checkpoint_due():
                 try:
-                    await self.checkpoint()
-                except GatewayError as e:
+                    await self.checkpoint(roll=for_space)
+                except (GatewayError, OSError) as e:
                     log.warning("checkpoint failed: %s", e)
 
     # -- recovery ----------------------------------------------------------------

@@ -44,7 +44,7 @@ from gateway import failpoints
 from gateway.config import Tier2Config
 from gateway.container.container import SegmentContainer
 from gateway.container.segment import Segment
-from gateway.errors import GatewayError, SegmentNotFound, Tier2Error, Unavailable
+from gateway.errors import GatewayError, Overloaded, SegmentNotFound, Tier2Error
 from gateway.journal.format import Buffer
 from gateway.protocol.metadata_pb2 import ChunkRecord, MetadataSnapshot
 from gateway.tier2 import gc, names
@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 
 #: Longest wait before retrying a segment whose flush failed.
 MAX_RETRY_WAIT = 30.0
+#: Longest wait between attempts to journal an uploaded chunk the journal refused.
+MAX_RECORD_WAIT = 2.0
 #: A CRC over more than this runs in a worker thread (crc32c releases the GIL).
 _CRC_INLINE_BYTES = 1024 * 1024
 
@@ -69,7 +71,7 @@ def _join_and_crc(pieces: list[Buffer], crc: int) -> tuple[bytes, int]:
 class _Failure:
     count: int
     retry_at: float
-    error: GatewayError
+    error: Exception
 
 
 @dataclass(frozen=True)
@@ -113,8 +115,10 @@ class StorageWriter:
         #: segment id -> trio time of its oldest unflushed byte (or of the
         #: event that made it need a flush: seal, request).
         self._unflushed: dict[int, float] = {}
-        #: Segments to flush now, whatever the policy says.
-        self._urgent: set[int] = set()
+        #: Segments to flush now, whatever the policy says: segment id -> the
+        #: length that must reach Tier 2 (a request's or a seal's); once it
+        #: has, the segment is back under the policy.
+        self._urgent: dict[int, int] = {}
         self._busy: set[int] = set()
         self._failures: dict[int, _Failure] = {}
         #: Object keys being uploaded and not yet named by applied metadata:
@@ -169,7 +173,7 @@ class StorageWriter:
     def on_seal(self, seg: Segment) -> None:
         """A sealed segment is flushed right away and sealed in storage."""
         self._unflushed.setdefault(seg.id, trio.current_time())
-        self._urgent.add(seg.id)
+        self._urgent[seg.id] = seg.length
         self._wake.set()
 
     def on_dropped(self, seg: Segment, chunks: list[ChunkRecord], deleted: bool) -> None:
@@ -180,7 +184,7 @@ class StorageWriter:
             self._deletes_ready.set()
         if deleted:
             self._unflushed.pop(seg.id, None)
-            self._urgent.discard(seg.id)
+            self._urgent.pop(seg.id, None)
             self._failures.pop(seg.id, None)
             if self.reader is not None:
                 self.reader.forget_segment(seg.id)
@@ -222,7 +226,7 @@ class StorageWriter:
             seg = self.container.segment_by_id(seg_id)
             if seg is None or not self._needs_flush(seg):
                 del self._unflushed[seg_id]
-                self._urgent.discard(seg_id)
+                self._urgent.pop(seg_id, None)
                 continue
             failure = self._failures.get(seg_id)
             if failure is not None and failure.retry_at > now:
@@ -230,17 +234,31 @@ class StorageWriter:
                 continue
             due = since + self.cfg.flush_interval
             if (
-                seg_id in self._urgent
+                self._is_urgent(seg)
                 or seg.length - seg.storage_length >= self.cfg.flush_size
                 or (seg.sealed and seg.storage_length >= seg.length)
                 or due <= now
             ):
                 self._busy.add(seg_id)
-                self._urgent.discard(seg_id)
                 self._nursery.start_soon(self._flush_task, seg_id)
             else:
                 next_due = min(next_due, due)
         return next_due
+
+    def _is_urgent(self, seg: Segment) -> bool:
+        """Whether a request or a seal still waits for this segment's bytes to reach Tier 2.
+
+        A flush requested while one is running must not leave the segment
+        urgent after that flush already took its bytes: the next append
+        would then be uploaded at once, whatever ``flush_interval`` says.
+        """
+        target = self._urgent.get(seg.id)
+        if target is None:
+            return False
+        if seg.storage_length >= target and (not seg.sealed or seg.sealed_in_storage):
+            del self._urgent[seg.id]
+            return False
+        return True
 
     async def _flush_task(self, seg_id: int) -> None:
         try:
@@ -249,7 +267,10 @@ class StorageWriter:
             self._failures.pop(seg_id, None)
         except SegmentNotFound:
             self._unflushed.pop(seg_id, None)
-        except (Tier2Error, Unavailable) as e:
+        except (GatewayError, OSError) as e:
+            # Tier 2 down, the journal's disk full (Overloaded), the daemon
+            # stopping: all pass, and the journal keeps the data meanwhile.
+            # The flush task must never take the daemon down with it.
             self.flush_failures += 1
             old = self._failures.get(seg_id)
             count = old.count + 1 if old else 1
@@ -332,12 +353,7 @@ class StorageWriter:
             else:
                 await self.layer.write(key, data, metadata)
             failpoints.hit("after_chunk_upload")
-            try:
-                added = await self.container.prepare_chunk_added(
-                    seg.id, record, extends_last=extend is not None
-                ).wait()
-            except SegmentNotFound:
-                added = False
+            added = await self._record_chunk(seg, record, extend is not None)
         finally:
             self.uploading.discard(key)
         if not added:
@@ -354,6 +370,29 @@ class StorageWriter:
         else:
             self.chunks_created += 1
         self._flushed_since_snapshot.set()
+
+    async def _record_chunk(self, seg: Segment, record: ChunkRecord, extends: bool) -> bool:
+        """Journal an uploaded chunk; whether it was added (False: truncated away or deleted).
+
+        While the journal refuses (its disk full: the reserve exhausted, or a
+        client group refused ahead of this record), try again for up to
+        ``retry_deadline`` rather than upload the bytes again.
+        """
+        give_up = trio.current_time() + self.cfg.retry_deadline
+        wait = 0.05
+        while True:
+            try:
+                added: bool = await self.container.prepare_chunk_added(
+                    seg.id, record, extends_last=extends
+                ).wait()
+                return added
+            except SegmentNotFound:
+                return False
+            except Overloaded:
+                if trio.current_time() + wait > give_up:
+                    raise
+            await trio.sleep(wait)
+            wait = min(MAX_RECORD_WAIT, wait * 2)
 
     async def durability_barrier(self) -> None:
         """Everything flushed so far survives a power loss of the Tier-2 server."""
@@ -375,7 +414,7 @@ class StorageWriter:
             if seg is not None and self._needs_flush(seg):
                 targets[seg_id] = seg.length
                 self._unflushed.setdefault(seg_id, trio.current_time())
-                self._urgent.add(seg_id)
+                self._urgent[seg_id] = max(seg.length, self._urgent.get(seg_id, 0))
                 # A request skips the backoff of earlier failures.
                 failure = self._failures.get(seg_id)
                 if failure is not None:
