@@ -129,6 +129,10 @@ def _write_buffer_size(budget_bytes: int) -> int:
     return max(1 * MiB, min(64 * MiB, budget_bytes // 16))
 
 
+#: RocksDB's table files open at once (see `_options`).
+MAX_OPEN_FILES = 128
+
+
 def _options(budget_bytes: int) -> rocksdict.Options:
     """RocksDB options that keep disk and memory near ``budget_bytes``.
 
@@ -190,6 +194,11 @@ def _options(budget_bytes: int) -> rocksdict.Options:
     options.set_keep_log_file_num(2)
     options.set_max_manifest_file_size(max(1 * MiB, min(64 * MiB, budget_bytes // 64)))
     options.set_manifest_preallocation_size(64 * KiB)
+    # RocksDB keeps every table file open by default. A bound keeps the
+    # daemon's own descriptors predictable next to client connections (the
+    # server sizes its connection limit from what is left); at these budgets
+    # there are far fewer files than this, so nothing is reopened.
+    options.set_max_open_files(MAX_OPEN_FILES)
     return options
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pathlib
@@ -640,3 +641,42 @@ async def test_truncate_keeps_files_still_needed(
         assert list_files(tmp_path)[0] == files[1]
         assert j.oldest_file() == files[1].first_sequence
         assert await j.truncate(cp) >= 1
+
+
+async def test_no_file_descriptor_for_a_new_file_is_a_refusal_not_a_failure(
+    tmp_path: pathlib.Path, journal_config: ConfigFactory
+) -> None:
+    """EMFILE opening the next journal file (peers took every descriptor) refuses the
+    group; the journal goes on once descriptors are free again (issue 14, item 3)."""
+    import resource
+
+    cfg = journal_config(file_size=1 * MiB, preallocate_step=256 * KiB)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    async with open_journal(tmp_path, cfg) as j:
+        await j.append_parts(encode_append(1, 0, bytes(100)))
+        hogs: list[int] = []
+        try:
+            # Take every descriptor under a low limit, as 1,100 idle connections did.
+            used = len(os.listdir("/proc/self/fd"))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (used + 16, hard))
+            with contextlib.suppress(OSError):
+                while True:
+                    hogs.append(os.dup(0))
+            refused = 0
+            for i in range(1, 40):  # 30 KiB each: the 1 MiB file rolls
+                try:
+                    await j.append_parts(encode_append(1, i, bytes(30 * KiB)))
+                except JournalRefused as e:
+                    refused += 1
+                    assert "Too many open files" in str(e), e
+                    break
+            assert refused, "the journal never needed a new file"
+            assert j.failed is None, "running out of descriptors must not be fatal"
+        finally:
+            for fd in hogs:
+                os.close(fd)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        await wait_for_room(j)
+        seq = await j.append_parts(encode_append(1, 99, b"after"))
+        assert seq > 0
+    assert appends(replayed(tmp_path))[seq] == (99, b"after")
