@@ -574,6 +574,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Commands that create files under node.data_dir (or the Tier-2 directory).
+_WRITES_NODE_FILES: frozenset[Command] = frozenset({_cmd_serve, _cmd_fsck, _cmd_import_metadata})
+
+
+def _private_umask() -> None:
+    """Make every file this process creates private to its user (0700 / 0600).
+
+    The journal, the cache and the embedded S3 data hold segment bytes, and
+    RocksDB and SeaweedFS (a child, which inherits the umask) create their
+    files with the usual 0755 / 0644 minus the umask: outside systemd that
+    is 022, which leaves them readable by every local user. Only bits are
+    added, so a stricter umask stays.
+    """
+    os.umask(os.umask(0o077) | 0o077)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     args = build_parser().parse_args(argv)
@@ -581,6 +597,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # (a writer reconnecting) are for -v.
     quiet = args.func is not _cmd_serve
     logs.setup(logging.DEBUG if args.verbose else logging.WARNING if quiet else logging.INFO)
+    if args.func in _WRITES_NODE_FILES:
+        _private_umask()
     try:
         code: int = args.func(args)
     except GatewayError as e:

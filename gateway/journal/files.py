@@ -68,7 +68,7 @@ class DirectoryLock:
 
     def __init__(self, directory: pathlib.Path) -> None:
         self.path = directory / LOCK_NAME
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -95,7 +95,7 @@ class JournalFile:
         self.path = path
         self.first_sequence = first_sequence
         self._step = preallocate_step
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         #: Bytes of frames written (and, once synced, durable).
         self.size = 0
         self._allocated = 0
