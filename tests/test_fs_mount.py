@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pathlib
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 from gateway.client import SyncClient, open_client
 from gateway.tier2.embedded import EmbeddedS3
 from gateway.tier2.s3 import S3Storage
+from tests.helpers.daemon import ROOT
 from tests.helpers.mount import MountedDaemon, mount_entry, mounted_daemon, require_fuse, run
 
 KiB = 1024
@@ -179,8 +181,14 @@ def test_posix_tools(s3_daemon: MountedDaemon) -> None:
     found = run("find", mnt, "-type", "d").stdout.decode().split()
     assert len(found) == 3  # the root, logs, logs/app
 
-    df = run("df", "-B1", "--output=size,avail", mnt).stdout.decode().split()
-    assert int(df[-1]) == 0  # nothing may be written
+    # docs/OPERATIONS.md, "df and disk alerts": the bytes of all segments,
+    # none free (a read-only filesystem); an inode per segment and directory.
+    df = run("df", "-B1", "--output=size,used,avail,pcent", mnt).stdout.decode().split()
+    size = sum(-(-n // 4096) * 4096 for n in (777_777, 14, 0))
+    assert df[-4:] == [str(size), str(size), "0", "100%"], df
+    df = run("df", "--output=itotal,iused,iavail", mnt).stdout.decode().split()
+    assert df[-3:] == ["6", "6", "0"], df  # 3 segments; the root, logs, logs/app
+    assert os.statvfs(mnt).f_flag & os.ST_RDONLY
 
     # The event-boundary index: a hidden file found by name, never listed.
     assert run("cat", mnt / "logs/app/.0.events").stdout == b"0\n"
@@ -189,6 +197,13 @@ def test_posix_tools(s3_daemon: MountedDaemon) -> None:
 
     opts = mount_entry(mnt)
     assert opts is not None and opts[1] == "fuse.segment-gateway"
+    # The node_exporter exclusion OPERATIONS gives matches this type only.
+    doc = (ROOT / "docs" / "OPERATIONS.md").read_text()
+    exclude = re.search(r"fs-types-exclude='([^']+)'", doc)
+    assert exclude is not None
+    assert re.fullmatch(exclude.group(1), opts[1])
+    assert re.fullmatch(exclude.group(1), "squashfs")
+    assert not re.fullmatch(exclude.group(1), "fuse.s3fs")
     for o in ("ro", "noatime", "default_permissions"):
         assert o in opts[2].split(","), opts
     assert "allow_other" not in opts[2]
