@@ -131,6 +131,7 @@ def _cmd_fsck(args: argparse.Namespace) -> int:
             connect=connect,
             token=token,
             tls=_tls(args),
+            node_dirs_named=bool(args.data_dir or args.config or DEFAULT_CONFIG_PATH.exists()),
         )
     except GatewayError as e:
         if e.exit_code > 1:

@@ -25,6 +25,7 @@ import pytest
 
 from cache import CacheStore
 from gateway.client import SyncClient
+from gateway.config import DEFAULT_CONFIG_PATH
 from gateway.fsck.checks import segment_problems
 from gateway.journal.files import list_files
 from gateway.journal.format import HEADER_SIZE
@@ -238,6 +239,51 @@ def test_clean_node_online_finds_nothing(node: Node, running: Daemon) -> None:
     with SyncClient(running.address) as c:  # the daemon is unharmed
         for name, data in node.data.items():
             assert c.read(name, 0, len(data) + 1).data == data
+
+
+def fsck_without_config(*args: str) -> Run:
+    """``segment-gateway fsck --json ARGS`` with no --config (the default file must not exist)."""
+    if DEFAULT_CONFIG_PATH.exists():
+        pytest.skip(f"{DEFAULT_CONFIG_PATH} exists here: it would name a journal")
+    r = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "fsck", "--json", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert lines and "summary" in lines[-1], (r.returncode, r.stdout, r.stderr)
+    return Run(r.returncode, lines[:-1], lines[-1]["summary"], r.stdout, r.stderr)
+
+
+def skipped(run: Run, check: str) -> str:
+    return str(next(c["skipped"] for c in run.summary["checks"] if c["check"] == check))
+
+
+def test_online_checks_only_a_journal_it_was_given_and_that_the_daemon_holds(
+    node: Node, running: Daemon, pristine: tuple[pathlib.Path, dict[str, bytes]]
+) -> None:
+    # --connect alone: no journal directory named here, so none is checked.
+    run = fsck_without_config("--connect", running.address)
+    assert_clean(run)
+    assert run.status("journal") == "skipped"
+    why = skipped(run, "journal")
+    assert "neither --data-dir nor a configuration file" in why and "None" not in why, why
+    assert [run.status(c) for c in ("metadata", "chunks", "orphans", "cache")] == ["ok"] * 4
+    # --data-dir naming the daemon's directory: its journal is checked.
+    run = fsck_without_config("--connect", running.address, "--data-dir", str(node.data_dir))
+    assert_clean(run)
+    assert run.status("journal") == "ok"
+    # A journal no daemon holds is not the connected daemon's: not checked as if it were.
+    stopped = pristine[0]
+    run = fsck_without_config("--connect", running.address, "--data-dir", str(stopped))
+    assert run.status("journal") == "skipped"
+    assert f"no running daemon holds {stopped / 'journal'}" in skipped(run, "journal")
+    # A directory that is not there is said to be missing (not "None").
+    run = fsck_without_config("--connect", running.address, "--data-dir", str(node.data_dir / "x"))
+    assert "there is no journal directory" in skipped(run, "journal")
 
 
 # -- Tier 2 faults ------------------------------------------------------------------
