@@ -414,20 +414,61 @@ def test_corrupt_journal_frame_in_the_middle_is_reported_and_left_alone(node: No
         f.seek(victim.offset + HEADER_SIZE + 2)
         f.write(bytes([byte[0] ^ 0xFF]))
     before = path.read_bytes()
+    # Tier 2 has lost a chunk too: fsck must still find it.
+    lost = node.chunk_keys()[0]
+    node.object_path(lost).unlink()
 
-    run = fsck(node.config)
+    run = fsck(node.config, "--deep")
     assert run.code == 2
     (problem,) = run.problems("journal")
     assert problem["file"] == str(path) and problem["offset"] == victim.offset
     assert "CRC32C mismatch" in problem["message"]
-    # Without the journal there is no metadata to check the rest against.
-    assert [run.status(c) for c in ("metadata", "chunks", "orphans", "cache")] == ["skipped"] * 4
+    # Without the journal's metadata, Tier 2 is checked against the newest
+    # metadata snapshot there, and the output says so.
+    assert run.status("metadata") == "skipped"
+    why = skipped(run, "metadata")
+    assert why.startswith("the journal cannot be read"), why
+    newest = max(o.key for o in node.tier2.list(names.meta_prefix(NODE)))
+    assert f"use the newest metadata snapshot in Tier 2 instead, {newest} (taken " in why, why
+    (missing,) = run.problems("chunks")
+    assert missing["key"] == lost and "is missing" in missing["message"], missing
+    assert missing["segment"] in SEGMENTS and missing["offset"] is not None
+    assert [run.status(c) for c in ("chunk-data", "orphans")] == ["ok", "ok"]
+    assert f"per snapshot {newest}" in next(
+        c["detail"] for c in run.summary["checks"] if c["check"] == "orphans"
+    )
+    assert run.status("cache") == "skipped"
+    plain = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "--config", str(node.config), "fsck"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = plain.stdout.splitlines()
+    metadata = next(line for line in lines if line.startswith("check metadata:"))
+    assert metadata.startswith("check metadata: skipped (the journal cannot be read"), metadata
+    assert "check chunks: 1 problem(s)" in lines, lines
 
+    # --repair changes neither the journal nor Tier 2 on a snapshot's word
+    # (the cache holds the lost chunk, and would restore it otherwise).
     run = fsck(node.config, "--repair")
     assert run.code == 2
     (problem,) = run.problems("journal")
     assert "no safe repair" in problem["action"] and not problem["repaired"]
+    (missing,) = run.problems("chunks")
+    assert not missing["repaired"] and "snapshot" in missing["action"], missing
     assert path.read_bytes() == before
+    assert not node.object_path(lost).exists()
+
+    # No snapshot to fall back on: the rest is skipped, and says why.
+    for obj in node.tier2.list(names.meta_prefix(NODE)):
+        node.tier2.delete(obj.key)
+    run = fsck(node.config)
+    assert run.code == 2
+    assert "holds no readable metadata snapshot" in skipped(run, "metadata")
+    assert [run.status(c) for c in ("chunks", "orphans", "cache")] == ["skipped"] * 3
 
 
 def test_torn_journal_tail_is_cut_by_repair(node: Node) -> None:

@@ -9,7 +9,9 @@ The journal directory's lock decides (`gateway.journal.files.DirectoryLock`):
   starts SeaweedFS from the data directory) and the cache, and every check
   runs here. ``--repair`` fixes what is safe: a torn journal tail, files
   without frames, garbage objects older than ``tier2.gc_grace``, cache
-  entries that disagree.
+  entries that disagree. A journal that gives no metadata (corrupt, or
+  not replaying) leaves Tier 2 checked against its newest metadata
+  snapshot, with no repairs there (`_from_snapshot`).
 - **Online** (a daemon holds the lock, or ``--connect`` names one): the
   journal files are read here, read-only (as ``journal-dump`` does) --
   only if a directory was named (not with ``--connect`` alone) and a
@@ -21,6 +23,7 @@ The journal directory's lock decides (`gateway.journal.files.DirectoryLock`):
 
 from __future__ import annotations
 
+import datetime
 import fcntl
 import os
 import pathlib
@@ -36,7 +39,15 @@ from gateway.journal.files import LOCK_NAME, DirectoryLock
 from gateway.protocol.metadata_pb2 import ChunkRecord
 from gateway.tier2 import names
 
-from .checks import CheckRun, Options, Target, check_journal, run_target_checks, skip
+from .checks import (
+    CheckRun,
+    Options,
+    Target,
+    check_journal,
+    run_snapshot_checks,
+    run_target_checks,
+    skip,
+)
 from .output import Printer
 from .report import CHECKS, Sink, from_wire
 
@@ -99,21 +110,83 @@ async def _open_cache(stack: AsyncExitStack, config: Config) -> tuple[CacheStore
     return store, ""
 
 
+async def _from_snapshot(config: Config, options: Options, sink: Sink, replay_error: str) -> None:
+    """The journal gives no metadata: check Tier 2 against its newest metadata snapshot.
+
+    ``replay_error``: the journal reads but does not replay (a problem of
+    the metadata check); "" if it is corrupt (the journal check said so).
+    """
+    from gateway.tier2.recovery import RebuildReport, newest_snapshot
+
+    why = (
+        "the journal does not replay" if replay_error else "the journal cannot be read"
+    ) + ", so the committed metadata cannot be rebuilt"
+    run = CheckRun("metadata", sink, options)
+    if replay_error:
+        await run.problem(f"the journal does not replay: {replay_error}")
+    async with AsyncExitStack() as stack:
+        layer, tier2_error = await _open_tier2(stack, config)
+        found = None
+        if layer is not None:
+            try:
+                found = await newest_snapshot(layer, config.node.id, RebuildReport())
+            except GatewayError as e:
+                tier2_error = f"cannot list the metadata snapshots in Tier 2: {e}"
+            if found is None and not tier2_error:
+                tier2_error = f"Tier 2 holds no readable metadata snapshot of {config.node.id!r}"
+        if found is None:
+            reason = f"{why}, and {tier2_error}: no metadata to check"
+            if replay_error:
+                await run.done()
+            else:
+                await run.done(reason)
+            await _skip_rest(sink, "metadata", reason)
+            return
+        key, snap = found
+        taken = datetime.datetime.fromtimestamp(snap.created_at_ms / 1000, datetime.UTC)
+        basis = f"snapshot {key} ({taken:%Y-%m-%d %H:%M:%S} UTC, epoch {snap.epoch})"
+        instead = (
+            f"chunks, chunk-data and orphans use the newest metadata snapshot in Tier 2 "
+            f"instead, {key} (taken {taken:%Y-%m-%d %H:%M:%S} UTC, epoch {snap.epoch}); "
+            "changes after it are not seen, and nothing is repaired in Tier 2"
+        )
+        if replay_error:
+            await run.note(instead)
+            await run.done()
+        else:
+            await run.done(f"{why}; {instead}")
+        records = {c.name: c for s in snap.container.segments for c in s.chunks}
+        target = Target(
+            online=False,
+            node=config.node.id,
+            tier2=config.tier2,
+            snapshot=lambda: snap.container,
+            read_index=None,
+            layer=layer,
+            store=None,
+            chunks_now=lambda: records,
+            basis=basis,
+            basis_time=snap.created_at_ms / 1000,
+        )
+        await run_snapshot_checks(target, options, sink)
+
+
 async def run_offline(config: Config, options: Options, sink: Sink) -> None:
-    """Every check on a stopped node (the caller holds the journal's lock)."""
+    """Every check on a stopped node (the caller holds the journal's lock).
+
+    A journal that cannot give the metadata (corrupt, or not replaying)
+    leaves Tier 2 to be checked against its newest metadata snapshot.
+    """
     from gateway.container.container import ContainerCorrupt, replay_for_fsck
 
     journal_dir = config.journal_dir
     if not await check_journal(journal_dir, CheckRun("journal", sink, options)):
-        await _skip_rest(sink, "journal", "the journal cannot be read: no metadata to check")
+        await _from_snapshot(config, options, sink, "")
         return
     try:
         container = await trio.to_thread.run_sync(replay_for_fsck, journal_dir)
     except (ContainerCorrupt, JournalCorrupt) as e:
-        run = CheckRun("metadata", sink, options)
-        await run.problem(f"the journal does not replay: {e}")
-        await run.done()
-        await _skip_rest(sink, "metadata", "the metadata could not be rebuilt")
+        await _from_snapshot(config, options, sink, str(e))
         return
     snapshot = container.committed_snapshot()
     records = {c.name: c for s in snapshot.segments for c in s.chunks}
