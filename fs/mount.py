@@ -122,7 +122,12 @@ def prepare_mountpoint(path: str) -> None:
                 path, f"a live {fstype} filesystem is mounted there; unmount it or pick another"
             )
     try:
-        pathlib.Path(path).mkdir(parents=True, exist_ok=True)
+        # 0755 whatever the umask: the daemon's is 077 (its files are
+        # private), but readers must be able to reach the mount.
+        target = pathlib.Path(path)
+        for d in reversed([p for p in (target, *target.parents) if not p.exists()]):
+            d.mkdir(exist_ok=True)
+            d.chmod(0o755)
     except OSError as e:
         raise MountError(path, f"cannot create the mountpoint: {e.strerror}") from None
 

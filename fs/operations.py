@@ -6,9 +6,12 @@ container and its read index -- the same read path as the protocol. Only
 `pyfuse3.FUSEError` leaves a method here; domain errors become errno at this
 boundary (S3QL's ``fs.py``):
 
-- a name or inode that does not exist: ENOENT;
-- a handle whose segment was deleted while it was open: ESTALE (like NFS;
-  the bytes are gone, and pretending the file ended would be a lie);
+- a name that does not exist: ENOENT;
+- an inode that no longer exists -- a file held open, or a cached entry,
+  whose segment was deleted: ESTALE (like NFS; the bytes are gone, and
+  pretending the file ended would be a lie). The kernel asks by inode only
+  for inodes a lookup gave it, and retries path-based calls that get ESTALE
+  with a fresh lookup, which answers ENOENT;
 - a Tier-2 or cache failure: EIO, with a log line naming segment and offset;
 - anything that would change the tree, a file or an attribute: EROFS (the
   mount is also read-only in the kernel, which refuses most of these first).
@@ -171,9 +174,17 @@ class SegmentFS(pyfuse3.Operations):
         self._invalidate.send_nowait(("inode", self.tree.segment_inode(seg.id), b"", 0))
 
     def on_deleted(self, seg: Segment) -> None:
-        """Gone: forget the name (and any directories it leaves empty)."""
-        for parent, name, inode in self.tree.remove_segment(seg.id):
-            self._invalidate.send_nowait(("entry", parent, name.encode(), inode))
+        """Gone: forget the name (and any directories it leaves empty), then its pages.
+
+        Files held open must not go on answering from cached attributes and
+        pages (a sealed segment's stay for ``fuse.sealed_timeout``): once
+        the inode is invalidated, every ``fstat`` and read asks here and
+        gets ESTALE, however warm the cache was.
+        """
+        inode = self.tree.segment_inode(seg.id)
+        for parent, name, entry in self.tree.remove_segment(seg.id):
+            self._invalidate.send_nowait(("entry", parent, name.encode(), entry))
+        self._invalidate.send_nowait(("inode", inode, b"", 0))
 
     async def run_invalidations(self) -> None:
         """Send queued invalidations to the kernel, one at a time, from a worker thread."""
@@ -203,7 +214,8 @@ class SegmentFS(pyfuse3.Operations):
             inode -= EVENTS_INODE_BASE - SEGMENT_INODE_BASE
         seg = self.container.segment_by_id(inode - SEGMENT_INODE_BASE)
         if seg is None or self.tree.segment_name(inode) is None:
-            raise pyfuse3.FUSEError(errno.ENOENT)
+            # The kernel had this inode from a lookup: it is stale, not unknown.
+            raise pyfuse3.FUSEError(errno.ESTALE)
         return seg
 
     def _attributes(self, inode: int) -> pyfuse3.EntryAttributes:
@@ -340,6 +352,9 @@ class SegmentFS(pyfuse3.Operations):
         try:
             data = await self.container.read_index.read_buffer(view, off, size, read_ahead=False)
         except GatewayError as e:
+            if self.container.segment_by_id(handle.segment_id) is None:
+                # Deleted while this read waited (its chunks go with it): stale, not broken.
+                raise pyfuse3.FUSEError(errno.ESTALE) from None
             self.read_errors += 1
             log.error("read of %r at offset %d (%d bytes) failed: %s", seg.name, off, size, e)
             raise pyfuse3.FUSEError(errno.EIO) from None

@@ -11,6 +11,7 @@ codes). Commands that talk to a daemon take ``--connect HOST:PORT`` (default:
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import json
@@ -130,6 +131,7 @@ def _cmd_fsck(args: argparse.Namespace) -> int:
             connect=connect,
             token=token,
             tls=_tls(args),
+            node_dirs_named=bool(args.data_dir or args.config or DEFAULT_CONFIG_PATH.exists()),
         )
     except GatewayError as e:
         if e.exit_code > 1:
@@ -293,25 +295,99 @@ def _cmd_create(args: argparse.Namespace) -> int:
 
 
 def _read_events(stream: BinaryIO, mode: str) -> Any:
-    """Events from an input stream: one per line, or raw chunks."""
+    """Events from an input stream, each with the input bytes it took: lines, or raw chunks."""
     if mode == "raw":
         while chunk := stream.read(64 * 1024):
-            yield chunk
+            yield chunk, len(chunk)
         return
     for line in stream:
-        yield line[:-1] if line.endswith(b"\n") else line
+        yield (line[:-1] if line.endswith(b"\n") else line), len(line)
+
+
+class _StoredInput:
+    """How much of the input an exactly-once writer has stored: where to resume.
+
+    Events are numbered in input order, so the input offset where an event
+    ends tells, once the writer's stored event number is known, how many
+    input bytes are in the segment. Only the offsets of events not yet
+    acknowledged are kept (about a window's worth).
+    """
+
+    def __init__(self, first_event: int) -> None:
+        #: The number of this run's first event.
+        self.first_event = first_event
+        #: Input bytes read and handed to the writer.
+        self.offset = 0
+        #: Input bytes known to be stored (those of events before ``_next``).
+        self.stored = 0
+        self._next = first_event
+        self._ends: collections.deque[int] = collections.deque()
+
+    def add(self, consumed: int) -> None:
+        """The next event took ``consumed`` bytes of the input."""
+        self.offset += consumed
+        self._ends.append(self.offset)
+
+    def advance(self, stored_event: int) -> int:
+        """Events up to ``stored_event`` are stored; returns the input bytes stored."""
+        while self._ends and self._next <= stored_event:
+            self.stored = self._ends.popleft()
+            self._next += 1
+        return self.stored
 
 
 def _cmd_append(args: argparse.Namespace) -> int:
+    import shlex
     import uuid
 
     from gateway.client import open_client
-    from gateway.writer import open_segment_writer
+    from gateway.writer import SegmentWriter, WriterFailed, open_segment_writer
 
     address, token = _connect(args)
     tls = _tls(args)
     mode = "framed" if args.framed else "raw" if args.raw else "lines"
     writer_id = uuid.UUID(args.writer_id).bytes if args.writer_id else None
+
+    async def gave_up(e: WriterFailed, w: SegmentWriter, track: _StoredInput, size: int) -> None:
+        """Say how much of the input is stored, and how to append the rest."""
+        stored_event, length, sure = w.acked_event, "unknown", False
+        # The writer stopped; the daemon knows what it stored even if an
+        # acknowledgement never came back.
+        with trio.move_on_after(10):
+            try:
+                async with open_client(address, token, **tls) as client:
+                    answer = await client.get_attributes(args.segment, [w.writer_id])
+                    stored_event = max(stored_event, answer.get(w.writer_id, 0))
+                    length = str((await client.info(args.segment)).length)
+                    sure = True
+            except GatewayError:
+                pass
+        stored = track.advance(stored_event)
+        writer = str(uuid.UUID(bytes=w.writer_id))
+        events = (
+            f"events {track.first_event}-{stored_event}"
+            if stored_event >= track.first_event
+            else "no event of this run"
+        )
+        what = f"{args.file} ({size} bytes)" if args.file else f"the {track.offset} bytes read"
+        print(f"segment-gateway: {e}", file=sys.stderr)
+        print(
+            f"segment-gateway: stored: the first {stored} bytes of {what}"
+            + ("" if sure else " at least (the daemon did not answer)")
+            + f", {events} of writer {writer}; {args.segment} is {length} bytes long",
+            file=sys.stderr,
+        )
+        if args.file:
+            command = ["segment-gateway", "append"]
+            if args.connect:
+                command += ["--connect", args.connect]
+            command += [f"--{mode}"] if mode != "lines" else []
+            command += ["--writer-id", writer, args.segment]
+            print(
+                f"segment-gateway: resume at byte {stored} of the file: tail -c +{stored + 1} "
+                f"{shlex.quote(args.file)} | {shlex.join(command)}",
+                file=sys.stderr,
+            )
 
     async def main() -> int:
         if args.create:
@@ -322,8 +398,11 @@ def _cmd_append(args: argparse.Namespace) -> int:
                     await client.create(args.segment)
         # Reading the input blocks; for a CLI feeding one writer that is fine.
         source: BinaryIO = open(args.file, "rb") if args.file else sys.stdin.buffer  # noqa: SIM115, ASYNC230
+        size = os.fstat(source.fileno()).st_size if args.file else 0
         count = nbytes = 0
         started = time.monotonic()
+        w: SegmentWriter | None = None
+        track = _StoredInput(1)
         try:
             async with open_segment_writer(
                 address,
@@ -334,10 +413,20 @@ def _cmd_append(args: argparse.Namespace) -> int:
                 reconnect_timeout=args.timeout,
                 **tls,
             ) as w:
-                for event in _read_events(source, mode):
+                track = _StoredInput(w.next_event_number)
+                for event, consumed in _read_events(source, mode):
+                    # Counted before the write: a write that fails may have
+                    # queued (and sent) its event already.
+                    track.add(consumed)
                     await w.write(event)
+                    track.advance(w.acked_event)
                     count += 1
                     nbytes += len(event)
+        except WriterFailed as e:
+            if w is None:
+                raise
+            await gave_up(e, w, track, size)
+            return e.exit_code
         finally:
             if args.file:
                 source.close()
@@ -574,6 +663,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Commands that create files under node.data_dir (or the Tier-2 directory).
+_WRITES_NODE_FILES: frozenset[Command] = frozenset({_cmd_serve, _cmd_fsck, _cmd_import_metadata})
+
+
+def _private_umask() -> None:
+    """Make every file this process creates private to its user (0700 / 0600).
+
+    The journal, the cache and the embedded S3 data hold segment bytes, and
+    RocksDB and SeaweedFS (a child, which inherits the umask) create their
+    files with the usual 0755 / 0644 minus the umask: outside systemd that
+    is 022, which leaves them readable by every local user. Only bits are
+    added, so a stricter umask stays.
+    """
+    os.umask(os.umask(0o077) | 0o077)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     args = build_parser().parse_args(argv)
@@ -581,6 +686,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # (a writer reconnecting) are for -v.
     quiet = args.func is not _cmd_serve
     logs.setup(logging.DEBUG if args.verbose else logging.WARNING if quiet else logging.INFO)
+    if args.func in _WRITES_NODE_FILES:
+        _private_umask()
     try:
         code: int = args.func(args)
     except GatewayError as e:

@@ -7,10 +7,10 @@ FUSE connection: a broken mount fails a test, never hangs the suite.
 
 from __future__ import annotations
 
-import errno
 import os
 import pathlib
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from gateway.client import SyncClient, open_client
 from gateway.tier2.embedded import EmbeddedS3
 from gateway.tier2.s3 import S3Storage
+from tests.helpers.daemon import ROOT
 from tests.helpers.mount import MountedDaemon, mount_entry, mounted_daemon, require_fuse, run
 
 KiB = 1024
@@ -180,8 +181,14 @@ def test_posix_tools(s3_daemon: MountedDaemon) -> None:
     found = run("find", mnt, "-type", "d").stdout.decode().split()
     assert len(found) == 3  # the root, logs, logs/app
 
-    df = run("df", "-B1", "--output=size,avail", mnt).stdout.decode().split()
-    assert int(df[-1]) == 0  # nothing may be written
+    # docs/OPERATIONS.md, "df and disk alerts": the bytes of all segments,
+    # none free (a read-only filesystem); an inode per segment and directory.
+    df = run("df", "-B1", "--output=size,used,avail,pcent", mnt).stdout.decode().split()
+    size = sum(-(-n // 4096) * 4096 for n in (777_777, 14, 0))
+    assert df[-4:] == [str(size), str(size), "0", "100%"], df
+    df = run("df", "--output=itotal,iused,iavail", mnt).stdout.decode().split()
+    assert df[-3:] == ["6", "6", "0"], df  # 3 segments; the root, logs, logs/app
+    assert os.statvfs(mnt).f_flag & os.ST_RDONLY
 
     # The event-boundary index: a hidden file found by name, never listed.
     assert run("cat", mnt / "logs/app/.0.events").stdout == b"0\n"
@@ -190,6 +197,13 @@ def test_posix_tools(s3_daemon: MountedDaemon) -> None:
 
     opts = mount_entry(mnt)
     assert opts is not None and opts[1] == "fuse.segment-gateway"
+    # The node_exporter exclusion OPERATIONS gives matches this type only.
+    doc = (ROOT / "docs" / "OPERATIONS.md").read_text()
+    exclude = re.search(r"fs-types-exclude='([^']+)'", doc)
+    assert exclude is not None
+    assert re.fullmatch(exclude.group(1), opts[1])
+    assert re.fullmatch(exclude.group(1), "squashfs")
+    assert not re.fullmatch(exclude.group(1), "fuse.s3fs")
     for o in ("ro", "noatime", "default_permissions"):
         assert o in opts[2].split(","), opts
     assert "allow_other" not in opts[2]
@@ -374,54 +388,88 @@ async def test_ten_thousand_segments_list_quickly(s3_daemon: MountedDaemon) -> N
 
 
 @pytest.mark.timeout(120)
-def test_deleting_a_segment_held_open_gives_a_clean_error(s3_daemon: MountedDaemon) -> None:
+def test_deleting_a_segment_held_open_gives_estale(s3_daemon: MountedDaemon) -> None:
+    """docs/OPERATIONS.md, "The mount": every path it names for a deleted segment."""
     rng = random.Random(11)
+    mnt = s3_daemon.mnt
+    names = ("del/sealed", "del/active")
     with SyncClient(s3_daemon.address) as c:
-        data = append_random(c, "del/s", 2 * MiB, rng)
-        c.seal("del/s")  # sealed: long kernel timeouts, which deletion must cut short
-        path = s3_daemon.mnt / "del/s"
+        for name in names:
+            append_random(c, name, 2 * MiB, rng)
+        c.seal("del/sealed")  # long kernel timeouts and keep_cache, which deletion must cut
         reader = subprocess.Popen(
-            [sys.executable, "-c", READ_AFTER_DELETE, str(path)],
+            [sys.executable, "-c", READ_AFTER_DELETE, *(str(mnt / n) for n in names)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            text=True,
         )
         try:
             assert reader.stdout is not None and reader.stdin is not None
-            assert reader.stdout.readline() == b"opened\n"
-            c.delete("del/s")
-            reader.stdin.write(b"go\n")
+            assert reader.stdout.readline() == "opened\n", reader.stderr
+            for name in names:
+                c.delete(name)
+            c.create("del/sealed")  # the name again, a new segment
+            c.append("del/sealed", b"new")
+            reader.stdin.write("go\n")
             reader.stdin.flush()
-            out, err = reader.communicate(timeout=30)
+            out, err = reader.communicate(timeout=60)
         finally:
             reader.kill()
             reader.communicate()
-    result = out.decode().split()
-    assert result[0] in ("error", "eof"), (out, err)
-    if result[0] == "error":
-        assert int(result[1]) in (errno.ESTALE, errno.ENOENT, errno.EIO), result
-    # The name is gone at once, although the sealed entry was cached for an hour.
-    assert not path.exists()
-    assert not (s3_daemon.mnt / "del").exists()
-    assert len(data) == 2 * MiB
+    assert reader.returncode == 0, err
+    results = dict(line.split(" ", 1) for line in out.splitlines())
+    stale = "fstat=ESTALE warm=ESTALE cold=ESTALE xattr=ESTALE"
+    # The open file: attributes, cached pages, uncached pages, xattrs.
+    assert results["del/sealed"].startswith(stale), results
+    assert results["del/active"].startswith(stale), results
+    # By name: the new segment, or nothing (a fresh lookup).
+    assert results["del/sealed"].endswith("stat=3 open=b'new'"), results
+    assert results["del/active"].endswith("stat=ENOENT open=ENOENT"), results
+    assert (mnt / "del/sealed").read_bytes() == b"new"
+    # The .events file is a snapshot taken at open: still readable.
+    assert results["events"].startswith(repr(b"0\n")[:-1]), results
 
 
 READ_AFTER_DELETE = """
-import os, sys
-fd = os.open(sys.argv[1], os.O_RDONLY)
-os.pread(fd, 4096, 0)
+import errno, os, sys, time
+paths = sys.argv[1:]
+fds = [os.open(p, os.O_RDONLY) for p in paths]
+for fd in fds:
+    os.pread(fd, 65536, 0)  # warm: these pages are in the page cache now
+head, _, base = paths[-1].rpartition("/")
+events = os.open(f"{head}/.{base}.events", os.O_RDONLY)
 print("opened", flush=True)
 sys.stdin.readline()
-try:
-    offset = 1024 * 1024 + 4096  # not read before: not in the page cache
-    while True:
-        got = os.pread(fd, 65536, offset)
-        if not got:
-            print("eof")
-            break
-        offset += len(got)
-except OSError as e:
-    print("error", e.errno)
+
+def errno_of(call):
+    try:
+        got = call()
+    except OSError as e:
+        return errno.errorcode[e.errno]
+    return got
+
+def read_path(p):
+    with open(p, "rb") as f:
+        return f.read()
+
+for path, fd in zip(paths, fds):
+    # The mount invalidates the kernel's caches from a worker thread, just
+    # after the deletion: wait for it.
+    deadline = time.monotonic() + 10
+    while errno_of(lambda: os.fstat(fd) and None) != "ESTALE" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    found = {
+        "fstat": errno_of(lambda: os.fstat(fd).st_size),
+        "warm": errno_of(lambda: len(os.pread(fd, 4096, 0))),
+        "cold": errno_of(lambda: len(os.pread(fd, 4096, 1024 * 1024 + 4096))),
+        "xattr": errno_of(lambda: os.getxattr(fd, "user.segment.length")),
+        "stat": errno_of(lambda: os.stat(path).st_size),
+        "open": errno_of(lambda: read_path(path)),
+    }
+    name = "/".join(path.split("/")[-2:])
+    print(name, " ".join(f"{k}={v}" for k, v in found.items()), flush=True)
+print("events", repr(os.pread(events, 4096, 0)))
 """
 
 

@@ -25,6 +25,7 @@ import pytest
 
 from cache import CacheStore
 from gateway.client import SyncClient
+from gateway.config import DEFAULT_CONFIG_PATH
 from gateway.fsck.checks import segment_problems
 from gateway.journal.files import list_files
 from gateway.journal.format import HEADER_SIZE
@@ -240,6 +241,51 @@ def test_clean_node_online_finds_nothing(node: Node, running: Daemon) -> None:
             assert c.read(name, 0, len(data) + 1).data == data
 
 
+def fsck_without_config(*args: str) -> Run:
+    """``segment-gateway fsck --json ARGS`` with no --config (the default file must not exist)."""
+    if DEFAULT_CONFIG_PATH.exists():
+        pytest.skip(f"{DEFAULT_CONFIG_PATH} exists here: it would name a journal")
+    r = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "fsck", "--json", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert lines and "summary" in lines[-1], (r.returncode, r.stdout, r.stderr)
+    return Run(r.returncode, lines[:-1], lines[-1]["summary"], r.stdout, r.stderr)
+
+
+def skipped(run: Run, check: str) -> str:
+    return str(next(c["skipped"] for c in run.summary["checks"] if c["check"] == check))
+
+
+def test_online_checks_only_a_journal_it_was_given_and_that_the_daemon_holds(
+    node: Node, running: Daemon, pristine: tuple[pathlib.Path, dict[str, bytes]]
+) -> None:
+    # --connect alone: no journal directory named here, so none is checked.
+    run = fsck_without_config("--connect", running.address)
+    assert_clean(run)
+    assert run.status("journal") == "skipped"
+    why = skipped(run, "journal")
+    assert "neither --data-dir nor a configuration file" in why and "None" not in why, why
+    assert [run.status(c) for c in ("metadata", "chunks", "orphans", "cache")] == ["ok"] * 4
+    # --data-dir naming the daemon's directory: its journal is checked.
+    run = fsck_without_config("--connect", running.address, "--data-dir", str(node.data_dir))
+    assert_clean(run)
+    assert run.status("journal") == "ok"
+    # A journal no daemon holds is not the connected daemon's: not checked as if it were.
+    stopped = pristine[0]
+    run = fsck_without_config("--connect", running.address, "--data-dir", str(stopped))
+    assert run.status("journal") == "skipped"
+    assert f"no running daemon holds {stopped / 'journal'}" in skipped(run, "journal")
+    # A directory that is not there is said to be missing (not "None").
+    run = fsck_without_config("--connect", running.address, "--data-dir", str(node.data_dir / "x"))
+    assert "there is no journal directory" in skipped(run, "journal")
+
+
 # -- Tier 2 faults ------------------------------------------------------------------
 
 
@@ -368,20 +414,61 @@ def test_corrupt_journal_frame_in_the_middle_is_reported_and_left_alone(node: No
         f.seek(victim.offset + HEADER_SIZE + 2)
         f.write(bytes([byte[0] ^ 0xFF]))
     before = path.read_bytes()
+    # Tier 2 has lost a chunk too: fsck must still find it.
+    lost = node.chunk_keys()[0]
+    node.object_path(lost).unlink()
 
-    run = fsck(node.config)
+    run = fsck(node.config, "--deep")
     assert run.code == 2
     (problem,) = run.problems("journal")
     assert problem["file"] == str(path) and problem["offset"] == victim.offset
     assert "CRC32C mismatch" in problem["message"]
-    # Without the journal there is no metadata to check the rest against.
-    assert [run.status(c) for c in ("metadata", "chunks", "orphans", "cache")] == ["skipped"] * 4
+    # Without the journal's metadata, Tier 2 is checked against the newest
+    # metadata snapshot there, and the output says so.
+    assert run.status("metadata") == "skipped"
+    why = skipped(run, "metadata")
+    assert why.startswith("the journal cannot be read"), why
+    newest = max(o.key for o in node.tier2.list(names.meta_prefix(NODE)))
+    assert f"use the newest metadata snapshot in Tier 2 instead, {newest} (taken " in why, why
+    (missing,) = run.problems("chunks")
+    assert missing["key"] == lost and "is missing" in missing["message"], missing
+    assert missing["segment"] in SEGMENTS and missing["offset"] is not None
+    assert [run.status(c) for c in ("chunk-data", "orphans")] == ["ok", "ok"]
+    assert f"per snapshot {newest}" in next(
+        c["detail"] for c in run.summary["checks"] if c["check"] == "orphans"
+    )
+    assert run.status("cache") == "skipped"
+    plain = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "--config", str(node.config), "fsck"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = plain.stdout.splitlines()
+    metadata = next(line for line in lines if line.startswith("check metadata:"))
+    assert metadata.startswith("check metadata: skipped (the journal cannot be read"), metadata
+    assert "check chunks: 1 problem(s)" in lines, lines
 
+    # --repair changes neither the journal nor Tier 2 on a snapshot's word
+    # (the cache holds the lost chunk, and would restore it otherwise).
     run = fsck(node.config, "--repair")
     assert run.code == 2
     (problem,) = run.problems("journal")
     assert "no safe repair" in problem["action"] and not problem["repaired"]
+    (missing,) = run.problems("chunks")
+    assert not missing["repaired"] and "snapshot" in missing["action"], missing
     assert path.read_bytes() == before
+    assert not node.object_path(lost).exists()
+
+    # No snapshot to fall back on: the rest is skipped, and says why.
+    for obj in node.tier2.list(names.meta_prefix(NODE)):
+        node.tier2.delete(obj.key)
+    run = fsck(node.config)
+    assert run.code == 2
+    assert "holds no readable metadata snapshot" in skipped(run, "metadata")
+    assert [run.status(c) for c in ("chunks", "orphans", "cache")] == ["skipped"] * 3
 
 
 def test_torn_journal_tail_is_cut_by_repair(node: Node) -> None:

@@ -23,11 +23,17 @@ committed metadata, the Tier-2 binding and the cache of one node, either
 rebuilt from a stopped node's directories (`gateway.fsck.run`) or the
 running daemon's own (`gateway.fsck.online`). A check that finds something
 it can safely fix fixes it only when asked (``--repair``) and says so.
+
+When a stopped node's journal is corrupt, checks 3-5 run against the newest
+metadata snapshot in Tier 2 instead (`run_snapshot_checks`): what it names
+is checked, what came after it is not known, so nothing in Tier 2 is
+changed on its word.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import pathlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -58,6 +64,12 @@ READ_PIECE = 8 * BLOCK_SIZE
 PROGRESS_INTERVAL = 0.5
 #: Running daemon: a journal read that races with its writer is read again.
 ONLINE_JOURNAL_ATTEMPTS = 3
+#: Checked against a snapshot: a chunk object written this long before the
+#: snapshot may be an upload whose ChunkAdded was not committed yet when it
+#: was taken (so the journal, not the snapshot, names it).
+SNAPSHOT_UPLOAD_MARGIN = 60.0
+#: Why nothing is repaired in Tier 2 when the metadata is a snapshot.
+HANDS_OFF = "the journal is corrupt, and fsck changes nothing in Tier 2 on a snapshot's word"
 
 
 @dataclass(frozen=True)
@@ -367,6 +379,11 @@ class Target:
     no_tier2: str = "Tier 2 is not running here"
     #: Why ``store`` is None although a cache exists (a problem).
     cache_error: str = ""
+    #: "" when the metadata is the journal's; else the Tier-2 metadata
+    #: snapshot it comes from (the journal is corrupt), for the output.
+    basis: str = ""
+    #: When that snapshot was taken (seconds since the epoch).
+    basis_time: float = 0.0
 
     def referenced(self) -> set[str]:
         """Keys that are not garbage now."""
@@ -524,6 +541,8 @@ async def _restore_from_cache(
         return False, ""
     if target.online:
         return False, "not repaired here: stop the daemon; fsck --repair may then restore it"
+    if target.basis:
+        return False, f"not repaired: {HANDS_OFF}"
     count = -(-c.length // BLOCK_SIZE)
     pieces = []
     for index in range(count):
@@ -607,6 +626,10 @@ async def check_chunks(target: Target, state: _State, run: CheckRun) -> None:
                     f"{where}: chunk object {c.name} has {size} bytes, its record says "
                     f"{c.length}; reads of [{c.start_offset + size}, {end}) fail"
                 )
+            if target.basis:
+                message += (
+                    " (named by the snapshot; a truncation or deletion since may have dropped it)"
+                )
             repaired, action = await _restore_from_cache(target, run, segment, c)
         await run.problem(
             message,
@@ -616,7 +639,7 @@ async def check_chunks(target: Target, state: _State, run: CheckRun) -> None:
             key=c.name,
             offset=c.start_offset,
         )
-    run.detail = f"{len(state.chunks)} chunk object(s)"
+    run.detail = f"{len(state.chunks)} chunk object(s)" + _per(target)
     await run.done()
 
 
@@ -722,7 +745,7 @@ async def check_chunk_data(target: Target, state: _State, run: CheckRun) -> None
             offset=c.start_offset,
         )
     elapsed = time.monotonic() - started
-    run.detail = f"{len(todo)} chunk(s), {_size(total)} read in {elapsed:.1f}s"
+    run.detail = f"{len(todo)} chunk(s), {_size(total)} read in {elapsed:.1f}s" + _per(target)
     await run.done()
 
 
@@ -754,6 +777,9 @@ async def check_orphans(target: Target, run: CheckRun) -> None:
         return
     repair = run.options.repair
     grace = target.tier2.gc_grace
+    if target.basis:
+        await _orphans_per_snapshot(target, run)
+        return
     try:
         result = await gc.collect(
             layer, target.node, target.referenced, grace=grace, dry_run=not repair
@@ -810,6 +836,41 @@ async def check_orphans(target: Target, run: CheckRun) -> None:
     for key in result.unknown_keys:
         await run.note(f"unknown object {key} under the node's prefix (not a chunk; left alone)")
     run.detail = f"{result.listed} chunk object(s) listed, {result.referenced} named"
+    await run.done()
+
+
+async def _orphans_per_snapshot(target: Target, run: CheckRun) -> None:
+    """Check 5 against a snapshot: report what it does not name, delete nothing.
+
+    Objects written after the snapshot (or just before it, see
+    `SNAPSHOT_UPLOAD_MARGIN`) may be chunks the journal names: notes. Older
+    ones no snapshot names are garbage as far as fsck can tell: problems,
+    left for GC once the node runs again.
+    """
+    assert target.layer is not None
+    try:
+        # grace=inf: every unnamed object comes back in ``young``, none deleted.
+        result = await gc.collect(
+            target.layer, target.node, target.referenced, grace=math.inf, dry_run=True
+        )
+    except Tier2Error as e:
+        await run.problem(f"cannot list the node's objects in Tier 2: {e}")
+        await run.done()
+        return
+    now = time.time()
+    action = f"not deleted: {HANDS_OFF}" if run.options.repair else ""
+    for obj in result.young:
+        what = f"orphan object {obj.key} ({_size(obj.size)}, {_age(now - obj.mtime)} old)"
+        if obj.mtime >= target.basis_time - SNAPSHOT_UPLOAD_MARGIN:
+            await run.note(
+                f"{what}: written after the snapshot, which does not name it; the journal may",
+                key=obj.key,
+            )
+        else:
+            await run.problem(f"{what}: no segment names it", action=action, key=obj.key)
+    for key in result.unknown_keys:
+        await run.note(f"unknown object {key} under the node's prefix (not a chunk; left alone)")
+    run.detail = f"{result.listed} chunk object(s) listed, {result.referenced} named" + _per(target)
     await run.done()
 
 
@@ -874,6 +935,30 @@ async def check_cache(target: Target, state: _State, run: CheckRun) -> None:
 
 
 # -- all checks after the journal ---------------------------------------------------------------
+
+
+def _per(target: Target) -> str:
+    return f", per {target.basis}" if target.basis else ""
+
+
+async def run_snapshot_checks(target: Target, options: Options, sink: Sink) -> None:
+    """Checks 3-5 on a target whose metadata is a Tier-2 snapshot (``target.basis``).
+
+    The metadata check is the caller's (it says why the journal's metadata
+    is missing); the cache is skipped, since which chunks the metadata names
+    now is not known. Nothing in Tier 2 is changed, whatever ``--repair``.
+    """
+    state = _State()
+    for r in sorted(target.snapshot().segments, key=lambda r: r.name):
+        state.chunks.extend((r.name, c) for c in r.chunks)
+    await check_chunks(target, state, CheckRun("chunks", sink, options))
+    await check_chunk_data(target, state, CheckRun("chunk-data", sink, options))
+    await check_orphans(target, CheckRun("orphans", sink, options))
+    await skip(
+        "cache",
+        sink,
+        "the journal is corrupt: which chunks its metadata names now is not known",
+    )
 
 
 async def run_target_checks(target: Target, options: Options, sink: Sink) -> None:

@@ -9,16 +9,22 @@ The journal directory's lock decides (`gateway.journal.files.DirectoryLock`):
   starts SeaweedFS from the data directory) and the cache, and every check
   runs here. ``--repair`` fixes what is safe: a torn journal tail, files
   without frames, garbage objects older than ``tier2.gc_grace``, cache
-  entries that disagree.
+  entries that disagree. A journal that gives no metadata (corrupt, or
+  not replaying) leaves Tier 2 checked against its newest metadata
+  snapshot, with no repairs there (`_from_snapshot`).
 - **Online** (a daemon holds the lock, or ``--connect`` names one): the
-  journal files are read here, read-only (as ``journal-dump`` does), and
-  the daemon runs the other checks on its live state and streams the
-  findings (`gateway.fsck.online`); ``--repair`` then makes only the
-  repairs the daemon makes by itself anyway.
+  journal files are read here, read-only (as ``journal-dump`` does) --
+  only if a directory was named (not with ``--connect`` alone) and a
+  running daemon holds it (`online_journal_skip`) -- and the daemon runs
+  the other checks on its live state and streams the findings
+  (`gateway.fsck.online`); ``--repair`` then makes only the repairs the
+  daemon makes by itself anyway.
 """
 
 from __future__ import annotations
 
+import datetime
+import fcntl
 import os
 import pathlib
 from contextlib import AsyncExitStack
@@ -29,11 +35,19 @@ import trio
 from cache import CacheStore
 from gateway.config import Config
 from gateway.errors import GatewayError, JournalCorrupt, JournalLocked
-from gateway.journal.files import DirectoryLock
+from gateway.journal.files import LOCK_NAME, DirectoryLock
 from gateway.protocol.metadata_pb2 import ChunkRecord
 from gateway.tier2 import names
 
-from .checks import CheckRun, Options, Target, check_journal, run_target_checks, skip
+from .checks import (
+    CheckRun,
+    Options,
+    Target,
+    check_journal,
+    run_snapshot_checks,
+    run_target_checks,
+    skip,
+)
 from .output import Printer
 from .report import CHECKS, Sink, from_wire
 
@@ -96,21 +110,83 @@ async def _open_cache(stack: AsyncExitStack, config: Config) -> tuple[CacheStore
     return store, ""
 
 
+async def _from_snapshot(config: Config, options: Options, sink: Sink, replay_error: str) -> None:
+    """The journal gives no metadata: check Tier 2 against its newest metadata snapshot.
+
+    ``replay_error``: the journal reads but does not replay (a problem of
+    the metadata check); "" if it is corrupt (the journal check said so).
+    """
+    from gateway.tier2.recovery import RebuildReport, newest_snapshot
+
+    why = (
+        "the journal does not replay" if replay_error else "the journal cannot be read"
+    ) + ", so the committed metadata cannot be rebuilt"
+    run = CheckRun("metadata", sink, options)
+    if replay_error:
+        await run.problem(f"the journal does not replay: {replay_error}")
+    async with AsyncExitStack() as stack:
+        layer, tier2_error = await _open_tier2(stack, config)
+        found = None
+        if layer is not None:
+            try:
+                found = await newest_snapshot(layer, config.node.id, RebuildReport())
+            except GatewayError as e:
+                tier2_error = f"cannot list the metadata snapshots in Tier 2: {e}"
+            if found is None and not tier2_error:
+                tier2_error = f"Tier 2 holds no readable metadata snapshot of {config.node.id!r}"
+        if found is None:
+            reason = f"{why}, and {tier2_error}: no metadata to check"
+            if replay_error:
+                await run.done()
+            else:
+                await run.done(reason)
+            await _skip_rest(sink, "metadata", reason)
+            return
+        key, snap = found
+        taken = datetime.datetime.fromtimestamp(snap.created_at_ms / 1000, datetime.UTC)
+        basis = f"snapshot {key} ({taken:%Y-%m-%d %H:%M:%S} UTC, epoch {snap.epoch})"
+        instead = (
+            f"chunks, chunk-data and orphans use the newest metadata snapshot in Tier 2 "
+            f"instead, {key} (taken {taken:%Y-%m-%d %H:%M:%S} UTC, epoch {snap.epoch}); "
+            "changes after it are not seen, and nothing is repaired in Tier 2"
+        )
+        if replay_error:
+            await run.note(instead)
+            await run.done()
+        else:
+            await run.done(f"{why}; {instead}")
+        records = {c.name: c for s in snap.container.segments for c in s.chunks}
+        target = Target(
+            online=False,
+            node=config.node.id,
+            tier2=config.tier2,
+            snapshot=lambda: snap.container,
+            read_index=None,
+            layer=layer,
+            store=None,
+            chunks_now=lambda: records,
+            basis=basis,
+            basis_time=snap.created_at_ms / 1000,
+        )
+        await run_snapshot_checks(target, options, sink)
+
+
 async def run_offline(config: Config, options: Options, sink: Sink) -> None:
-    """Every check on a stopped node (the caller holds the journal's lock)."""
+    """Every check on a stopped node (the caller holds the journal's lock).
+
+    A journal that cannot give the metadata (corrupt, or not replaying)
+    leaves Tier 2 to be checked against its newest metadata snapshot.
+    """
     from gateway.container.container import ContainerCorrupt, replay_for_fsck
 
     journal_dir = config.journal_dir
     if not await check_journal(journal_dir, CheckRun("journal", sink, options)):
-        await _skip_rest(sink, "journal", "the journal cannot be read: no metadata to check")
+        await _from_snapshot(config, options, sink, "")
         return
     try:
         container = await trio.to_thread.run_sync(replay_for_fsck, journal_dir)
     except (ContainerCorrupt, JournalCorrupt) as e:
-        run = CheckRun("metadata", sink, options)
-        await run.problem(f"the journal does not replay: {e}")
-        await run.done()
-        await _skip_rest(sink, "metadata", "the metadata could not be rebuilt")
+        await _from_snapshot(config, options, sink, str(e))
         return
     snapshot = container.committed_snapshot()
     records = {c.name: c for s in snapshot.segments for c in s.chunks}
@@ -136,6 +212,46 @@ async def run_offline(config: Config, options: Options, sink: Sink) -> None:
         await run_target_checks(target, options, sink)
 
 
+def _held_by_a_daemon(journal_dir: pathlib.Path) -> bool:
+    """Whether a running daemon holds ``journal_dir``'s lock (a shared probe, let go at once)."""
+    try:
+        fd = os.open(journal_dir / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # drops the probe's lock too
+    return False
+
+
+def online_journal_skip(journal_dir: pathlib.Path | None, address: str, connect: bool) -> str:
+    """Why the journal at ``journal_dir`` is not checked online ("" = check it).
+
+    The journal is read from its files by this command, so only a directory
+    that is there, readable, and in use by a running daemon is the daemon's
+    journal; fsck says which of these is not so rather than check another.
+    """
+    if journal_dir is None:
+        return (
+            "the journal is read from its files, and neither --data-dir nor a configuration "
+            "file names them here; on the daemon's node add --data-dir (or --config) to "
+            "check it too"
+        )
+    if not journal_dir.is_dir():
+        return f"there is no journal directory {journal_dir} on this machine"
+    if not os.access(journal_dir, os.R_OK | os.X_OK):
+        return f"{journal_dir} is not readable here: run fsck as the daemon's user"
+    if connect and not _held_by_a_daemon(journal_dir):
+        return (
+            f"no running daemon holds {journal_dir}, so it is not the journal of the daemon "
+            f"at {address}; check a stopped node's journal with fsck without --connect"
+        )
+    return ""
+
+
 async def run_online(
     address: str,
     token: str,
@@ -143,19 +259,21 @@ async def run_online(
     options: Options,
     sink: Sink,
     journal_dir: pathlib.Path | None,
+    connect: bool = True,
 ) -> None:
-    """The journal check here, the others by the daemon at ``address``."""
+    """The journal check here (if its files are here), the others by the daemon at ``address``.
+
+    ``journal_dir`` None: no directory was named (``--connect`` without
+    ``--data-dir`` or a configuration file). ``connect``: the address was
+    given, rather than found through the lock of ``journal_dir``.
+    """
     from gateway.client import open_client
 
-    if journal_dir is not None and os.access(journal_dir, os.R_OK | os.X_OK):
+    why = online_journal_skip(journal_dir, address, connect)
+    if journal_dir is not None and not why:
         await check_journal(journal_dir, CheckRun("journal", sink, options), online=True)
     else:
-        await skip(
-            "journal",
-            sink,
-            f"{journal_dir} is not readable here (on the daemon's node, give its --config "
-            "or --data-dir)",
-        )
+        await skip("journal", sink, why)
     async with open_client(address, token, **tls) as client:
         async for message in client.fsck(deep=options.deep, repair=options.repair):
             event = from_wire(message)
@@ -173,15 +291,21 @@ def fsck(
     connect: str = "",
     token: str = "",
     tls: dict[str, Any] | None = None,
+    node_dirs_named: bool = True,
 ) -> int:
-    """Run fsck, print what it finds, return the exit code (0 clean, 1 repaired, 2 left)."""
+    """Run fsck, print what it finds, return the exit code (0 clean, 1 repaired, 2 left).
+
+    ``node_dirs_named``: ``config``'s directories were named by the
+    operator (``--data-dir``, or a configuration file), not defaults; with
+    ``connect`` and without them, no local journal is checked.
+    """
     printer = Printer(out, err, as_json)
     journal_dir = config.journal_dir
     lock = None if connect else _lock(journal_dir)
     if lock is None:
         address = connect or config.server.listen
-        local = journal_dir if journal_dir.is_dir() else None
-        trio.run(run_online, address, token, tls or {}, options, printer, local)
+        local = journal_dir if node_dirs_named or not connect else None
+        trio.run(run_online, address, token, tls or {}, options, printer, local, bool(connect))
         return printer.finish(f"online, through {address}")
     try:
         trio.run(run_offline, config, options, printer)
