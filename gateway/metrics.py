@@ -73,6 +73,21 @@ class GatewayCollector(Collector):
         yield g(f"{PREFIX}_journal_bytes", "Journal bytes on disk", value=j.disk_bytes)
         yield g(f"{PREFIX}_journal_files", "Journal files", value=j.files)
         yield g(f"{PREFIX}_journal_failed", "1 once the journal failed", value=int(bool(j.failed)))
+        yield g(
+            f"{PREFIX}_journal_short_of_space",
+            "1 while the journal's disk is full (client changes wait; flushes use the reserve)",
+            value=int(j.short_of_space),
+        )
+        yield g(
+            f"{PREFIX}_journal_reserve_bytes",
+            "Disk space held back for flush records and checkpoints",
+            value=j.reserve_bytes,
+        )
+        yield counter(
+            f"{PREFIX}_journal_refusals",
+            "Journal write groups refused for want of disk space or descriptors",
+            value=j.refusals,
+        )
         journal = c.journal
         if journal is not None:
             yield _histogram(
