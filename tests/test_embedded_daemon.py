@@ -182,6 +182,9 @@ def test_a_killed_weed_is_reported_and_restarted_without_restarting_the_daemon(
             with pytest.raises(GatewayError, match="embedded S3 server is down"):
                 c.read("k/s", 0, 64 * KiB)
             assert time.monotonic() - started < 5
+            # Appends still land in the journal; their flush fails until the server is back.
+            middle = os.urandom(100 * KiB)
+            c.append("k/s", middle)
         wait_for(
             lambda: scrape(daemon.metrics_port)["segment_gateway_embedded_s3_up"] == 1,
             30,
@@ -202,13 +205,24 @@ def test_a_killed_weed_is_reported_and_restarted_without_restarting_the_daemon(
         assert "--- end of" in log  # the tail of weed's log follows the line
         assert "restarting it (attempt 1)" in log
 
+        # The failed flush is retried by the storage writer's backoff, and succeeds.
+        with SyncClient(daemon.address) as c:
+            wait_for(
+                lambda: c.info("k/s").storage_length == len(first) + len(middle),
+                40,
+                "the flush that failed while the server was down succeeds by itself",
+            )
+        assert "failed (retry in 0.5s): embedded S3 server is down (restarting)" in (
+            daemon.log_path.read_text()
+        )
         # Cold reads and new flushes work again, same daemon process.
         second = os.urandom(300 * KiB)
         with SyncClient(daemon.address) as c:
             assert c.read("k/s", 0, len(first)).data == first
             c.append("k/s", second)
             c.flush("k/s")
-            assert c.info("k/s").storage_length == len(first) + len(second)
+            assert c.info("k/s").storage_length == len(first) + len(middle) + len(second)
+            assert c.read("k/s", 0, 10 * MiB).data == first + middle + second
         assert daemon.starts == 2
 
         # The restarted weed dies with a killed daemon too (it was started from the
