@@ -108,6 +108,7 @@ class GatewayCollector(Collector):
         yield g(f"{PREFIX}_cache_budget_bytes", "Cache budget", value=cache.budget_bytes)
 
         yield from self._tier2()
+        yield from self._embedded_s3()
         yield from self._fuse()
 
     def _tier2(self) -> Iterator[Metric]:
@@ -152,6 +153,43 @@ class GatewayCollector(Collector):
         yield CounterMetricFamily(
             f"{PREFIX}_tier2_flush_failures", "Flushes that failed", value=w.flush_failures
         )
+
+    def _embedded_s3(self) -> Iterator[Metric]:
+        from gateway.tier2.embedded import STATES
+        from gateway.tier2.storage_writer import StorageWriter
+
+        writer = self.container.storage
+        if not isinstance(writer, StorageWriter) or writer.layer.embedded is None:
+            return
+        s = writer.layer.embedded.statistics()
+        name = f"{PREFIX}_embedded_s3"
+        up = int(s.state == "up")
+        yield GaugeMetricFamily(f"{name}_up", "1 while the embedded S3 server serves", value=up)
+        state = GaugeMetricFamily(
+            f"{name}_state",
+            "The embedded S3 server's state (1 for the current one)",
+            labels=["state"],
+        )
+        for each in STATES:
+            state.add_metric([each], int(s.state == each))
+        yield state
+        yield CounterMetricFamily(
+            f"{name}_exits", "Exits of the embedded S3 server nobody asked for", value=s.exits
+        )
+        yield CounterMetricFamily(
+            f"{name}_restarts", "Restarts that brought it back after such an exit", value=s.restarts
+        )
+        yield CounterMetricFamily(
+            f"{name}_restart_attempts",
+            "Restart attempts, failed ones included",
+            value=s.restart_attempts,
+        )
+        if s.last_exit_status is not None:
+            yield GaugeMetricFamily(
+                f"{name}_last_exit_status",
+                "Status of its last unasked-for exit (negative: killed by that signal)",
+                value=s.last_exit_status,
+            )
 
     def _fuse(self) -> Iterator[Metric]:
         fs = self.fs

@@ -186,20 +186,25 @@ def proxy(seaweedfs: EmbeddedS3) -> Iterator[S3FaultProxy]:
         yield p
 
 
-def storage_via(endpoint_url: str, bucket: str, *, timeout: float = 5.0) -> S3Storage:
+def storage_via(
+    endpoint_url: str, bucket: str, *, timeout: float = 5.0, server: EmbeddedS3 | None = None
+) -> S3Storage:
     return S3Storage(
         bucket,
         endpoint_url=endpoint_url,
         timeout=timeout,
-        access_key="test",
-        secret_key="test",
+        # The embedded server refuses any credentials but its own.
+        access_key=server.access_key if server else "test",
+        secret_key=server.secret_key if server else "test",
     )
 
 
 @pytest.fixture
-def layer(proxy: S3FaultProxy, s3_storage: S3Storage) -> Iterator[ChunkLayer]:
+def layer(
+    proxy: S3FaultProxy, s3_storage: S3Storage, seaweedfs: EmbeddedS3
+) -> Iterator[ChunkLayer]:
     """A chunk layer whose S3 requests go through ``proxy`` (same bucket as ``s3_storage``)."""
-    storage = storage_via(proxy.endpoint_url, s3_storage.bucket)
+    storage = storage_via(proxy.endpoint_url, s3_storage.bucket, server=seaweedfs)
     yield ChunkLayer(storage, max_concurrency=4, retry_deadline=20)
     storage.close()
 

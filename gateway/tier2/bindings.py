@@ -1,7 +1,8 @@
 """Opening the Tier-2 binding that ``[tier2] url`` names.
 
-- ``embedded``: SeaweedFS as a child process (`gateway.tier2.embedded`), data
-  under ``<node.data_dir>/s3``, reached through the S3 binding;
+- ``embedded``: SeaweedFS as a supervised child process
+  (`gateway.tier2.embedded`), data under ``<node.data_dir>/s3``, reached
+  through the S3 binding with the identity kept there;
 - ``s3://BUCKET[/PREFIX]``: the S3 binding (``endpoint_url`` for S3-compatible
   servers; credentials from the usual AWS sources);
 - ``file:///PATH``: the filesystem binding.
@@ -12,12 +13,16 @@ from __future__ import annotations
 import pathlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING
 
 import trio
 
 from gateway.config import Config
 from gateway.tier2.layer import ChunkLayer
 from gateway.tier2.storage import ChunkStorage
+
+if TYPE_CHECKING:
+    from gateway.tier2.embedded import EmbeddedS3
 
 
 @asynccontextmanager
@@ -27,23 +32,24 @@ async def open_tier2(config: Config) -> AsyncIterator[ChunkLayer]:
     async with AsyncExitStack() as stack:
         storage: ChunkStorage
         barrier: Callable[[], None] | None = None
+        embedded: EmbeddedS3 | None = None
         if t.url == "embedded":
             from gateway.tier2.embedded import run_embedded_s3
             from gateway.tier2.s3 import S3Storage
 
-            server = await stack.enter_async_context(
+            embedded = await stack.enter_async_context(
                 run_embedded_s3(pathlib.Path(config.node.data_dir) / "s3", port=t.embedded_port)
             )
             storage = S3Storage(
-                server.bucket,
-                endpoint_url=server.endpoint_url,
+                embedded.bucket,
+                endpoint_url=embedded.endpoint_url,
                 region=t.region,
                 max_pool_connections=t.max_concurrency,
                 timeout=t.request_timeout,
-                access_key=server.access_key,
-                secret_key=server.secret_key,
+                access_key=embedded.access_key,
+                secret_key=embedded.secret_key,
             )
-            barrier = server.sync
+            barrier = embedded.sync
         elif t.url.startswith("s3://"):
             from gateway.tier2.s3 import S3Storage
 
@@ -63,6 +69,7 @@ async def open_tier2(config: Config) -> AsyncIterator[ChunkLayer]:
             max_concurrency=t.max_concurrency,
             retry_deadline=t.retry_deadline,
             barrier=barrier,
+            embedded=embedded,
         )
         try:
             yield layer

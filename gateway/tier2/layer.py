@@ -7,6 +7,11 @@ the retry policy of `gateway.tier2.retry`. Callers therefore see either the
 result or a `Tier2Error` (`ChunkNotFound` for a missing object), never a
 botocore or OS exception.
 
+With the embedded SeaweedFS behind the binding, every attempt first asks it
+whether it is up (`EmbeddedS3.check_available`): while it is down or
+restarting, calls fail at once with `EmbeddedS3Down` instead of retrying
+against a dead server for ``retry_deadline``.
+
 Cancellation abandons the worker thread (``abandon_on_cancel=True``): the
 caller returns at once, the request finishes or times out on its own, and its
 limiter slot stays taken until then.
@@ -20,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
@@ -29,6 +34,9 @@ from gateway.journal.format import Buffer
 from gateway.stats import LATENCY_BUCKETS, Histogram
 from gateway.tier2.retry import RetryEvent, retrying
 from gateway.tier2.storage import ChunkStorage, ObjectInfo
+
+if TYPE_CHECKING:
+    from gateway.tier2.embedded import EmbeddedS3
 
 __all__ = ["ChunkLayer", "ChunkLayerStatistics"]
 
@@ -69,6 +77,7 @@ class ChunkLayer:
         max_concurrency: int = 8,
         retry_deadline: float = 60.0,
         barrier: Callable[[], None] | None = None,
+        embedded: EmbeddedS3 | None = None,
     ) -> None:
         """Wrap ``storage``; at most ``max_concurrency`` calls run at once.
 
@@ -76,10 +85,13 @@ class ChunkLayer:
         failures before it raises `Tier2Error` (each method may override it).
         ``barrier`` (blocking) makes every acknowledged write durable, for
         servers that acknowledge before their disk has the data (see
-        `durability_barrier`).
+        `durability_barrier`). ``embedded``: the embedded server ``storage``
+        talks to, whose state gates every attempt.
         """
         #: The binding underneath (its flags tell which operations exist).
         self.storage = storage
+        #: The embedded S3 server behind ``storage``, if any (its statistics go to /metrics).
+        self.embedded = embedded
         self._barrier = barrier
         self.retry_deadline = retry_deadline
         self._limiter = trio.CapacityLimiter(max_concurrency)
@@ -120,6 +132,9 @@ class ChunkLayer:
         """Run ``fn`` in a worker thread under the limiter, retried by the one policy."""
 
         async def attempt() -> T:
+            if self.embedded is not None:
+                # Not temporary for the retry policy: fails the operation now.
+                self.embedded.check_available()
             # Counted here, in the trio thread: no lock needed.
             self._requests[operation] += 1
             return await trio.to_thread.run_sync(fn, limiter=self._limiter, abandon_on_cancel=True)
