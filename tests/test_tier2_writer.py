@@ -333,6 +333,28 @@ async def test_read_of_flushed_bytes_while_tier2_is_down_fails_cleanly(
         assert (await c.read("s", 0, 5000)).data == b"y" * 5000
 
 
+async def test_read_of_several_blocks_while_tier2_is_down_fails_with_a_tier2_error(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Blocks are fetched in parallel; a failure must still be one Tier2Error (the mount
+    turns that into EIO and a log line), not an exception group."""
+    storage = MemoryStorage()
+    config = tier2_config(tmp_path, retry_deadline="200ms", max_chunk_size="4 MiB")
+    data = random.Random(5).randbytes(3 * MiB)
+    async with running(config, storage) as (c, _):
+        await c.create("s")
+        for i in range(0, len(data), 256 * KiB):
+            await c.append("s", data[i : i + 256 * KiB])
+        await c.flush("s")
+    shutil.rmtree(config.cache_dir)
+    async with running(config, storage) as (c, _):
+        storage.set_down(True)
+        with pytest.raises(Tier2Error):
+            await c.read("s", 100, 2 * MiB)  # three 1 MiB blocks
+        storage.set_down(False)
+        assert (await c.read("s", 100, 2 * MiB)).data == data[100 : 100 + 2 * MiB]
+
+
 class _GatedStorage(MemoryStorage):
     """Writes wait for ``gate`` (a flush held in the middle of its upload)."""
 

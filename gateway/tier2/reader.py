@@ -138,13 +138,21 @@ class ChunkReader:
             data = await self._block(chunk, index)
             return data[lo:hi] if (lo, hi) != (0, len(data)) else data
         results: list[Buffer] = [b""] * len(wanted)
+        failures: list[GatewayError] = []
 
         async def one(i: int, chunk: ChunkRecord, index: int) -> None:
-            results[i] = await self._block(chunk, index)
+            try:
+                results[i] = await self._block(chunk, index)
+            except GatewayError as e:
+                # Raised below as itself: callers (the mount's EIO, the
+                # protocol's error answer) handle a Tier2Error, not a group.
+                failures.append(e)
 
         async with trio.open_nursery() as nursery:
             for i, (chunk, index, _, _) in enumerate(wanted):
                 nursery.start_soon(one, i, chunk, index)
+        if failures:
+            raise failures[0]
         return b"".join(
             memoryview(data)[lo:hi] for (_, _, lo, hi), data in zip(wanted, results, strict=True)
         )
