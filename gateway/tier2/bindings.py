@@ -42,7 +42,9 @@ async def open_tier2(config: Config) -> AsyncIterator[ChunkLayer]:
             )
             storage = S3Storage(
                 embedded.bucket,
-                endpoint_url=embedded.endpoint_url,
+                # A proxy in front of the embedded server (embedded_port), if
+                # one is configured: the torture test injects S3 faults there.
+                endpoint_url=t.endpoint_url or embedded.endpoint_url,
                 region=t.region,
                 max_pool_connections=t.max_concurrency,
                 timeout=t.request_timeout,

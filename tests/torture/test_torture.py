@@ -6,11 +6,17 @@ follow the segments through the protocol and through the mount:
 
 - ``kill_daemon``: SIGKILL the daemon, restart it (a stale mount and an
   unflushed journal to recover from; nobody repairs anything by hand);
-- ``kill_s3``: SIGKILL SeaweedFS, restart it a moment later;
-- ``s3_faults``: the S3 proxy answers 503 SlowDown, resets connections
-  before and during responses, and delays requests;
+- ``kill_s3``: SIGKILL the daemon's embedded SeaweedFS; the daemon must
+  notice and restart it by itself (the daemon is not restarted);
+- ``s3_faults``: the S3 proxy between the daemon and its SeaweedFS answers
+  503 SlowDown, resets connections before and during responses, and delays
+  requests;
 - ``disk_full``: fill the journal's small tmpfs with a ballast file, then
   free it (appends are refused meanwhile and writers retry);
+- ``disk_full_upload``: stop SeaweedFS (SIGSTOP), fill the journal's disk,
+  let SeaweedFS go on while the disk stays full: the uploads in flight
+  complete on a full disk, and the node must record them, checkpoint and
+  truncate its way out while the ballast stays;
 - ``slow_disk``: restart the daemon with every journal fdatasync delayed.
 
 After every round: every acknowledged event is in its segment exactly once
@@ -26,9 +32,12 @@ import collections
 import os
 import pathlib
 import random
+import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 
 import pytest
@@ -36,8 +45,6 @@ import trio
 
 from gateway.client import open_client
 from gateway.errors import GatewayError
-from gateway.tier2.embedded import EmbeddedS3
-from gateway.tier2.s3 import S3Storage
 from gateway.writer import open_segment_writer
 from tests.helpers.disk import fill
 from tests.helpers.mount import MountedDaemon, require_fuse
@@ -46,7 +53,7 @@ from tests.helpers.s3proxy import S3FaultProxy
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 SECONDS = float(os.environ.get("SEGMENT_GATEWAY_TORTURE_SECONDS", "90"))
 WRITERS = 3
-FAULTS = ("kill_daemon", "kill_s3", "s3_faults", "disk_full", "slow_disk")
+FAULTS = ("kill_daemon", "kill_s3", "s3_faults", "disk_full", "disk_full_upload", "slow_disk")
 
 CONFIG = """
 [journal]
@@ -63,7 +70,8 @@ overload_timeout = "1s"
 [server]
 max_message_bytes = "1 MiB"
 [tier2]
-url = "s3://{bucket}/torture"
+url = "embedded"
+embedded_port = {s3_port}
 endpoint_url = "{endpoint}"
 flush_size = "128 KiB"
 flush_interval = "0.5s"
@@ -101,7 +109,6 @@ class Torture:
     def __init__(self, tmp: pathlib.Path, seed: int) -> None:
         self.tmp = tmp
         self.rng = random.Random(seed)
-        self.s3 = EmbeddedS3(tmp / "s3")
         self.proxy: S3FaultProxy | None = None
         self.daemon: MountedDaemon | None = None
         self.journal_fs = tmp / "journal-fs"
@@ -111,40 +118,48 @@ class Torture:
         self.rounds = 0
 
     def start(self) -> None:
-        self.s3.start()
-        bucket = f"torture-{uuid.uuid4().hex[:8]}"
-        storage = S3Storage(
-            bucket,
-            endpoint_url=self.s3.endpoint_url,
-            access_key=self.s3.access_key,
-            secret_key=self.s3.secret_key,
-        )
-        storage.create_bucket_if_missing()
-        storage.close()
-        self.proxy = S3FaultProxy(self.s3.endpoint_url, seed=7).start()
+        # The daemon runs its own SeaweedFS (embedded, supervised) on a fixed
+        # port, and reaches it through the fault proxy.
+        s3_port = embedded_port()
+        self.proxy = S3FaultProxy(f"http://127.0.0.1:{s3_port}", seed=7).start()
         self.journal_fs.mkdir()
         subprocess.run(
             ["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(self.journal_fs)], check=True
         )
         config = CONFIG.format(
-            journal=self.journal_fs / "journal", bucket=bucket, endpoint=self.proxy.endpoint_url
+            journal=self.journal_fs / "journal", s3_port=s3_port, endpoint=self.proxy.endpoint_url
         )
-        env = {
-            "AWS_ACCESS_KEY_ID": self.s3.access_key,
-            "AWS_SECRET_ACCESS_KEY": self.s3.secret_key,
-        }
-        self.daemon = MountedDaemon(
-            self.tmp / "node", self.tmp / "mnt", config_text=config, env=env
-        )
-        self.daemon.start(timeout=60)
+        self.daemon = MountedDaemon(self.tmp / "node", self.tmp / "mnt", config_text=config)
+        self.daemon.start(timeout=90)
 
     def close(self) -> None:
         if self.daemon is not None:
             self.daemon.teardown()
         if self.proxy is not None:
             self.proxy.stop()
-        self.s3.stop()
         subprocess.run(["umount", "-l", str(self.journal_fs)], check=False)
+
+    def weed_pid(self, timeout: float = 30.0) -> int:
+        """The daemon's SeaweedFS child (waiting while the daemon restarts it)."""
+        assert self.daemon is not None and self.daemon.proc is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            for pid in children(self.daemon.proc.pid):
+                if pathlib.Path(f"/proc/{pid}/comm").read_text().strip() == "weed":
+                    return pid
+            assert time.monotonic() < deadline, f"no SeaweedFS child:\n{self.daemon.log()}"
+            time.sleep(0.05)
+
+    def metric(self, name: str) -> float:
+        """One sample of the daemon's /metrics (0 if absent)."""
+        assert self.daemon is not None
+        url = f"http://127.0.0.1:{self.daemon.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+        for row in text.splitlines():
+            if row.startswith(name + " ") or row.startswith(name + "{"):
+                return float(row.rsplit(" ", 1)[1])
+        return 0.0
 
     # -- faults (run in a worker thread: they block) ---------------------------------
 
@@ -163,11 +178,16 @@ class Torture:
             self.restart_daemon()
             time.sleep(seconds)
         elif fault == "kill_s3":
-            self.s3.kill()
-            time.sleep(self.rng.uniform(0.5, 2.0))
-            # On the event loop's thread: SeaweedFS dies with the thread
-            # that started it (PR_SET_PDEATHSIG), and worker threads end.
-            trio.from_thread.run_sync(self.s3.start)
+            restarts = self.metric("segment_gateway_embedded_s3_restarts_total")
+            os.kill(self.weed_pid(), signal.SIGKILL)
+            # The daemon notices and restarts it by itself.
+            deadline = time.monotonic() + 60
+            while (
+                self.metric("segment_gateway_embedded_s3_restarts_total") <= restarts
+                or self.metric("segment_gateway_embedded_s3_up") != 1
+            ):
+                assert time.monotonic() < deadline, "the daemon did not restart SeaweedFS"
+                time.sleep(0.2)
             time.sleep(seconds)
         elif fault == "s3_faults":
             self.proxy.fail(30, fraction=0.3, retry_after=0.2)
@@ -181,10 +201,64 @@ class Torture:
             time.sleep(min(seconds, 2.0))
             ballast.unlink()
             time.sleep(max(0.0, seconds - 2.0))
+        elif fault == "disk_full_upload":
+            weed = self.weed_pid()
+            os.kill(weed, signal.SIGSTOP)
+            try:
+                time.sleep(0.5)  # uploads start and hang
+                ballast = fill(self.journal_fs)
+                deadline = time.monotonic() + 10
+                while not self.metric("segment_gateway_journal_short_of_space"):
+                    if time.monotonic() > deadline:
+                        break  # the writers were slow to fill it: the disk is full anyway
+                    time.sleep(0.1)
+            finally:
+                os.kill(weed, signal.SIGCONT)
+            # The uploads complete on the full disk; the node records them
+            # from its reserve, checkpoints and truncates: appends resume
+            # with the ballast still there.
+            time.sleep(seconds)
+            ballast.unlink()
         elif fault == "slow_disk":
             self.restart_daemon({"SEGMENT_GATEWAY_FAILPOINTS": "journal_sync=delay:0.02"})
             time.sleep(seconds)
             self.restart_daemon()
+
+
+def children(pid: int) -> list[int]:
+    """Process ids whose parent is ``pid``."""
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            # The second field (comm) is in parentheses and may hold spaces.
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def embedded_port() -> int:
+    """A free loopback port whose gRPC twin (+10000) is free too, both below the kernel's
+    ephemeral range (as SeaweedFS's own ports are): while SeaweedFS is restarted, an
+    outgoing connection must not take its port."""
+    rng = random.Random()  # not the torture's: its sequence stays what the seed says
+    for _ in range(1000):
+        port = rng.randrange(12000, 22000)
+        if port_free(port) and port_free(port + 10000):
+            return port
+    raise AssertionError("no free port pair for SeaweedFS")
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 async def writer_task(
@@ -279,7 +353,7 @@ async def test_torture(tmp_path: pathlib.Path) -> None:
     require_fuse()
     seed = int(os.environ.get("SEGMENT_GATEWAY_TORTURE_SEED", "20261122"))
     t = Torture(tmp_path, seed)
-    t.start()  # here, not in a worker thread: SeaweedFS lives as long as its starter
+    t.start()
     verified = 0
     try:
         assert t.daemon is not None
