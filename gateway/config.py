@@ -644,9 +644,23 @@ def _cross_checks(c: Config, check_files: bool = True) -> list[str]:
             f"tier2.flush_size: {t.flush_size} exceeds tier2.max_chunk_size ({t.max_chunk_size})"
         )
     errors.extend(_tls_context(c.server, check_files)[1])
-    if c.server.listen == c.metrics.listen:
+    if c.metrics.listen and _same_listener(c.server.listen, c.metrics.listen):
         errors.append(f"metrics.listen: same address as server.listen ({c.server.listen})")
     return errors
+
+
+_ANY_HOST = frozenset({"0.0.0.0", "::", "*"})
+
+
+def _same_listener(a: str, b: str) -> bool:
+    """Whether two listen addresses would collide: one port, and one host or a wildcard.
+
+    Port 0 asks the kernel for a free port, so it never collides.
+    """
+    (host_a, port_a), (host_b, port_b) = parse_host_port(a), parse_host_port(b)
+    if port_a == 0 or port_a != port_b:
+        return False
+    return host_a == host_b or host_a in _ANY_HOST or host_b in _ANY_HOST
 
 
 def all_keys() -> list[str]:
