@@ -58,6 +58,7 @@ from gateway.protocol.framing import (
     MessageStream,
     close_now,
     encode_read_response,
+    misencoded_field,
     split_append_request,
 )
 from gateway.protocol.metadata_pb2 import AttributeValue
@@ -272,6 +273,11 @@ class Connection:
         except DecodeError as de:
             return self._ready_error(0, ProtocolError(f"undecodable request: {de}"), close=True)
         rid = req.request_id
+        misencoded = misencoded_field(req)
+        if misencoded is not None:
+            return self._ready_error(
+                rid, BadRequest(f"malformed request: {misencoded}"), close=not self.greeted
+            )
         kind = req.WhichOneof("kind")
         if kind is None:
             return self._ready_error(

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 import trio
-from google.protobuf.message import DecodeError
+from google.protobuf import unknown_fields
+from google.protobuf.message import DecodeError, Message
 
 from gateway.errors import ProtocolError
 from gateway.journal.format import encode_trailing_bytes, varint
@@ -151,14 +153,74 @@ def _skip_field(buf: memoryview, pos: int, wire_type: int) -> int:
     raise ValueError(f"wire type {wire_type}")
 
 
+#: Per message type: its oneofs that hold a message field, and its other
+#: message fields as (name, repeated).
+_SHAPES: dict[Any, tuple[tuple[str, ...], tuple[tuple[str, bool], ...]]] = {}
+
+
+def _shape(descriptor: Any) -> tuple[tuple[str, ...], tuple[tuple[str, bool], ...]]:
+    """Where messages may sit inside a message type (cached per type)."""
+    shape = _SHAPES.get(descriptor)
+    if shape is None:
+        fields = [f for f in descriptor.fields if f.message_type is not None]
+        oneofs = tuple(
+            sorted({f.containing_oneof.name for f in fields if f.containing_oneof is not None})
+        )
+        plain = tuple((f.name, f.is_repeated) for f in fields if f.containing_oneof is None)
+        shape = _SHAPES[descriptor] = (oneofs, plain)
+    return shape
+
+
+def misencoded_field(message: Message) -> str | None:
+    """The first field of ``message`` (or of a message inside it) that was sent
+    with the wrong wire type, described for an error message; None if none.
+
+    protobuf keeps a field whose number it knows but whose wire type is wrong
+    as an *unknown* field and leaves the real one unset, so an append whose
+    data is a varint would parse as an empty append. Unknown fields with
+    numbers this version does not know are left alone: newer clients may
+    send them.
+    """
+    descriptor = message.DESCRIPTOR
+    unknown_set = unknown_fields.UnknownFieldSet(message)
+    if len(unknown_set):
+        by_number = descriptor.fields_by_number
+        for i in range(len(unknown_set)):
+            unknown = unknown_set[i]
+            known = by_number.get(unknown.field_number)
+            if known is not None:
+                return (
+                    f"field {descriptor.name}.{known.name} ({unknown.field_number}) has "
+                    f"wire type {unknown.wire_type}"
+                )
+    oneofs, plain = _shape(descriptor)
+    inner: list[Message] = []
+    for oneof in oneofs:
+        name = message.WhichOneof(oneof)
+        if name is not None:
+            value = getattr(message, name)
+            if isinstance(value, Message):
+                inner.append(value)
+    for name, repeated in plain:
+        if repeated:
+            inner.extend(getattr(message, name))
+        elif message.HasField(name):
+            inner.append(getattr(message, name))
+    for m in inner:
+        if (found := misencoded_field(m)) is not None:
+            return found
+    return None
+
+
 def split_append_request(raw: bytes | bytearray) -> tuple[int, AppendRequest, memoryview] | None:
     """(request id, the append without its data, the data) for an append request
     whose data field comes last, as `encode_append_request` writes it.
 
     The data is a view of ``raw``, not a copy: for a 1 MiB append that saves
     copying it out of the parsed message (~12% of the event loop under load).
-    Returns None for anything else; the caller then parses ``raw`` normally
-    (protobuf allows fields in any order).
+    Returns None for anything else, anything unusual included (another field
+    of Request, a field with an unexpected wire type); the caller then parses
+    ``raw`` normally (protobuf allows fields in any order) and checks it.
     """
     buf = memoryview(raw)
     try:
@@ -168,7 +230,9 @@ def split_append_request(raw: bytes | bytearray) -> tuple[int, AppendRequest, me
             field, wire_type = tag >> 3, tag & 7
             if field == 1 and wire_type == 0:
                 rid, pos = _varint_at(buf, pos)
-            elif field == 4 and wire_type == 2:
+            elif field != 4 or wire_type != 2:
+                return None
+            else:
                 n, start = _varint_at(buf, pos)
                 if start + n != len(buf):
                     return None  # the append is not the last field
@@ -176,16 +240,18 @@ def split_append_request(raw: bytes | bytearray) -> tuple[int, AppendRequest, me
                 while pos < len(buf):
                     field_start = pos
                     tag, pos = _varint_at(buf, pos)
-                    if tag == 0x7A:  # AppendRequest.data: field 15, length-delimited
+                    if tag >> 3 == 15:  # AppendRequest.data
+                        if tag & 7 != 2:
+                            return None
                         size, data_start = _varint_at(buf, pos)
                         if data_start + size != len(buf):
                             return None
                         head = AppendRequest.FromString(bytes(buf[start:field_start]))
+                        if misencoded_field(head) is not None:
+                            return None
                         return rid, head, buf[data_start:]
                     pos = _skip_field(buf, pos, tag & 7)
                 return None
-            else:
-                pos = _skip_field(buf, pos, wire_type)
     except (ValueError, IndexError, DecodeError):
         return None
     return None
