@@ -107,6 +107,11 @@ checkpoint_every_frames = 100
             "[server]\nlisten = '0.0.0.0:9500'\n[metrics]\nlisten = '127.0.0.1:9500'\n",
             "metrics.listen: same address as server.listen",
         ),
+        ("[server]\nmax_memory = '16 MiB'\n", "server.max_memory: 16777216 is less than"),
+        ("[server]\nmax_memory = '1 KiB'\n", "server.max_memory: must be between"),
+        ("[server]\nmessage_timeout = 0\n", "server.message_timeout: must be between"),
+        ("[server]\nsend_timeout = 'soon'\n", "server.send_timeout: cannot read 'soon'"),
+        ("[server]\nmemory_timeout = -1\n", "server.memory_timeout: duration must not be"),
         ("[node\n", "file: not valid TOML"),
     ],
 )

@@ -8,8 +8,9 @@ nested protobuf message copies it slowly (~0.6 ms per MiB).
 
 from __future__ import annotations
 
+import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import trio
@@ -35,14 +36,46 @@ class MessageTooLarge(ProtocolError):
     wire_code = "TOO_LARGE"
 
 
-class MessageStream:
-    """Reads and writes length-prefixed messages on a stream."""
+class MessageTimeout(ProtocolError):
+    """a {}-byte message did not arrive within {:g}s of its length ({} bytes came)"""
 
-    def __init__(self, stream: trio.abc.Stream, max_message_bytes: int) -> None:
+
+#: Called with a large message's length before its buffer is allocated; it may
+#: wait, and raises (a GatewayError) to refuse the message.
+Reserve = Callable[[int], Awaitable[None]]
+
+
+class MessageStream:
+    """Reads and writes length-prefixed messages on a stream.
+
+    ``reserve`` is awaited with the length of every message received into a
+    buffer of its own (``_DIRECT_BYTES`` and up) before that buffer exists,
+    so a server can account for the memory first. Once a message's length
+    has arrived, the rest must arrive within ``message_timeout`` seconds
+    (MessageTimeout), so a peer that trickles a message in cannot hold its
+    memory for ever. ``send_started`` says since when a send has been
+    waiting for the peer (a server closes peers that stop reading; a
+    timestamp costs less per message than a cancel scope).
+    """
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        max_message_bytes: int,
+        *,
+        reserve: Reserve | None = None,
+        message_timeout: float = math.inf,
+    ) -> None:
         self.stream = stream
         self.max_message_bytes = max_message_bytes
+        self.reserve = reserve
+        self.message_timeout = message_timeout
+        #: trio.current_time() when the send in progress began (None: none is).
+        self.send_started: float | None = None
         self._buf = bytearray()
         self._pos = 0
+        #: Bytes of the message being received directly (for MessageTimeout).
+        self._got = 0
 
     async def _fill(self, need: int) -> bool:
         """Buffer at least ``need`` unread bytes; False on a clean EOF at a boundary."""
@@ -77,9 +110,17 @@ class MessageStream:
         self._pos += 4
         have = len(self._buf) - self._pos
         if have < length and length >= _DIRECT_BYTES:
-            return await self._receive_direct(length, have)
-        if not await self._fill(length):
-            raise ProtocolError(f"connection closed before a {length}-byte message")
+            if self.reserve is not None:
+                await self.reserve(length)
+            with trio.move_on_after(self.message_timeout):
+                return await self._receive_direct(length, have)
+            raise MessageTimeout(length, self.message_timeout, self._got)
+        if have < length:
+            with trio.move_on_after(self.message_timeout):
+                if not await self._fill(length):
+                    raise ProtocolError(f"connection closed before a {length}-byte message")
+            if len(self._buf) - self._pos < length:
+                raise MessageTimeout(length, self.message_timeout, len(self._buf) - self._pos)
         start = self._pos
         self._pos += length
         # Through a memoryview: slicing the bytearray itself makes a new
@@ -94,6 +135,7 @@ class MessageStream:
         self._buf.clear()
         self._pos = 0
         sock = getattr(self.stream, "socket", None)
+        self._got = have
         with memoryview(message) as target:
             got = have
             while got < length:
@@ -108,23 +150,32 @@ class MessageStream:
                         f"connection closed in the middle of a message ({got} of {length} bytes)"
                     )
                 got += n
+                self._got = got
         return message
 
     async def send(self, parts: Sequence[bytes]) -> None:
         """Send one message made of ``parts`` (concatenated)."""
         total = sum(map(len, parts))
         header = LENGTH.pack(total)
-        if total < 64 * 1024:
-            await self.stream.send_all(header + b"".join(parts))
-        else:
-            # Large data goes out from the caller's buffer, uncopied.
-            await self.stream.send_all(header + parts[0])
-            for p in parts[1:]:
-                await self.stream.send_all(p)
+        self.send_started = trio.current_time()
+        try:
+            if total < 64 * 1024:
+                await self.stream.send_all(header + b"".join(parts))
+            else:
+                # Large data goes out from the caller's buffer, uncopied.
+                await self.stream.send_all(header + parts[0])
+                for p in parts[1:]:
+                    await self.stream.send_all(p)
+        finally:
+            self.send_started = None
 
     async def send_message(self, message: bytes) -> None:
         """Send one serialized message."""
-        await self.stream.send_all(LENGTH.pack(len(message)) + message)
+        self.send_started = trio.current_time()
+        try:
+            await self.stream.send_all(LENGTH.pack(len(message)) + message)
+        finally:
+            self.send_started = None
 
 
 def _varint_at(buf: memoryview, pos: int) -> tuple[int, int]:
