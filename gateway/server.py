@@ -21,6 +21,11 @@ buffer is allocated, waits at most ``server.memory_timeout`` for room (then
 gives its memory back. The container answers ``Overloaded`` when the
 journal cannot keep up within ``container.overload_timeout``.
 
+File descriptors: connections are refused (LIMIT_EXCEEDED, then closed at
+once) beyond ``server.max_connections`` or beyond what the descriptor limit
+leaves after FD_RESERVE for the daemon's own files, whichever is lower, so
+peers can never make the journal's next file fail to open.
+
 Bad input never affects other connections: a malformed length, an
 undecodable message, an unknown request kind or an oversize message gets an
 error response (when one can be sent) and the connection is closed; nothing
@@ -44,6 +49,8 @@ import hmac
 import ipaddress
 import logging
 import math
+import os
+import resource
 import ssl
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -102,6 +109,12 @@ FSCK_BYTES = 1024 * 1024
 #: all of them is charged for ATTRIBUTES_ALL.
 ATTRIBUTE_BYTES = 64
 ATTRIBUTES_ALL = 1024
+#: File descriptors kept for the daemon's own files besides those open when
+#: serving starts: new journal files, RocksDB tables, Tier-2 sockets, the
+#: metrics endpoint's connections, fsck.
+FD_RESERVE = 128
+#: Refused connections are logged at most once per this many seconds.
+REFUSAL_LOG_INTERVAL = 10.0
 
 Producer = Callable[[], Awaitable[wire.Response]]
 
@@ -113,6 +126,11 @@ def _ready(response: wire.Response) -> Producer:
         return response
 
     return produce
+
+
+def _framed(response: wire.Response) -> bytes:
+    data = response.SerializeToString()
+    return len(data).to_bytes(4, "big") + data
 
 
 def error_response(request_id: int, e: GatewayError) -> wire.Response:
@@ -278,6 +296,32 @@ class MemoryBudget:
             "waiting": len(self._waiters),
             "refusals": self.refusals,
         }
+
+
+def fd_connection_limit(max_connections: int) -> tuple[int, str]:
+    """How many connections the descriptor limit allows, and why (for the log).
+
+    What is left of the soft RLIMIT_NOFILE after the descriptors open now
+    (the journal, RocksDB, Tier 2, the mount, the metrics listener are all
+    up when the server starts) and FD_RESERVE for what they open later.
+    """
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return max_connections, "no file descriptor limit"
+    try:
+        in_use = len(os.listdir("/proc/self/fd")) - 1  # less listdir's own
+    except OSError:
+        in_use = 64  # no /proc: a typical count at this point
+    allowed = soft - in_use - FD_RESERVE
+    why = f"file descriptors: limit {soft}, {in_use} in use, {FD_RESERVE} kept for the daemon"
+    if allowed < 1:
+        log.warning(
+            "%s: no room left for client connections; serving one at a time. "
+            "Raise the limit (LimitNOFILE= in the unit, ulimit -n)",
+            why,
+        )
+        return 1, why
+    return allowed, why
 
 
 @dataclass
@@ -826,8 +870,18 @@ class Server:
         self.accepted = 0
         #: What all connections together hold in memory (server.max_memory).
         self.memory = MemoryBudget(config.max_memory)
+        #: Connections allowed at once: server.max_connections, or fewer if
+        #: the file descriptor limit says so (set when serving starts).
+        self.connection_limit = config.max_connections
+        #: Sockets (TLS handshakes and connections) the descriptor limit allows.
+        self.socket_limit = config.max_connections
+        self._limit_reason = "server.max_connections"
         #: Connections closed because their peer stopped taking answers.
         self.stalled_closed = 0
+        #: Connections refused for a limit, and when refusals were last logged.
+        self.refused = 0
+        self._refused_logged = 0
+        self._next_refusal_log = -math.inf
         self._listeners: list[trio.SocketListener] = []
         self._accepting = trio.CancelScope()
         self._no_connections = trio.Event()
@@ -841,6 +895,7 @@ class Server:
         self._listeners = await trio.open_tcp_listeners(port, host=host)
         addresses = [tuple(lst.socket.getsockname()[:2]) for lst in self._listeners]
         log.info("serving the protocol on %s", ", ".join(f"{h}:{p}" for h, p in addresses))
+        self._apply_fd_limit()
         task_status.started(addresses)
         async with trio.open_nursery() as watch:
             watch.start_soon(self._close_stalled_readers)
@@ -873,6 +928,55 @@ class Server:
                     )
                     self.stalled_closed += 1
                     conn.abort()
+
+    def _apply_fd_limit(self) -> None:
+        """Bound connections by what the file descriptor limit leaves (logged)."""
+        allowed, why = fd_connection_limit(self.config.max_connections)
+        self.socket_limit = allowed
+        self.connection_limit = min(self.config.max_connections, allowed)
+        if allowed < self.config.max_connections:
+            self._limit_reason = "the file descriptor limit; server.max_connections is " + str(
+                self.config.max_connections
+            )
+        log.info(
+            "connections: at most %d (server.max_connections %d; %s)",
+            self.connection_limit,
+            self.config.max_connections,
+            why,
+        )
+
+    def _note_refusal(self, peer: str, what: str) -> None:
+        """Count a refused connection; log at most once per REFUSAL_LOG_INTERVAL."""
+        self.refused += 1
+        now = trio.current_time()
+        if now < self._next_refusal_log:
+            return
+        log.warning(
+            "refusing connections: %s (%d refused since the last report, the latest from %s; "
+            "reported at most every %.0fs)",
+            what,
+            self.refused - self._refused_logged,
+            peer,
+            REFUSAL_LOG_INTERVAL,
+        )
+        self._refused_logged = self.refused
+        self._next_refusal_log = now + REFUSAL_LOG_INTERVAL
+
+    def _limit_error(self) -> LimitExceeded:
+        return LimitExceeded(f"{self.connection_limit} connections ({self._limit_reason})")
+
+    async def _refuse(self, tcp: trio.SocketStream, peer: str, plaintext: bool) -> None:
+        """Say LIMIT_EXCEEDED (when that costs nothing) and close at once."""
+        e = self._limit_error()
+        self._note_refusal(peer, str(e))
+        try:
+            if plaintext:
+                with trio.move_on_after(1):
+                    await tcp.send_all(_framed(error_response(0, e)))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            close_now(tcp)
 
     def _warn_exposed(self) -> None:
         """Say loudly what a non-loopback listener exposes without a token or TLS."""
@@ -930,10 +1034,15 @@ class Server:
         except OSError:
             peer = "?"
         self.accepted += 1
+        if self.handshaking + len(self.connections) >= self.socket_limit:
+            # Every socket is a descriptor, wherever it is in its life: the
+            # daemon's own files must never be the ones that do not open.
+            await self._refuse(tcp, peer, plaintext=self.ssl_context is None)
+            return
         stream: trio.abc.Stream = tcp
         if self.ssl_context is not None:
             # Handshakes cost CPU and are not yet Connections: bound them too.
-            if self.handshaking >= self.config.max_connections:
+            if self.handshaking >= self.connection_limit:
                 log.info("connection %s: too many TLS handshakes in progress; closing", peer)
                 self.handshake_failures += 1
                 close_now(tcp)
@@ -950,11 +1059,13 @@ class Server:
                 return
             stream = tls
         conn = Connection(self, stream, peer, transport=tcp)
-        if len(self.connections) >= self.config.max_connections:
-            e = LimitExceeded(f"{self.config.max_connections} connections (server.max_connections)")
+        if len(self.connections) >= self.connection_limit:
+            e = self._limit_error()
+            self._note_refusal(peer, str(e))
             try:
-                await conn.messages.send_message(error_response(0, e).SerializeToString())
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                with trio.move_on_after(1):
+                    await conn.messages.send_message(error_response(0, e).SerializeToString())
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ProtocolError):
                 pass
             finally:
                 close_now(tcp)
@@ -972,11 +1083,13 @@ class Server:
                 self._no_connections.set()
 
     def statistics(self) -> dict[str, int]:
-        """Counters for tests and status: connections, handshakes, memory."""
+        """Counters for tests and status: connections, refusals, handshakes, memory."""
         memory = self.memory.statistics()
         return {
             "connections": len(self.connections),
+            "connection_limit": self.connection_limit,
             "accepted": self.accepted,
+            "refused": self.refused,
             "stalled_closed": self.stalled_closed,
             "handshaking": self.handshaking,
             "handshake_failures": self.handshake_failures,

@@ -13,9 +13,12 @@ from __future__ import annotations
 import errno
 import logging
 import pathlib
+import resource
+import selectors
 import socket
 import struct
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -259,6 +262,109 @@ def test_stalled_large_messages_take_bounded_memory(daemon: Daemon) -> None:
     with SyncClient(daemon.address) as c:
         c.create("after")
         assert c.append("after", bytes(8 * MiB)).length == 8 * MiB
+
+
+def _lower_fd_limit() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
+
+
+FD_LIMIT = 256
+ROLLING_JOURNAL = """
+[journal]
+file_size = "1 MiB"
+preallocate_step = "256 KiB"
+max_operation_bytes = "1 MiB"
+[container]
+max_append_bytes = "512 KiB"
+"""
+
+
+@pytest.mark.timeout(120)
+def test_idle_connections_cannot_take_the_daemons_file_descriptors(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Issue item 3: idle connections past the fd limit made the journal fail (EMFILE)."""
+    d = Daemon(tmp_path / "node", ROLLING_JOURNAL, preexec_fn=_lower_fd_limit)
+    d.start()
+    journal = d.data_dir / "journal"
+    try:
+        with SyncClient(d.address) as c:
+            c.create("fd/s")
+            files_before = set(journal.glob("*.wal"))
+            idle: list[socket.socket] = []
+            with closing(idle):
+                # Twice what the daemon could hold, on each port: those past
+                # its limits are closed at once, holding no descriptor there.
+                for _ in range(2 * FD_LIMIT):
+                    idle.append(greeted(d, read_answer=False))
+                for _ in range(2 * FD_LIMIT):
+                    idle.append(socket.create_connection(("127.0.0.1", d.metrics_port), 10))
+                # Appends roll the journal to new files (1 MiB each) meanwhile.
+                piece = b"x" * (512 * 1024)
+                for i in range(8):
+                    assert c.append("fd/s", piece).offset == i * len(piece)
+                assert set(journal.glob("*.wal")) - files_before, "the journal rolled"
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{d.metrics_port}/metrics", timeout=10
+                ) as r:
+                    assert b"segment_gateway_appends_total 8.0" in r.read()
+                assert closed_by_server(idle, want=2 * FD_LIMIT, timeout=10) >= 2 * FD_LIMIT
+            assert c.read("fd/s", 0, 8 * len(piece)).data == piece * 8
+    finally:
+        code = d.stop()
+    log = d.log_path.read_text()
+    assert code == 0, log
+    assert "EMFILE" not in log and "Too many open files" not in log, log
+    assert any(
+        "file descriptors" in line and f"limit {FD_LIMIT}" in line for line in log.splitlines()
+    ), log
+    refusals = [line for line in log.splitlines() if "refusing connections" in line]
+    assert 1 <= len(refusals) <= 3, refusals
+
+
+def _soft_limit_below_hard() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, 4 * FD_LIMIT))
+
+
+@pytest.mark.timeout(60)
+def test_soft_fd_limit_is_raised_to_the_hard_one(tmp_path: pathlib.Path) -> None:
+    d = Daemon(tmp_path / "node", preexec_fn=_soft_limit_below_hard)
+    d.start()
+    try:
+        limits = pathlib.Path(f"/proc/{d.proc.pid}/limits").read_text()  # type: ignore[union-attr]
+        (line,) = [x for x in limits.splitlines() if x.startswith("Max open files")]
+        assert line.split()[3:5] == [str(4 * FD_LIMIT)] * 2, line
+        with SyncClient(d.address) as c:
+            c.create("raised")
+    finally:
+        assert d.stop() == 0, d.log()
+    log = d.log_path.read_text()
+    assert f"file descriptors: limit {4 * FD_LIMIT}, raised from {FD_LIMIT}" in log, log
+    # The connection bound follows the raised limit, not the one the daemon was given.
+    (bound,) = [x for x in log.splitlines() if "connections: at most" in x]
+    assert int(bound.split("at most ")[1].split()[0]) > FD_LIMIT, bound
+
+
+def closed_by_server(socks: list[socket.socket], want: int, timeout: float) -> int:
+    """How many of ``socks`` the server closed (waiting until ``want`` are, or ``timeout``)."""
+    with selectors.DefaultSelector() as sel:
+        for s in socks:
+            s.setblocking(False)
+            sel.register(s, selectors.EVENT_READ)
+        closed = 0
+        deadline = time.monotonic() + timeout
+        while closed < want and time.monotonic() < deadline:
+            for key, _ in sel.select(timeout=0.1):
+                s = key.fileobj
+                assert isinstance(s, socket.socket)
+                try:
+                    if s.recv(65536):
+                        continue  # what it said before closing (or a Hello answer)
+                except ConnectionResetError:
+                    pass
+                sel.unregister(s)
+                closed += 1
+        return closed
 
 
 # -- in-process: the budget, and the deadlines that give memory back -------------
