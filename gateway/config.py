@@ -267,6 +267,22 @@ class ServerConfig:
         32 * MiB, _size_in(64 * KiB, 16 * GiB), "per connection: unanswered request bytes"
     )
     max_connections: int = _key(1024, _int_in(1, 1_000_000), "concurrent client connections")
+    max_memory: int = _key(
+        256 * MiB,
+        _size_in(1 * MiB, 1024 * GiB),
+        "all connections together: request and answer bytes held in memory",
+    )
+    memory_timeout: float = _key(
+        5.0,
+        _duration_in(0.0, 3600),
+        "how long a large message waits for room in max_memory before OVERLOADED",
+    )
+    message_timeout: float = _key(
+        30.0, _duration_in(0.1, 3600), "once a message's length has arrived, time for the rest"
+    )
+    send_timeout: float = _key(
+        60.0, _duration_in(0.1, 86400), "time one answer (or read piece) may take to be taken"
+    )
     drain_timeout: float = _key(
         10.0, _duration_in(0.0, 3600), "at stop: time for requests in flight to be answered"
     )
@@ -649,9 +665,29 @@ def _cross_checks(c: Config, check_files: bool = True) -> list[str]:
             f"tier2.flush_size: {t.flush_size} exceeds tier2.max_chunk_size ({t.max_chunk_size})"
         )
     errors.extend(_tls_context(c.server, check_files)[1])
-    if c.server.listen == c.metrics.listen:
+    if c.server.max_memory < max(c.server.max_inflight_bytes, c.server.max_message_bytes):
+        errors.append(
+            f"server.max_memory: {c.server.max_memory} is less than server.max_inflight_bytes "
+            f"({c.server.max_inflight_bytes}) or server.max_message_bytes "
+            f"({c.server.max_message_bytes})"
+        )
+    if c.metrics.listen and _same_listener(c.server.listen, c.metrics.listen):
         errors.append(f"metrics.listen: same address as server.listen ({c.server.listen})")
     return errors
+
+
+_ANY_HOST = frozenset({"0.0.0.0", "::", "*"})
+
+
+def _same_listener(a: str, b: str) -> bool:
+    """Whether two listen addresses would collide: one port, and one host or a wildcard.
+
+    Port 0 asks the kernel for a free port, so it never collides.
+    """
+    (host_a, port_a), (host_b, port_b) = parse_host_port(a), parse_host_port(b)
+    if port_a == 0 or port_a != port_b:
+        return False
+    return host_a == host_b or host_a in _ANY_HOST or host_b in _ANY_HOST
 
 
 def all_keys() -> list[str]:

@@ -25,6 +25,7 @@ import dataclasses
 import logging
 import os
 import pathlib
+import resource
 import signal
 import tempfile
 from collections.abc import Callable
@@ -78,6 +79,35 @@ def status_line(container: SegmentContainer) -> str:
         f"{len(segments)} segments, {unflushed / 2**20:.1f} MiB pending flush, "
         f"journal {journal.disk_bytes / 2**20:.1f} MiB in {journal.files} file(s)"
     )
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft file descriptor limit to the hard one; log and return what is in force.
+
+    A daemon started from a shell gets its soft limit (often 1024), far below
+    what the hard limit (and systemd's LimitNOFILE) allow: every client
+    connection, journal file, RocksDB table and Tier-2 socket is a
+    descriptor. The server bounds connections by what is left
+    (`gateway.server.fd_connection_limit`).
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if target == resource.RLIM_INFINITY:
+        # Linux refuses "unlimited"; its ceiling is fs.nr_open.
+        try:
+            target = int(pathlib.Path("/proc/sys/fs/nr_open").read_text())
+        except (OSError, ValueError):
+            target = soft
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (OSError, ValueError) as e:
+            log.warning("file descriptors: cannot raise the limit %d to %d: %s", soft, target, e)
+            return soft
+        log.info("file descriptors: limit %d, raised from %d (the hard limit)", target, soft)
+        return target
+    log.info("file descriptors: limit %d (the hard limit is %d)", soft, hard)
+    return soft
 
 
 async def check_tier2(tier2: ChunkLayer, config: Config) -> None:
@@ -191,6 +221,7 @@ async def run_daemon(
     """
     notifier = notifier or Notifier()
     life = _Lifecycle(config, notifier)
+    raise_fd_limit()
     if recover_from_tier2:
         from gateway.metadata_io import ensure_empty
 

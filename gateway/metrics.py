@@ -210,8 +210,21 @@ class GatewayCollector(Collector):
         )
 
 
+#: Connections the metrics endpoint keeps open at once; a new one closes the oldest.
+MAX_CONNECTIONS = 8
+#: Seconds a connection has to send its request and take the answer.
+REQUEST_TIMEOUT = 10.0
+
+
 class MetricsServer:
-    """``GET /metrics`` over HTTP/1.0-style one-request connections."""
+    """``GET /metrics`` over HTTP/1.0-style one-request connections.
+
+    At most MAX_CONNECTIONS are open at once, each for at most
+    REQUEST_TIMEOUT: a new connection past the limit closes the oldest one,
+    so idle sockets can neither take the daemon's file descriptors nor keep
+    a scraper out for long (a scrape is over in milliseconds; only idle
+    connections grow old).
+    """
 
     def __init__(self, collector: GatewayCollector, listen: str) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -219,6 +232,10 @@ class MetricsServer:
         self.collector = collector
         self.listen = listen
         self.scrapes = 0
+        #: Connections closed to make room for newer ones.
+        self.evicted = 0
+        #: Open connections, oldest first (dicts keep insertion order).
+        self._open: dict[trio.CancelScope, None] = {}
 
     async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]]) -> None:
         """Listen on ``metrics.listen``; ``task_status.started`` gets the bound address."""
@@ -230,28 +247,41 @@ class MetricsServer:
         await trio.serve_listeners(self._handle, listeners)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
-        async with stream:
-            try:
-                with trio.move_on_after(10):
-                    request = b""
-                    while b"\r\n\r\n" not in request and len(request) < 8192:
-                        data = await stream.receive_some(4096)
-                        if not data:
-                            return
-                        request += data
-                    line = request.split(b"\r\n", 1)[0].split()
-                    if len(line) < 2 or line[0] not in (b"GET", b"HEAD"):
-                        await self._reply(stream, 405, b"only GET\n", "text/plain")
-                    elif line[1].split(b"?")[0] != b"/metrics":
-                        await self._reply(stream, 404, b"try /metrics\n", "text/plain")
-                    else:
-                        started = time.perf_counter()
-                        body = generate_latest(self.registry)
-                        self.scrapes += 1
-                        log.debug("scrape in %.1f ms", (time.perf_counter() - started) * 1000)
-                        await self._reply(stream, 200, body if line[0] == b"GET" else b"")
-            except trio.BrokenResourceError:
-                pass
+        scope = trio.CancelScope(deadline=trio.current_time() + REQUEST_TIMEOUT)
+        while len(self._open) >= MAX_CONNECTIONS:
+            oldest = next(iter(self._open))
+            del self._open[oldest]
+            oldest.cancel()
+            self.evicted += 1
+        self._open[scope] = None
+        try:
+            async with stream:
+                with scope:
+                    await self._serve_one(stream)
+        finally:
+            self._open.pop(scope, None)
+
+    async def _serve_one(self, stream: trio.SocketStream) -> None:
+        try:
+            request = b""
+            while b"\r\n\r\n" not in request and len(request) < 8192:
+                data = await stream.receive_some(4096)
+                if not data:
+                    return
+                request += data
+            line = request.split(b"\r\n", 1)[0].split()
+            if len(line) < 2 or line[0] not in (b"GET", b"HEAD"):
+                await self._reply(stream, 405, b"only GET\n", "text/plain")
+            elif line[1].split(b"?")[0] != b"/metrics":
+                await self._reply(stream, 404, b"try /metrics\n", "text/plain")
+            else:
+                started = time.perf_counter()
+                body = generate_latest(self.registry)
+                self.scrapes += 1
+                log.debug("scrape in %.1f ms", (time.perf_counter() - started) * 1000)
+                await self._reply(stream, 200, body if line[0] == b"GET" else b"")
+        except trio.BrokenResourceError:
+            pass
 
     @staticmethod
     async def _reply(

@@ -6,10 +6,25 @@ arrival order), then hands an awaitable to the connection's responder task,
 which sends the responses strictly in request order. A connection therefore
 gets its appends acknowledged in order while many are in flight.
 
-Backpressure: a connection may have at most ``server.max_inflight_bytes`` of
-unanswered requests; past that its reader stops reading (TCP pushes back on
-the client). The container answers ``Overloaded`` when the journal cannot
-keep up within ``container.overload_timeout``.
+Memory (docs/SECURITY.md, "What a peer can do"): every queued request is
+charged to its connection and to the server's `MemoryBudget` -- its own
+bytes, a bound or estimate of its answer's (a read: the piece it holds; a
+list: its entries, built only when its turn to be answered comes) and a
+fixed ITEM_BYTES for its bookkeeping. A connection whose charge passes
+``server.max_inflight_bytes`` stops being read (TCP pushes back on the
+client); a request that does not fit in ``server.max_memory`` waits for
+room before it is prepared. A large message reserves its length before its
+buffer is allocated, waits at most ``server.memory_timeout`` for room (then
+``Overloaded``, and the connection is closed), and must arrive within
+``server.message_timeout``; an answer the peer does not take within
+``server.send_timeout`` closes the connection, so a peer that stops reading
+gives its memory back. The container answers ``Overloaded`` when the
+journal cannot keep up within ``container.overload_timeout``.
+
+File descriptors: connections are refused (LIMIT_EXCEEDED, then closed at
+once) beyond ``server.max_connections`` or beyond what the descriptor limit
+leaves after FD_RESERVE for the daemon's own files, whichever is lower, so
+peers can never make the journal's next file fail to open.
 
 Bad input never affects other connections: a malformed length, an
 undecodable message, an unknown request kind or an oversize message gets an
@@ -28,13 +43,17 @@ connection slots or memory.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import ipaddress
 import logging
 import math
+import os
+import resource
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import deque
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
@@ -44,10 +63,12 @@ from gateway import __version__
 from gateway.config import ServerConfig, parse_host_port
 from gateway.container import AttributeUpdate, SegmentContainer, SegmentInfo, Verb
 from gateway.container.container import AppendResult, PendingOperation
+from gateway.container.names import validate_prefix
 from gateway.errors import (
     BadRequest,
     GatewayError,
     LimitExceeded,
+    Overloaded,
     ProtocolError,
     Unauthorized,
     Unsupported,
@@ -58,6 +79,7 @@ from gateway.protocol.framing import (
     MessageStream,
     close_now,
     encode_read_response,
+    misencoded_field,
     split_append_request,
 )
 from gateway.protocol.metadata_pb2 import AttributeValue
@@ -73,6 +95,26 @@ READ_PIECE = 1024 * 1024
 HANDSHAKE_TIMEOUT = 10.0
 #: The first message (Hello) may be at most this large, whatever max_message_bytes says.
 MAX_HELLO_BYTES = 64 * 1024
+#: What every queued request costs besides its bytes: its parsed form, its
+#: queue entry, the closures that answer it (a queued read took ~1 KiB).
+ITEM_BYTES = 4 * 1024
+#: Estimated memory per segment of a List answer (or of an exported
+#: snapshot) while it is built and sent: SegmentInfo objects, protobuf
+#: messages, the wire form (measured: ~850 bytes with 10-character names;
+#: longer names take more).
+LIST_ENTRY_BYTES = 1024
+#: Estimated memory of an fsck answer's messages in flight.
+FSCK_BYTES = 1024 * 1024
+#: Estimated bytes per attribute in a GetAttributes answer; a request for
+#: all of them is charged for ATTRIBUTES_ALL.
+ATTRIBUTE_BYTES = 64
+ATTRIBUTES_ALL = 1024
+#: File descriptors kept for the daemon's own files besides those open when
+#: serving starts: new journal files, RocksDB tables, Tier-2 sockets, the
+#: metrics endpoint's connections, fsck.
+FD_RESERVE = 128
+#: Refused connections are logged at most once per this many seconds.
+REFUSAL_LOG_INTERVAL = 10.0
 
 Producer = Callable[[], Awaitable[wire.Response]]
 
@@ -84,6 +126,11 @@ def _ready(response: wire.Response) -> Producer:
         return response
 
     return produce
+
+
+def _framed(response: wire.Response) -> bytes:
+    data = response.SerializeToString()
+    return len(data).to_bytes(4, "big") + data
 
 
 def error_response(request_id: int, e: GatewayError) -> wire.Response:
@@ -164,6 +211,119 @@ _SPLIT_BYTES = 64 * 1024
 _MUTATING = frozenset({"create", "append", "seal", "truncate", "delete", "update_attributes"})
 
 
+@dataclass(eq=False)
+class _Waiter:
+    nbytes: int
+    event: trio.Event
+    granted: bool = False
+
+
+class MemoryBudget:
+    """The bytes all connections together may hold (``server.max_memory``).
+
+    Waiters are served first come, first served, so a large message is not
+    starved by a stream of small ones. When nothing is held, one holder may
+    take more than the limit: a single request larger than it still goes
+    through, alone.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        #: The most ever held at once.
+        self.peak = 0
+        #: Waits that ended without room (memory_timeout).
+        self.refusals = 0
+        self._waiters: deque[_Waiter] = deque()
+
+    def _fits(self, nbytes: int) -> bool:
+        return self.used == 0 or self.used + nbytes <= self.limit
+
+    def _take(self, nbytes: int) -> None:
+        self.used += nbytes
+        self.peak = max(self.peak, self.used)
+
+    def take(self, nbytes: int) -> None:
+        """Account for ``nbytes`` without waiting (small, already in memory)."""
+        self._take(nbytes)
+
+    async def acquire(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` fit, and take them (nothing is taken if cancelled)."""
+        if not self._waiters and self._fits(nbytes):
+            self._take(nbytes)
+            return
+        waiter = _Waiter(nbytes, trio.Event())
+        self._waiters.append(waiter)
+        try:
+            await waiter.event.wait()
+        except BaseException:
+            self._abandon(waiter)
+            raise
+
+    async def acquire_within(self, nbytes: int, seconds: float) -> bool:
+        """`acquire`, waiting at most ``seconds``; False (nothing taken) if they did not fit."""
+        with trio.move_on_after(seconds):
+            await self.acquire(nbytes)
+            return True
+        self.refusals += 1
+        return False
+
+    def _abandon(self, waiter: _Waiter) -> None:
+        if waiter.granted:
+            self.release(waiter.nbytes)
+        else:
+            self._waiters.remove(waiter)
+            self._wake()  # the next waiter may fit now that this one left the head
+
+    def release(self, nbytes: int) -> None:
+        """Give back what `take` or `acquire` accounted for."""
+        self.used -= nbytes
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self._fits(self._waiters[0].nbytes):
+            waiter = self._waiters.popleft()
+            self._take(waiter.nbytes)
+            waiter.granted = True
+            waiter.event.set()
+
+    def statistics(self) -> dict[str, int]:
+        """Bytes held now and at most, the limit, waiters, refusals."""
+        return {
+            "used": self.used,
+            "peak": self.peak,
+            "limit": self.limit,
+            "waiting": len(self._waiters),
+            "refusals": self.refusals,
+        }
+
+
+def fd_connection_limit(max_connections: int) -> tuple[int, str]:
+    """How many connections the descriptor limit allows, and why (for the log).
+
+    What is left of the soft RLIMIT_NOFILE after the descriptors open now
+    (the journal, RocksDB, Tier 2, the mount, the metrics listener are all
+    up when the server starts) and FD_RESERVE for what they open later.
+    """
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return max_connections, "no file descriptor limit"
+    try:
+        in_use = len(os.listdir("/proc/self/fd")) - 1  # less listdir's own
+    except OSError:
+        in_use = 64  # no /proc: a typical count at this point
+    allowed = soft - in_use - FD_RESERVE
+    why = f"file descriptors: limit {soft}, {in_use} in use, {FD_RESERVE} kept for the daemon"
+    if allowed < 1:
+        log.warning(
+            "%s: no room left for client connections; serving one at a time. "
+            "Raise the limit (LimitNOFILE= in the unit, ulimit -n)",
+            why,
+        )
+        return 1, why
+    return allowed, why
+
+
 @dataclass
 class _Item:
     request_id: int
@@ -171,8 +331,10 @@ class _Item:
     #: How to answer (None for reads, which use `stream`).
     produce: Producer | None
     close_after: bool = False
+    #: What it is charged to its connection and the server (`MemoryBudget`).
+    cost: int = 0
     #: For reads: the pieces of the answer, produced one at a time.
-    stream: Callable[[], AsyncIterator[list[bytes]]] | None = None
+    stream: Callable[[], AsyncGenerator[list[bytes], None]] | None = None
     #: For fsck: sends its answer's messages itself, through the function it
     #: is given (its checks run tasks in parallel, which an async generator
     #: cannot do across a yield).
@@ -190,22 +352,61 @@ class Connection:
         transport: trio.abc.Stream | None = None,
     ) -> None:
         self.server = server
-        self.messages = MessageStream(stream, server.config.max_message_bytes)
+        config = server.config
+        self.messages = MessageStream(
+            stream,
+            config.max_message_bytes,
+            reserve=self._reserve,
+            message_timeout=config.message_timeout,
+        )
         #: The TCP stream under a TLS one: what `close_now` can close at once.
         self.transport = transport or stream
         self.peer = peer
-        self.inflight_bytes = 0
+        #: Bytes charged to this connection (and to the server's budget):
+        #: queued requests with their answers, and a message being received.
+        self.charge = 0
+        #: The part of `charge` reserved for the message being received.
+        self._reserved = 0
         self._space = trio.Event()
         self.reader_scope = trio.CancelScope()
         self.greeted = False
 
+    @property
+    def inflight_bytes(self) -> int:
+        """Bytes charged to this connection (requests and their answers)."""
+        return self.charge
+
     async def run(self) -> None:
         send, receive = trio.open_memory_channel[_Item](math.inf)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._respond, receive)
-            async with send:
-                with self.reader_scope:
-                    await self._read_loop(send)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._respond, receive)
+                async with send:
+                    with self.reader_scope:
+                        await self._read_loop(send)
+        finally:
+            # Whatever was never answered (a broken connection) is given back.
+            self.server.memory.release(self.charge)
+            self.charge = 0
+
+    def abort(self) -> None:
+        """Stop reading and close now; the tasks end on their own."""
+        self.reader_scope.cancel()
+        close_now(self.transport)
+
+    async def _reserve(self, nbytes: int) -> None:
+        """Before a large message's buffer exists: room for it (and its item) in the budget."""
+        nbytes += ITEM_BYTES
+        timeout = self.server.config.memory_timeout
+        if not await self.server.memory.acquire_within(nbytes, timeout):
+            budget = self.server.memory
+            raise Overloaded(
+                f"no room for a {nbytes - ITEM_BYTES}-byte message within {timeout:g}s: "
+                f"{budget.used} of {budget.limit} bytes (server.max_memory) are held by "
+                "requests in flight"
+            )
+        self._reserved += nbytes
+        self.charge += nbytes
 
     async def _read_loop(self, send: trio.MemorySendChannel[_Item]) -> None:
         while True:
@@ -214,30 +415,99 @@ class Connection:
                     raw = await self.messages.receive()
                 else:
                     raw = await self._receive_hello()
-            except ProtocolError as e:
+            except (ProtocolError, Overloaded) as e:
                 log.info("connection %s: %s; closing", self.peer, e)
+                self._unreserve()
                 await send.send(self._ready_error(0, e, close=True))
                 return
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 return
             if raw is None:
                 return
-            split = split_append_request(raw) if self.greeted and len(raw) >= _SPLIT_BYTES else None
-            if split is not None:
-                item = await self._prepare_split_append(*split, len(raw))
-            else:
-                decoded = self._decode(raw)
-                if isinstance(decoded, _Item):
-                    item = decoded
-                else:
-                    item = await self._prepare(decoded, len(raw))
+            reserved, self._reserved = self._reserved, 0
+            item = await self._admit_message(raw, reserved)
             # Queued before any wait, so a prepared request is always answered.
-            self.inflight_bytes += item.nbytes
             send.send_nowait(item)
             if item.close_after:
                 return
-            while self.inflight_bytes > self.server.config.max_inflight_bytes:
+            while self.charge > self.server.config.max_inflight_bytes:
                 await self._space.wait()
+
+    def _unreserve(self) -> None:
+        """Give back the reservation of a message that will not be served."""
+        self.server.memory.release(self._reserved)
+        self.charge -= self._reserved
+        self._reserved = 0
+
+    async def _admit_message(self, raw: bytes | bytearray, reserved: int) -> _Item:
+        """Charge one message and what its answer will hold, then prepare it.
+
+        ``reserved`` is already charged (a large message's length and
+        ITEM_BYTES). A request that needs more waits for room: without end
+        if nothing of it is held yet (backpressure), at most
+        ``server.memory_timeout`` if its message is (then it is answered
+        Overloaded and not applied), so that connections holding messages
+        never wait for each other's room in a circle.
+        """
+        nbytes = len(raw)
+        split = split_append_request(raw) if self.greeted and nbytes >= _SPLIT_BYTES else None
+        decoded: wire.Request | _Item | None = None
+        if split is not None:
+            cost = nbytes + ITEM_BYTES
+        else:
+            decoded = self._decode(raw)
+            if isinstance(decoded, _Item):
+                cost = ITEM_BYTES
+            else:
+                cost = nbytes + ITEM_BYTES + self._answer_bytes(decoded)
+        budget = self.server.memory
+        extra = cost - reserved
+        refused: GatewayError | None = None
+        if extra <= 0:
+            budget.release(-extra)
+        elif isinstance(decoded, _Item):
+            # An error answer, or the answer to Hello (at most MAX_HELLO_BYTES,
+            # one per connection): small, and not worth a wait.
+            budget.take(extra)
+        elif reserved:
+            if not await budget.acquire_within(extra, self.server.config.memory_timeout):
+                refused = Overloaded(
+                    f"no room for the answer ({extra} bytes) within "
+                    f"{self.server.config.memory_timeout:g}s (server.max_memory)"
+                )
+                extra = 0
+        else:
+            await budget.acquire(extra)
+        self.charge += extra
+        cost = reserved + extra
+        if split is not None:
+            item = await self._prepare_split_append(*split, nbytes)
+        elif isinstance(decoded, _Item):
+            item = decoded
+        else:
+            assert decoded is not None
+            if refused is not None:
+                item = self._ready_error(decoded.request_id, refused)
+            else:
+                item = await self._prepare(decoded, nbytes)
+        item.cost = cost
+        return item
+
+    def _answer_bytes(self, req: wire.Request) -> int:
+        """A bound (or, for answers of many segments, an estimate) of an answer's memory."""
+        kind = req.WhichOneof("kind")
+        if kind == "read":
+            return min(req.read.max_length, MAX_READ, READ_PIECE) + 1024
+        if kind == "list":
+            limit = min(req.list.limit or MAX_LIST, MAX_LIST)
+            return min(limit, self.server.container.segment_count) * LIST_ENTRY_BYTES
+        if kind == "export_metadata":
+            return self.server.container.segment_count * LIST_ENTRY_BYTES
+        if kind == "fsck":
+            return FSCK_BYTES
+        if kind == "get_attributes":
+            return (len(req.get_attributes.ids) or ATTRIBUTES_ALL) * ATTRIBUTE_BYTES
+        return 0
 
     async def _receive_hello(self) -> bytes | bytearray | None:
         """The first message: small, and within the handshake deadline.
@@ -272,6 +542,11 @@ class Connection:
         except DecodeError as de:
             return self._ready_error(0, ProtocolError(f"undecodable request: {de}"), close=True)
         rid = req.request_id
+        misencoded = misencoded_field(req)
+        if misencoded is not None:
+            return self._ready_error(
+                rid, BadRequest(f"malformed request: {misencoded}"), close=not self.greeted
+            )
         kind = req.WhichOneof("kind")
         if kind is None:
             return self._ready_error(
@@ -452,15 +727,25 @@ class Connection:
 
     def _list(self, req: wire.Request) -> Producer:
         r = req.list
+        rid = req.request_id
+        container = self.server.container
         limit = min(r.limit or MAX_LIST, MAX_LIST)
-        infos = self.server.container.list(r.prefix, r.start_after, limit + 1)
-        response = wire.Response(
-            request_id=req.request_id,
-            list=wire.SegmentList(
-                segments=[info_message(i) for i in infos[:limit]], truncated=len(infos) > limit
-            ),
-        )
-        return _ready(response)
+        validate_prefix(r.prefix)  # fail now, in order
+
+        async def produce() -> wire.Response:
+            # Built when its turn to be answered comes, not when it is read:
+            # queued answers would hold memory nobody may be reading. It
+            # includes everything this connection asked for before.
+            infos = container.list(r.prefix, r.start_after, limit + 1)
+            return wire.Response(
+                request_id=rid,
+                list=wire.SegmentList(
+                    segments=[info_message(i) for i in infos[:limit]],
+                    truncated=len(infos) > limit,
+                ),
+            )
+
+        return produce
 
     def _get_attributes(self, req: wire.Request) -> Producer:
         g = req.get_attributes
@@ -484,7 +769,7 @@ class Connection:
         rid = req.request_id
         container = self.server.container
 
-        async def stream() -> AsyncIterator[list[bytes]]:
+        async def stream() -> AsyncGenerator[list[bytes], None]:
             offset = r.offset
             remaining = min(r.max_length, MAX_READ)
             wait = r.wait_ms / 1000
@@ -529,8 +814,10 @@ class Connection:
             await item.push(self.messages.send_message)
             return
         assert item.stream is not None
-        async for parts in item.stream():
-            await self.messages.send(parts)
+        # Closed here even when a send fails, not whenever it is collected.
+        async with contextlib.aclosing(item.stream()) as pieces:
+            async for parts in pieces:
+                await self.messages.send(parts)
 
     async def _respond(self, receive: trio.MemoryReceiveChannel[_Item]) -> None:
         try:
@@ -550,7 +837,8 @@ class Connection:
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     self.reader_scope.cancel()
                     return
-                self.inflight_bytes -= item.nbytes
+                self.charge -= item.cost
+                self.server.memory.release(item.cost)
                 self._space.set()
                 self._space = trio.Event()
                 if item.close_after:
@@ -580,6 +868,20 @@ class Server:
         self.container_config_max_append = max_append
         self.connections: set[Connection] = set()
         self.accepted = 0
+        #: What all connections together hold in memory (server.max_memory).
+        self.memory = MemoryBudget(config.max_memory)
+        #: Connections allowed at once: server.max_connections, or fewer if
+        #: the file descriptor limit says so (set when serving starts).
+        self.connection_limit = config.max_connections
+        #: Sockets (TLS handshakes and connections) the descriptor limit allows.
+        self.socket_limit = config.max_connections
+        self._limit_reason = "server.max_connections"
+        #: Connections closed because their peer stopped taking answers.
+        self.stalled_closed = 0
+        #: Connections refused for a limit, and when refusals were last logged.
+        self.refused = 0
+        self._refused_logged = 0
+        self._next_refusal_log = -math.inf
         self._listeners: list[trio.SocketListener] = []
         self._accepting = trio.CancelScope()
         self._no_connections = trio.Event()
@@ -593,10 +895,88 @@ class Server:
         self._listeners = await trio.open_tcp_listeners(port, host=host)
         addresses = [tuple(lst.socket.getsockname()[:2]) for lst in self._listeners]
         log.info("serving the protocol on %s", ", ".join(f"{h}:{p}" for h, p in addresses))
+        self._apply_fd_limit()
         task_status.started(addresses)
-        async with trio.open_nursery() as nursery:
-            with self._accepting:
-                await trio.serve_listeners(self._handle, self._listeners, handler_nursery=nursery)
+        async with trio.open_nursery() as watch:
+            watch.start_soon(self._close_stalled_readers)
+            # Connections carry on after accepting stops, and the watch with them.
+            async with trio.open_nursery() as nursery:
+                with self._accepting:
+                    await trio.serve_listeners(
+                        self._handle, self._listeners, handler_nursery=nursery
+                    )
+            watch.cancel_scope.cancel()
+
+    async def _close_stalled_readers(self) -> None:
+        """Close connections whose peer has not taken an answer for server.send_timeout.
+
+        Their queued answers hold memory (``server.max_inflight_bytes`` each)
+        that other clients may be waiting for. One look a second (or four
+        per timeout, if it is short) costs less than a deadline per message.
+        """
+        timeout = self.config.send_timeout
+        while True:
+            await trio.sleep(min(1.0, timeout / 4))
+            now = trio.current_time()
+            for conn in list(self.connections):
+                started = conn.messages.send_started
+                if started is not None and now - started >= timeout:
+                    log.info(
+                        "connection %s: answers not taken for %.0fs (server.send_timeout); closing",
+                        conn.peer,
+                        now - started,
+                    )
+                    self.stalled_closed += 1
+                    conn.abort()
+
+    def _apply_fd_limit(self) -> None:
+        """Bound connections by what the file descriptor limit leaves (logged)."""
+        allowed, why = fd_connection_limit(self.config.max_connections)
+        self.socket_limit = allowed
+        self.connection_limit = min(self.config.max_connections, allowed)
+        if allowed < self.config.max_connections:
+            self._limit_reason = "the file descriptor limit; server.max_connections is " + str(
+                self.config.max_connections
+            )
+        log.info(
+            "connections: at most %d (server.max_connections %d; %s)",
+            self.connection_limit,
+            self.config.max_connections,
+            why,
+        )
+
+    def _note_refusal(self, peer: str, what: str) -> None:
+        """Count a refused connection; log at most once per REFUSAL_LOG_INTERVAL."""
+        self.refused += 1
+        now = trio.current_time()
+        if now < self._next_refusal_log:
+            return
+        log.warning(
+            "refusing connections: %s (%d refused since the last report, the latest from %s; "
+            "reported at most every %.0fs)",
+            what,
+            self.refused - self._refused_logged,
+            peer,
+            REFUSAL_LOG_INTERVAL,
+        )
+        self._refused_logged = self.refused
+        self._next_refusal_log = now + REFUSAL_LOG_INTERVAL
+
+    def _limit_error(self) -> LimitExceeded:
+        return LimitExceeded(f"{self.connection_limit} connections ({self._limit_reason})")
+
+    async def _refuse(self, tcp: trio.SocketStream, peer: str, plaintext: bool) -> None:
+        """Say LIMIT_EXCEEDED (when that costs nothing) and close at once."""
+        e = self._limit_error()
+        self._note_refusal(peer, str(e))
+        try:
+            if plaintext:
+                with trio.move_on_after(1):
+                    await tcp.send_all(_framed(error_response(0, e)))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            close_now(tcp)
 
     def _warn_exposed(self) -> None:
         """Say loudly what a non-loopback listener exposes without a token or TLS."""
@@ -654,10 +1034,15 @@ class Server:
         except OSError:
             peer = "?"
         self.accepted += 1
+        if self.handshaking + len(self.connections) >= self.socket_limit:
+            # Every socket is a descriptor, wherever it is in its life: the
+            # daemon's own files must never be the ones that do not open.
+            await self._refuse(tcp, peer, plaintext=self.ssl_context is None)
+            return
         stream: trio.abc.Stream = tcp
         if self.ssl_context is not None:
             # Handshakes cost CPU and are not yet Connections: bound them too.
-            if self.handshaking >= self.config.max_connections:
+            if self.handshaking >= self.connection_limit:
                 log.info("connection %s: too many TLS handshakes in progress; closing", peer)
                 self.handshake_failures += 1
                 close_now(tcp)
@@ -674,11 +1059,13 @@ class Server:
                 return
             stream = tls
         conn = Connection(self, stream, peer, transport=tcp)
-        if len(self.connections) >= self.config.max_connections:
-            e = LimitExceeded(f"{self.config.max_connections} connections (server.max_connections)")
+        if len(self.connections) >= self.connection_limit:
+            e = self._limit_error()
+            self._note_refusal(peer, str(e))
             try:
-                await conn.messages.send_message(error_response(0, e).SerializeToString())
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                with trio.move_on_after(1):
+                    await conn.messages.send_message(error_response(0, e).SerializeToString())
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ProtocolError):
                 pass
             finally:
                 close_now(tcp)
@@ -696,12 +1083,19 @@ class Server:
                 self._no_connections.set()
 
     def statistics(self) -> dict[str, int]:
-        """Counters for tests and status: connections open, accepted, refused handshakes."""
+        """Counters for tests and status: connections, refusals, handshakes, memory."""
+        memory = self.memory.statistics()
         return {
             "connections": len(self.connections),
+            "connection_limit": self.connection_limit,
             "accepted": self.accepted,
+            "refused": self.refused,
+            "stalled_closed": self.stalled_closed,
             "handshaking": self.handshaking,
             "handshake_failures": self.handshake_failures,
+            "memory_used": memory["used"],
+            "memory_peak": memory["peak"],
+            "memory_refusals": memory["refusals"],
         }
 
     async def wait_connections_closed(self) -> None:

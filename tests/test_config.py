@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
+from gateway.client import SyncClient
 from gateway.config import Config, all_keys, parse_duration, parse_host_port, parse_size
 from gateway.errors import ConfigError
 
@@ -100,6 +103,15 @@ checkpoint_every_frames = 100
             "[server]\nlisten = '127.0.0.1:1'\n[metrics]\nlisten = '127.0.0.1:1'\n",
             "metrics.listen: same address as server.listen",
         ),
+        (
+            "[server]\nlisten = '0.0.0.0:9500'\n[metrics]\nlisten = '127.0.0.1:9500'\n",
+            "metrics.listen: same address as server.listen",
+        ),
+        ("[server]\nmax_memory = '16 MiB'\n", "server.max_memory: 16777216 is less than"),
+        ("[server]\nmax_memory = '1 KiB'\n", "server.max_memory: must be between"),
+        ("[server]\nmessage_timeout = 0\n", "server.message_timeout: must be between"),
+        ("[server]\nsend_timeout = 'soon'\n", "server.send_timeout: cannot read 'soon'"),
+        ("[server]\nmemory_timeout = -1\n", "server.memory_timeout: duration must not be"),
         ("[node\n", "file: not valid TOML"),
     ],
 )
@@ -110,6 +122,44 @@ def test_bad_values_name_the_key(tmp_path: pathlib.Path, toml: str, expected: st
         Config.load(path)
     assert any(expected in e for e in info.value.errors), info.value.errors
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("server", "metrics"),
+    [("127.0.0.1:0", "127.0.0.1:0"), ("127.0.0.1:9410", "127.0.0.1:9411"), ("[::1]:0", "")],
+)
+def test_listeners_that_cannot_collide_are_accepted(server: str, metrics: str) -> None:
+    c = Config.from_dict({"server": {"listen": server}, "metrics": {"listen": metrics}})
+    assert (c.server.listen, c.metrics.listen) == (server, metrics)
+
+
+@pytest.mark.timeout(60)
+def test_serve_on_port_zero_for_both_listeners(tmp_path: pathlib.Path) -> None:
+    """Port 0 means any free port: two of them are not "the same address" (issue item 12)."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'[tier2]\nurl = "file://{tmp_path}/tier2"\n')
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "--config", str(config), "serve",
+         "--data-dir", str(tmp_path / "node"), "--mountpoint", "", "--listen", "127.0.0.1:0",
+         "--metrics-listen", "127.0.0.1:0", "--ready-file", str(ready)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert ready.exists(), "serve did not start"
+        address = ready.read_text().strip()
+        assert address.startswith("127.0.0.1:") and not address.endswith(":0")
+        with SyncClient(address) as c:
+            c.create("port-zero")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "same address" not in out
+    assert "metrics on http://127.0.0.1:" in out
 
 
 def test_all_errors_are_reported_together(tmp_path: pathlib.Path) -> None:

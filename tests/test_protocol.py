@@ -31,6 +31,7 @@ from gateway.errors import (
     TooLarge,
     Unauthorized,
 )
+from gateway.journal.format import varint
 from gateway.protocol import wire_pb2 as wire
 
 from .helpers.daemon import Daemon
@@ -262,6 +263,72 @@ async def test_undecodable_and_unknown_requests(server: Served) -> None:
     await r.hello()
     await r.send(wire.Request(request_id=9))  # no kind: an unknown request type
     await expect_closed_with(r, wire.UNSUPPORTED)
+
+
+def _field(number: int, wire_type: int, payload: bytes) -> bytes:
+    """One protobuf field, encoded by hand (to get the wire type wrong on purpose)."""
+    if wire_type == 2:
+        payload = varint(len(payload)) + payload
+    return varint(number << 3 | wire_type) + payload
+
+
+def _append_with(rid: int, *fields: bytes) -> bytes:
+    """A framed Request(request_id, append=AppendRequest(segment="w", *fields))."""
+    inner = _field(1, 2, b"w") + b"".join(fields)
+    body = _field(1, 0, varint(rid)) + _field(4, 2, inner)
+    return struct.pack(">I", len(body)) + body
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("fields", "size"),
+    [
+        # The data as a varint: parsed as an empty append before.
+        ((_field(15, 0, varint(5)),), "small"),
+        # The same behind 70 KiB of a field this version does not know, so
+        # the message takes the large-append path.
+        ((_field(100, 2, bytes(70 * 1024)), _field(15, 0, varint(5))), "large"),
+        # Good data, then the data again as a fixed32: protobuf dropped the second.
+        ((_field(15, 2, bytes(70 * 1024)), _field(15, 5, b"abcd")), "large"),
+        ((_field(15, 1, b"12345678"),), "small"),
+    ],
+)
+async def test_field_with_wrong_wire_type_is_refused(
+    server: Served, fields: tuple[bytes, ...], size: str
+) -> None:
+    """Issue item 14: a known field with the wrong wire type is malformed, not ignored."""
+    message = _append_with(7, *fields)
+    assert (len(message) >= 64 * 1024) == (size == "large")
+    async with open_client(server.address) as c:
+        await c.create("w")
+    r = await raw(server.address)
+    await r.hello()
+    await r.send_bytes(message)
+    resp = await r.receive()
+    assert resp is not None and resp.request_id == 7, resp
+    assert resp.error.code == wire.BAD_REQUEST, resp
+    assert "AppendRequest.data (15) has wire type" in resp.error.message, resp.error.message
+    # Nothing was appended, and the connection still serves.
+    await r.send(wire.Request(request_id=8, get_info=wire.GetInfoRequest(segment="w")))
+    info = await r.receive()
+    assert info is not None and info.request_id == 8, info
+    assert info.info.length == 0 and info.info.event_count == 0, info
+    await r.stream.aclose()
+    assert server.container.info("w").length == 0
+
+
+async def test_unknown_field_numbers_are_still_accepted(server: Served) -> None:
+    """Fields this version does not know (a newer client's) are ignored, as protobuf does."""
+    async with open_client(server.address) as c:
+        await c.create("w")
+    r = await raw(server.address)
+    await r.hello()
+    for rid, pad in ((3, 10), (4, 70 * 1024)):
+        await r.send_bytes(_append_with(rid, _field(100, 2, bytes(pad)), _field(15, 2, b"ok")))
+        resp = await r.receive()
+        assert resp is not None and resp.WhichOneof("kind") == "append", resp
+    await r.stream.aclose()
+    assert server.container.info("w").length == 4
 
 
 async def test_cut_message_then_eof_does_not_hurt_others(server: Served) -> None:

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 
@@ -30,8 +31,11 @@ class Daemon:
         port: int = 0,
         env: dict[str, str] | None = None,
         mountpoint: pathlib.Path | None = None,
+        preexec_fn: Callable[[], None] | None = None,
     ) -> None:
         self.data_dir = data_dir
+        #: Run in the child before exec (e.g. to lower its resource limits).
+        self.preexec_fn = preexec_fn
         #: Where it mounts the segments (None: no mount).
         self.mountpoint = mountpoint
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -70,6 +74,7 @@ class Daemon:
             env={**os.environ, "PYTHONPATH": str(ROOT), **self.env},
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=self.preexec_fn,
         )  # fmt: skip
         log.close()
         self.starts += 1
