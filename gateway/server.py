@@ -209,6 +209,8 @@ def _updates(updates: list[wire.AttributeUpdate]) -> list[AttributeUpdate]:
 _SPLIT_BYTES = 64 * 1024
 
 _MUTATING = frozenset({"create", "append", "seal", "truncate", "delete", "update_attributes"})
+#: Changes that free journal space: admitted while the journal's disk is full.
+_FREEING = frozenset({"truncate", "delete"})
 
 
 @dataclass(eq=False)
@@ -573,15 +575,26 @@ class Connection:
         if kind == "fsck":
             return self._fsck(req)
         handler = getattr(self, "_" + str(kind))
-        return await self._admit(req.request_id, nbytes, kind in _MUTATING, lambda: handler(req))
+        return await self._admit(
+            req.request_id, nbytes, kind in _MUTATING, lambda: handler(req), kind in _FREEING
+        )
 
     async def _admit(
-        self, rid: int, nbytes: int, mutating: bool, prepare: Callable[[], Producer]
+        self,
+        rid: int,
+        nbytes: int,
+        mutating: bool,
+        prepare: Callable[[], Producer],
+        frees: bool = False,
     ) -> _Item:
-        """Wait for room if the request changes anything, then prepare it."""
+        """Wait for room if the request changes anything, then prepare it.
+
+        ``frees``: a deletion or truncation, which may go ahead while the
+        journal's disk is full (the container decides whether it frees space).
+        """
         try:
             if mutating:
-                await self.server.container.wait_for_capacity(nbytes)
+                await self.server.container.wait_for_capacity(nbytes, reserved=frees)
             produce = prepare()
         except GatewayError as e:
             return self._ready_error(rid, e)

@@ -167,6 +167,8 @@ def test_flushed_full_journal_is_freed_by_a_checkpoint_and_restarts_full(
     try:
         with SyncClient(daemon.address) as c:
             c.create("full/s")
+            c.create("full/old")
+            c.append("full/old", b"o" * 1000)
             message = append_until_full(c, "full/s", rng, acked)
             assert "full" in message, message
             errors_before = len(error_lines(daemon))
@@ -175,6 +177,11 @@ def test_flushed_full_journal_is_freed_by_a_checkpoint_and_restarts_full(
                 with pytest.raises(Overloaded):
                     c.append("full/s", rng.randbytes(100 * KiB))
             assert len(error_lines(daemon)) - errors_before <= 1, error_lines(daemon)
+            # Changes that free space go through on the full disk; others do not.
+            with pytest.raises(Overloaded, match="full"):
+                c.create("full/new")
+            c.truncate("full/old", 500)
+            c.delete("full/old")
             c.flush("full/s")
             # Everything is in Tier 2 now: a checkpoint lets the journal drop
             # its files at once, and appends resume.
