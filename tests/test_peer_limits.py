@@ -32,6 +32,7 @@ from gateway.server import MemoryBudget
 
 from .helpers.daemon import Daemon
 from .helpers.inprocess import Served, served
+from .helpers.peers import HELLO, frame, rss
 from .helpers.segments import make_config
 
 MiB = 1024 * 1024
@@ -40,14 +41,6 @@ MAX_MEMORY = 64 * MiB
 #: What the memory budget does not count: receive buffers and Python objects
 #: of each connection, transient copies, allocator slack.
 ALLOWANCE = 48 * MiB
-
-
-def rss(pid: int) -> int:
-    """Resident memory of a process, in bytes."""
-    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 class Peak:
@@ -64,11 +57,6 @@ class Peak:
     @property
     def growth(self) -> int:
         return self.peak - self.base
-
-
-def frame(req: wire.Request) -> bytes:
-    data = req.SerializeToString()
-    return struct.pack(">I", len(data)) + data
 
 
 def receive(sock: socket.socket) -> wire.Response | None:
@@ -92,9 +80,6 @@ def _exactly(sock: socket.socket, n: int) -> bytes | None:
             return None
         buf += chunk
     return buf
-
-
-HELLO = frame(wire.Request(request_id=1, hello=wire.Hello(protocol_version=1)))
 
 
 def greeted(daemon: Daemon, read_answer: bool = True) -> socket.socket:

@@ -19,9 +19,16 @@ follow the segments through the protocol and through the mount:
   truncate its way out while the ballast stays;
 - ``slow_disk``: restart the daemon with every journal fdatasync delayed.
 
+All along, a hostile peer attacks the protocol port next to the writers
+(`tests.helpers.peers.hostile_load`: unread pipelined reads, list floods,
+connections stalled one byte short of a large message, idle connections
+without Hello, malformed requests).
+
 After every round: every acknowledged event is in its segment exactly once
 and in order (through the protocol and through the mount), and what every
-reader saw was a prefix of it, and online `fsck` finds nothing. The CI run
+reader saw was a prefix of it, online `fsck` finds nothing, and the
+daemon's resident memory stays under a bound derived from
+``server.max_memory``. The CI run
 lasts ``SEGMENT_GATEWAY_TORTURE_SECONDS`` (default 90); ``make torture``
 runs it for 30 minutes and prints the summary.
 """
@@ -29,6 +36,7 @@ runs it for 30 minutes and prints the summary.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import pathlib
 import random
@@ -48,11 +56,20 @@ from gateway.errors import GatewayError
 from gateway.writer import open_segment_writer
 from tests.helpers.disk import fill
 from tests.helpers.mount import MountedDaemon, require_fuse
+from tests.helpers.peers import HostileLoad, hostile_load, rss
 from tests.helpers.s3proxy import S3FaultProxy
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 SECONDS = float(os.environ.get("SEGMENT_GATEWAY_TORTURE_SECONDS", "90"))
 WRITERS = 3
+MiB = 1024 * 1024
+#: The daemon's resident memory must stay under this: what it uses without
+#: attackers (~100-130 MiB measured here: Python, RocksDB's memtables and
+#: block cache, recent reads), plus server.max_memory (64 MiB in CONFIG),
+#: plus slack for what that budget does not count (connection buffers,
+#: allocator) and for the daemon's own peaks. Before the budget existed, the
+#: unread pipelined reads alone took +1.3 GiB in 4 s (tests/test_peer_limits.py).
+MAX_RSS = 384 * MiB
 FAULTS = ("kill_daemon", "kill_s3", "s3_faults", "disk_full", "disk_full_upload", "slow_disk")
 
 CONFIG = """
@@ -69,6 +86,7 @@ max_append_bytes = "512 KiB"
 overload_timeout = "1s"
 [server]
 max_message_bytes = "1 MiB"
+max_memory = "64 MiB"
 [tier2]
 url = "embedded"
 embedded_port = {s3_port}
@@ -116,6 +134,8 @@ class Torture:
         self.acked = [0] * WRITERS
         self.reader_bytes = 0
         self.rounds = 0
+        self.hostile = HostileLoad()
+        self.peak_rss = 0
 
     def start(self) -> None:
         # The daemon runs its own SeaweedFS (embedded, supervised) on a fixed
@@ -322,6 +342,16 @@ async def mount_reader(t: Torture, stop: trio.Event) -> None:
         await trio.sleep(0.3)
 
 
+async def watch_rss(t: Torture, stop: trio.Event) -> None:
+    """The daemon's resident memory, sampled while the faults and the attackers run."""
+    while not stop.is_set():
+        assert t.daemon is not None
+        if t.daemon.proc is not None and t.daemon.alive():
+            with contextlib.suppress(OSError, AssertionError):  # it may be restarting
+                t.peak_rss = max(t.peak_rss, rss(t.daemon.proc.pid))
+        await trio.sleep(0.2)
+
+
 async def verify(t: Torture) -> int:
     """Every acknowledged event, once, in order: through the protocol and the mount."""
     assert t.daemon is not None
@@ -329,6 +359,9 @@ async def verify(t: Torture) -> int:
     total = 0
     if not t.daemon.alive():
         raise AssertionError(f"the daemon died:\n{t.daemon.log()}")
+    assert t.daemon.proc is not None
+    t.peak_rss = max(t.peak_rss, rss(t.daemon.proc.pid))
+    assert t.peak_rss < MAX_RSS, f"the daemon's RSS reached {t.peak_rss / MiB:.0f} MiB"
     async with open_client(t.daemon.address) as c:
         for k in range(WRITERS):
             name = f"torture/w{k}"
@@ -366,6 +399,10 @@ async def test_torture(tmp_path: pathlib.Path) -> None:
                 await nursery.start(writer_task, t, k, stop)
                 nursery.start_soon(protocol_reader, t, k, stop)
             nursery.start_soon(mount_reader, t, stop)
+            nursery.start_soon(
+                hostile_load, t.daemon.address, "torture/w0", MiB, stop, t.rng, t.hostile
+            )
+            nursery.start_soon(watch_rss, t, stop)
             deadline = trio.current_time() + SECONDS
             order = t.rng.sample(FAULTS, len(FAULTS))
             while trio.current_time() < deadline:
@@ -385,7 +422,10 @@ async def test_torture(tmp_path: pathlib.Path) -> None:
                         f"{t.daemon.log()}"
                     ) from e
                 await fsck_is_clean(t)
-                print(f"torture: round {t.rounds}: {'+'.join(kinds)}; {verified} events verified")
+                print(
+                    f"torture: round {t.rounds}: {'+'.join(kinds)}; {verified} events verified; "
+                    f"peak RSS {t.peak_rss // MiB} MiB"
+                )
             stop.set()
         # Quiet now: everything reaches Tier 2, and fsck finds nothing.
         verified = await verify(t)
@@ -402,10 +442,14 @@ async def test_torture(tmp_path: pathlib.Path) -> None:
         "events_verified": verified,
         "acked": t.acked,
         "reader_bytes": t.reader_bytes,
+        "hostile": dict(t.hostile.attacks),
+        "peak_rss_mib": round(t.peak_rss / MiB),
     }
     print(f"torture summary: {summary}")
     assert t.rounds >= len(FAULTS) and set(t.faults) == set(FAULTS), t.faults
     assert verified >= sum(t.acked) > 0
+    assert t.peak_rss < MAX_RSS, f"the daemon's RSS reached {t.peak_rss / MiB:.0f} MiB"
+    assert len(t.hostile.attacks) >= 3, t.hostile.attacks
 
 
 async def fsck_is_clean(t: Torture) -> None:
