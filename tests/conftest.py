@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import pathlib
-import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -13,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from gateway.config import JournalConfig, KiB, MiB
+from tests.helpers.disk import tmpfs
 
 if TYPE_CHECKING:
     from gateway.tier2.embedded import EmbeddedS3
@@ -43,15 +42,8 @@ def journal_config() -> Callable[..., JournalConfig]:
 @pytest.fixture
 def small_tmpfs(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
     """An 8 MiB tmpfs, so a journal can run out of space for real (needs root)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], check=False)
-    if r.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+    with tmpfs(tmp_path / "small", "8m") as mnt:
+        yield mnt
 
 
 # -- Tier 2 on a real S3 server ---------------------------------------------------

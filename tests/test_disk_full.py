@@ -21,7 +21,7 @@ from gateway.errors import Overloaded
 from gateway.tier2.embedded import EmbeddedS3
 from gateway.tier2.s3 import S3Storage
 from tests.helpers.daemon import Daemon
-from tests.helpers.disk import fill
+from tests.helpers.disk import fill, tmpfs
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -36,7 +36,7 @@ def small_journal(tmp_path: pathlib.Path, small_tmpfs: pathlib.Path) -> str:
         'max_frame_bytes = "256 KiB"\nmax_operation_bytes = "512 KiB"\n'
         '[container]\nmax_append_bytes = "256 KiB"\noverload_timeout = "1s"\n'
         '[server]\nmax_message_bytes = "1 MiB"\n'
-        # Tier 2 off for this test: flushing would free the journal by itself.
+        # Flushed only when asked: flushing would free the journal by itself.
         f'[tier2]\nurl = "file://{tmp_path}/tier2"\nflush_size = "5 GiB"\n'
         'max_chunk_size = "5 GiB"\nflush_interval = "24h"\n'
     )
@@ -150,17 +150,8 @@ def test_flushed_full_journal_is_freed_by_a_checkpoint_and_restarts_full(
     refused until 300 tiny appends made one due. And a node restarted on
     that full disk still starts, flushes and frees its journal.
     """
-    config = (
-        f'[journal]\ndir = "{small_tmpfs}/journal"\nfile_size = "1 MiB"\n'
-        'preallocate_step = "256 KiB"\nmax_pending_bytes = "1 MiB"\nmax_group_bytes = "512 KiB"\n'
-        'max_frame_bytes = "256 KiB"\nmax_operation_bytes = "512 KiB"\n'
-        '[container]\nmax_append_bytes = "256 KiB"\noverload_timeout = "1s"\n'
-        '[server]\nmax_message_bytes = "1 MiB"\n'
-        # Flushed only when asked: the journal fills with unflushed data first.
-        f'[tier2]\nurl = "file://{tmp_path}/tier2"\nflush_size = "5 GiB"\n'
-        'max_chunk_size = "5 GiB"\nflush_interval = "24h"\n'
-    )
-    daemon = Daemon(tmp_path / "node", config)
+    # Flushed only when asked: the journal fills with unflushed data first.
+    daemon = Daemon(tmp_path / "node", small_journal(tmp_path, small_tmpfs))
     daemon.start()
     rng = random.Random(14)
     acked = bytearray()
@@ -217,15 +208,8 @@ def test_flushed_full_journal_is_freed_by_a_checkpoint_and_restarts_full(
 @pytest.fixture
 def journal_tmpfs(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
     """A 64 MiB tmpfs for the journal (needs root)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "journal-fs"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], check=False)
-    if r.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+    with tmpfs(tmp_path / "journal-fs", "64m") as mnt:
+        yield mnt
 
 
 @pytest.mark.timeout(240)

@@ -12,17 +12,15 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.client import SyncClient
 from gateway.errors import GatewayError
 from gateway.tier2.embedded import EmbeddedS3
 from gateway.tier2.s3 import S3Storage
-from tests.helpers.daemon import ROOT, Daemon, free_port
+from tests.helpers.daemon import ROOT, Daemon, free_port, scrape
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -52,18 +50,6 @@ def wait_for(predicate: Callable[[], object], seconds: float, what: str) -> None
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {seconds} s: {what}")
         time.sleep(0.05)
-
-
-def scrape(port: int) -> dict[str, float]:
-    """Every sample of /metrics by name and labels, e.g. ``x{state="up"}``."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return samples
 
 
 def chunks_in_tier2(s3_dir: pathlib.Path, node: str = "node-1") -> bytes:

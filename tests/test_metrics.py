@@ -7,25 +7,12 @@ import urllib.error
 import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.client import SyncClient
+from tests.helpers.daemon import scrape
 from tests.helpers.mount import mounted_daemon
 
 KiB = 1024
-
-
-def scrape(port: int) -> dict[str, float]:
-    """Every sample of /metrics by name and labels, e.g. ``x_total{operation="write"}``."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        assert r.headers["Content-Type"].startswith("text/plain")
-        text = r.read().decode()
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return samples
 
 
 @pytest.mark.timeout(120)

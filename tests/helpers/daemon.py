@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
@@ -113,3 +114,18 @@ class Daemon:
             return self.log_path.read_text(errors="replace")[-5000:]
         except FileNotFoundError:
             return ""
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Every sample of a daemon's /metrics by name and labels, e.g. ``x{state="up"}``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        assert r.headers["Content-Type"].startswith("text/plain")
+        text = r.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return samples

@@ -45,7 +45,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 
 import pytest
@@ -54,7 +53,8 @@ import trio
 from gateway.client import open_client
 from gateway.errors import GatewayError
 from gateway.writer import open_segment_writer
-from tests.helpers.disk import fill
+from tests.helpers.daemon import scrape
+from tests.helpers.disk import fill, tmpfs
 from tests.helpers.mount import MountedDaemon, require_fuse
 from tests.helpers.peers import HostileLoad, hostile_load, rss
 from tests.helpers.s3proxy import S3FaultProxy
@@ -130,6 +130,7 @@ class Torture:
         self.proxy: S3FaultProxy | None = None
         self.daemon: MountedDaemon | None = None
         self.journal_fs = tmp / "journal-fs"
+        self._journal_tmpfs = contextlib.ExitStack()
         self.faults: collections.Counter[str] = collections.Counter()
         self.acked = [0] * WRITERS
         self.reader_bytes = 0
@@ -142,10 +143,7 @@ class Torture:
         # port, and reaches it through the fault proxy.
         s3_port = embedded_port()
         self.proxy = S3FaultProxy(f"http://127.0.0.1:{s3_port}", seed=7).start()
-        self.journal_fs.mkdir()
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(self.journal_fs)], check=True
-        )
+        self._journal_tmpfs.enter_context(tmpfs(self.journal_fs, "48m"))
         config = CONFIG.format(
             journal=self.journal_fs / "journal", s3_port=s3_port, endpoint=self.proxy.endpoint_url
         )
@@ -157,7 +155,7 @@ class Torture:
             self.daemon.teardown()
         if self.proxy is not None:
             self.proxy.stop()
-        subprocess.run(["umount", "-l", str(self.journal_fs)], check=False)
+        self._journal_tmpfs.close()
 
     def weed_pid(self, timeout: float = 30.0) -> int:
         """The daemon's SeaweedFS child (waiting while the daemon restarts it)."""
@@ -173,13 +171,7 @@ class Torture:
     def metric(self, name: str) -> float:
         """One sample of the daemon's /metrics (0 if absent)."""
         assert self.daemon is not None
-        url = f"http://127.0.0.1:{self.daemon.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as r:
-            text = r.read().decode()
-        for row in text.splitlines():
-            if row.startswith(name + " ") or row.startswith(name + "{"):
-                return float(row.rsplit(" ", 1)[1])
-        return 0.0
+        return scrape(self.daemon.metrics_port).get(name, 0.0)
 
     # -- faults (run in a worker thread: they block) ---------------------------------
 
