@@ -12,18 +12,31 @@ committed length at listing time: later appends are not read), the start
 offset and sealed flag from the ``user.segment.*`` xattrs, and event
 boundaries from the hidden ``.NAME.events`` file (about one per MiB).
 
-Partitions are cut at indexed event boundaries once a part reaches
-``splitSize`` bytes (default 128 MiB, Spark's ``maxPartitionBytes``), so an
-event never straddles two tasks, and one event larger than the split size
-is a part of its own. Below the start offset (truncated) nothing is read:
-the first part starts at the first indexed boundary at or after it, so
-events between a truncation offset that is not itself indexed and the next
-indexed boundary (less than ~1 MiB) are not returned.
+``framed`` segments are cut into partitions at indexed event boundaries
+once a part reaches ``splitSize`` bytes (default 128 MiB, Spark's
+``maxPartitionBytes``), so an event never straddles two tasks, and one
+event larger than the split size is a part of its own. Below the start
+offset (truncated) nothing is read: the first part starts at the first
+indexed boundary at or after it, so events between a truncation offset that
+is not itself indexed and the next indexed boundary (less than ~1 MiB) are
+not returned.
+
+``lines`` segments do not use the index to find lines: an indexed offset is
+where an append began, and raw appends begin mid-line. They are cut every
+``splitSize`` bytes and read by Hadoop's ``LineRecordReader`` rule: a line
+belongs to the part in which it starts, a line starts after a newline (or
+at the start of the segment), and a part reads on past its end to finish
+its last line. A truncated segment's first line starts at the start offset
+when that offset is indexed (it was an append boundary); otherwise the
+bytes up to the first newline after it are the tail of a cut line and are
+skipped. A last line without a newline is returned once the segment is
+sealed; while it is active that line may be half written, so it waits.
 
 Options:
 
 - ``codec``: ``framed`` (4-byte big-endian length, then the event; the
-  default) or ``lines`` (each event ends with ``\\n``);
+  default) or ``lines`` (each event ends with ``\\n``, which is not part of
+  it; a ``\\r`` before it is);
 - ``startOffset`` / ``endOffset``: only events starting in that range of
   each segment;
 - ``includeActive``: ``true`` (default) also reads segments not yet sealed;
@@ -42,7 +55,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -62,11 +75,17 @@ from pyspark.sql.types import StructType
 SCHEMA = "segment string, offset long, event binary, sealed boolean"
 DEFAULT_SPLIT = 128 * 1024 * 1024
 _LENGTH = struct.Struct(">I")
+#: The offsets buffer of a one-value Arrow ``large_binary`` array.
+_ONE_VALUE = struct.Struct("=2q")
 #: Bytes read from the mount at once: the gateway's prefetcher sees a
 #: sequential reader, and a Python loop over events stays cheap.
 READ_BUFFER = 4 * 1024 * 1024
 #: Events are handed to Spark as Arrow record batches of about this many bytes.
 BATCH_BYTES = 8 * 1024 * 1024
+#: A lines part looks for the end of its first or last line this much at a
+#: time (doubling up to `BATCH_BYTES`): most lines are short, so a part
+#: reads little beyond its own bytes.
+SCAN_BYTES = 64 * 1024
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -129,6 +148,39 @@ class SegmentPart(InputPartition):
         self.lo = lo
         self.hi = hi
         self.sealed = sealed
+
+
+class LinesPart(InputPartition):
+    """The lines that start in ``[start, end)`` of one segment file.
+
+    ``head``: a line is known to start at ``start`` (the segment's first
+    byte, or an indexed start offset); otherwise the first line starts after
+    the first newline at or after ``start - 1``. ``length`` is the
+    segment's length at listing time: the last line is read through its
+    newline, up to there. ``complete``: ``length`` is the sealed segment's
+    final length, so a last line without a newline is whole, and returned.
+    """
+
+    def __init__(
+        self,
+        file: str,
+        segment: str,
+        start: int,
+        end: int,
+        length: int,
+        head: bool,
+        sealed: bool,
+        complete: bool,
+    ) -> None:
+        super().__init__((segment, start))
+        self.file = file
+        self.segment = segment
+        self.start = start
+        self.end = end
+        self.length = length
+        self.head = head
+        self.sealed = sealed
+        self.complete = complete
 
 
 def split(index: Sequence[int], start: int, end: int, size: int) -> list[tuple[int, int]]:
@@ -216,13 +268,27 @@ class SegmentsReader(DataSourceReader):
             segment = os.path.relpath(file, root)
             if not self._wanted(segment):
                 continue
-            length = os.stat(file).st_size
-            start_offset = int(os.getxattr(file, "user.segment.start_offset"))
+            # Sealed before the length: a segment seen sealed has its final
+            # length, so its last line is whole even without a newline --
+            # unless the kernel's copy of the size is older than the seal.
             sealed = os.getxattr(file, "user.segment.sealed") == b"1"
             if not sealed and not self.include_active:
                 continue
+            final = int(os.getxattr(file, "user.segment.length")) if sealed else -1
+            length = os.stat(file).st_size
+            start_offset = int(os.getxattr(file, "user.segment.start_offset"))
             index = [b for b in read_event_index(file) if b >= start_offset]
             lo, hi = max(self.lo, start_offset), min(self.hi, length)
+            if self.codec == "lines":
+                # Below the start offset are zeros: whether a line starts
+                # at it is known only if it is an indexed (append) boundary.
+                head = lo == 0 or (lo == start_offset and start_offset in index)
+                for a in range(lo, hi, self.split_size):
+                    b = min(a + self.split_size, hi)
+                    first = head and a == lo
+                    complete = length == final
+                    parts.append(LinesPart(file, segment, a, b, length, first, sealed, complete))
+                continue
             if lo >= hi or not index:
                 continue
             # Parsing starts at an indexed boundary: the last at or below lo.
@@ -237,14 +303,14 @@ class SegmentsReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         """The events of one part, as Arrow record batches."""
-        if not isinstance(partition, SegmentPart):
-            return iter(())
-        if self.codec == "framed":
+        if isinstance(partition, LinesPart):
+            return _lines(partition)
+        if isinstance(partition, SegmentPart):
             return _framed(partition)
-        return _lines(partition)
+        return iter(())
 
 
-def _batch(p: SegmentPart, offsets: Any, events: Any) -> Any:
+def _batch(p: SegmentPart | LinesPart, offsets: Any, events: Any) -> Any:
     """One Arrow record batch of events (Spark moves these without per-row work)."""
     import pyarrow as pa
 
@@ -290,37 +356,92 @@ def _framed(p: SegmentPart) -> Iterator[Any]:
             yield _batch(p, pa.array(offsets, pa.int64()), pa.array(events, pa.binary()))
 
 
-def _lines(p: SegmentPart) -> Iterator[Any]:
-    """Newline-ended events, split by Arrow (no Python loop per line)."""
+def _first_line(f: BinaryIO, p: LinesPart) -> int | None:
+    """Where the first line starting in ``[p.start, p.end)`` starts, or None.
+
+    Hadoop's rule: skip up to and including the first newline at or after
+    ``start - 1`` (a newline just before ``start`` means a line starts
+    exactly there).
+    """
+    if p.head:
+        return p.start
+    pos = p.start - 1
+    f.seek(pos)
+    step = SCAN_BYTES
+    while pos < p.end - 1:  # a newline at end - 1 or later starts no line of ours
+        block = f.read(min(step, p.end - 1 - pos))
+        if not block:
+            raise OSError(f"{p.segment}: ends at {pos}, before {p.length}")
+        nl = block.find(b"\n")
+        if nl >= 0:
+            return pos + nl + 1
+        pos += len(block)
+        step = min(2 * step, BATCH_BYTES)
+    return None
+
+
+def _one_value(data: bytes | bytearray, n: int) -> Any:
+    """A one-value Arrow binary array over ``data[:n]``, without copying it."""
+    import pyarrow as pa
+
+    offsets = pa.py_buffer(_ONE_VALUE.pack(0, n))
+    return pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), 1, [None, offsets, pa.py_buffer(data)]
+    )
+
+
+def _lines(p: LinesPart) -> Iterator[Any]:
+    """The lines starting in the part, split by Arrow (no Python loop per line)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    stop = min(p.end, max(p.hi, p.start))
     with open(p.file, "rb", buffering=0) as f:
-        f.seek(p.start)
-        base = p.start
-        carry = b""
-        while base + len(carry) < p.end:
-            chunk = f.read(min(BATCH_BYTES, p.end - base - len(carry)))
+        base = _first_line(f, p)
+        if base is None:
+            return
+        f.seek(base)
+        # The bytes read from base (a line start) on, up to the last newline
+        # seen. Never changed once Arrow holds it: replaced, not trimmed.
+        pending = bytearray()
+        step = SCAN_BYTES
+        while base < p.end:
+            have = base + len(pending)
+            if have >= p.length:
+                if pending and p.complete:  # the last line, without a newline
+                    yield _batch(
+                        p,
+                        pa.array([base], pa.int64()),
+                        _one_value(pending, len(pending)).cast(pa.binary()),
+                    )
+                return
+            if have < p.end:
+                want = min(BATCH_BYTES, p.end - have)
+            else:  # past the end: only the rest of the last line is wanted
+                want = min(step, p.length - have)
+                step = min(2 * step, BATCH_BYTES)
+            chunk = f.read(want)
             if not chunk:
-                raise OSError(f"{p.segment}: ends at {base + len(carry)}, before {p.end}")
-            data = carry + chunk
-            cut = data.rfind(b"\n") + 1
-            data, carry = data[:cut], data[cut:]
-            if not data:
+                raise OSError(f"{p.segment}: ends at {have}, before {p.length}")
+            searched = len(pending)
+            data: bytes | bytearray = chunk
+            if pending:
+                pending += chunk
+                data = pending
+            cut = data.rfind(b"\n", searched) + 1
+            if not cut:
+                if data is chunk:
+                    pending = bytearray(chunk)
                 continue
-            lines = pc.split_pattern(pa.array([data], pa.large_binary()), b"\n").values
+            lines = pc.split_pattern(_one_value(data, cut), b"\n").values
             lines = lines.slice(0, len(lines) - 1)  # the empty piece after the last newline
             sizes = pc.add(pc.binary_length(lines).cast(pa.int64()), 1)
             starts = pc.add(pc.subtract(pc.cumulative_sum(sizes), sizes), base)
-            keep = pc.and_(pc.greater_equal(starts, p.lo), pc.less(starts, p.hi))
-            if not pc.all(keep).as_py():
+            if base + cut > p.end:  # lines starting at or past the end are the next part's
+                keep = pc.less(starts, p.end)
                 lines, starts = lines.filter(keep), starts.filter(keep)
-            if len(lines):
-                yield _batch(p, starts, lines.cast(pa.binary()))
-            base += len(data)
-            if base >= stop:
-                return
+            yield _batch(p, starts, lines.cast(pa.binary()))
+            pending = bytearray(data[cut:])
+            base += cut
 
 
 class PushdownSegmentsReader(SegmentsReader):

@@ -13,6 +13,7 @@ import pathlib
 import random
 import shutil
 import struct
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -296,3 +297,225 @@ def test_example_job_matches_plain_python(
     got = {(r.key, r.minute): r.events for r in spark.read.parquet(str(out)).collect()}
     assert rows == len(expected)
     assert got == dict(expected)
+
+
+# -- codec=lines: lines are found by their newlines, never by the event index --
+
+
+def line_rows(data: bytes, first: int = 0, final: bool = True) -> list[tuple[int, bytes]]:
+    """(offset, line) of every line of ``data`` from ``first`` on, found the plain way.
+
+    ``final``: a last line without a newline counts (a sealed segment).
+    """
+    rows = []
+    pos = first
+    while pos < len(data):
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            if final:
+                rows.append((pos, data[pos:]))
+            break
+        rows.append((pos, data[pos:nl]))
+        pos = nl + 1
+    return rows
+
+
+def append_raw(c: SyncClient, name: str, data: bytes, piece: int = 64 * KiB) -> list[int]:
+    """Append ``data`` in ``piece``-byte appends (as ``append --raw`` does); their offsets."""
+    return [c.append(name, data[i : i + piece]).offset for i in range(0, len(data), piece)]
+
+
+def seq_json(first: int, last: int) -> bytes:
+    """``seq -f '{"n":%g}' first last``."""
+    return b"".join(b'{"n":%d}\n' % n for n in range(first, last + 1))
+
+
+def shaped_lines() -> bytes:
+    """About 7 MiB of lines placed against 1 MiB parts.
+
+    A newline ends exactly at 1 MiB (the part there starts at a line start),
+    another sits at 2 MiB (that part starts on a newline), empty lines, a
+    2.5 MiB line crossing the parts at 3, 4 and 5 MiB, and a last line
+    without a newline.
+    """
+    out = bytearray()
+    n = 0
+
+    def fill_to(end: int) -> None:
+        nonlocal n
+        while end - len(out) > 200:
+            out.extend(b'{"i":%d,"pad":"%s"}\n' % (n, b"y" * (n % 97)))
+            n += 1
+        out.extend(b"z" * (end - len(out) - 1) + b"\n")
+
+    fill_to(MiB)
+    fill_to(2 * MiB + 1)
+    out.extend(b"\n\n")
+    fill_to(3 * MiB - 10)
+    out.extend(b"L" * (5 * MiB // 2) + b"\n")
+    fill_to(7 * MiB)
+    out.extend(b'{"last":"no newline"}')
+    assert out[MiB - 1 : MiB + 1] != b"\n\n" and out[MiB - 1] == ord("\n")
+    assert out[2 * MiB] == ord("\n") and out[2 * MiB - 1] != ord("\n")
+    return bytes(out)
+
+
+def wait_for_size(path: pathlib.Path, size: int, timeout: float = 10) -> None:
+    """Wait until ``stat`` on the mount shows ``size`` bytes."""
+    deadline = time.monotonic() + timeout
+    while path.stat().st_size != size:
+        assert time.monotonic() < deadline, f"{path} never reached {size} bytes"
+        time.sleep(0.05)
+
+
+def source_rows(spark: Any, path: pathlib.Path, **options: str) -> list[tuple[int, bytes]]:
+    """(offset, event) of every row of the ``segments`` source (codec=lines), by offset."""
+    reader = spark.read.format("segments").option("codec", "lines")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return sorted((r.offset, bytes(r.event)) for r in reader.load(str(path)).collect())
+
+
+def text_rows(spark: Any, path: pathlib.Path) -> list[bytes]:
+    """Spark's own text reader over the same mounted file, in file order."""
+    return [r.value.encode() for r in spark.read.text(f"file://{path}").collect()]
+
+
+def test_lines_codec_ignores_mid_line_index_entries(gateway: MountedDaemon, spark: Any) -> None:
+    """Raw appends put index entries mid-line; no part may start or end there."""
+    from pipeline.source import read_event_index
+
+    data = seq_json(1, 300_000)
+    with SyncClient(gateway.address) as c:
+        c.create("ln/seq")
+        append_raw(c, "ln/seq", data)
+        c.seal("ln/seq")
+    path = gateway.mnt / "ln/seq"
+    index = read_event_index(str(path))
+    assert len(index) >= 3
+    assert [o for o in index if o and data[o - 1] != ord("\n")], "no index entry mid-line"
+    expected = line_rows(data)
+    assert len(expected) == 300_000
+    for split in ("1m", "100k"):
+        df = spark.read.format("segments").option("codec", "lines").option("splitSize", split)
+        assert df.load(str(path)).rdd.getNumPartitions() >= 3
+        assert source_rows(spark, path, splitSize=split) == expected, split
+    assert text_rows(spark, path) == [line for _, line in expected]
+
+
+def test_lines_codec_part_edges_and_a_line_longer_than_a_part(
+    gateway: MountedDaemon, spark: Any
+) -> None:
+    data = shaped_lines()
+    with SyncClient(gateway.address) as c:
+        c.create("ln/shapes")
+        append_raw(c, "ln/shapes", data, piece=100_000)
+        c.seal("ln/shapes")
+    path = gateway.mnt / "ln/shapes"
+    expected = line_rows(data)
+    got = source_rows(spark, path, splitSize="1m")
+    assert got == expected
+    offsets = {o for o, _ in got}
+    assert {MiB, 2 * MiB + 1} <= offsets and 2 * MiB not in offsets
+    assert max(len(e) for _, e in got) == 5 * MiB // 2
+    assert text_rows(spark, path) == [line for _, line in expected]
+
+
+def test_lines_codec_last_line_without_newline(gateway: MountedDaemon, spark: Any) -> None:
+    """Returned once the segment is sealed; while active it may still be growing."""
+    with SyncClient(gateway.address) as c:
+        c.create("ln/end/sealed")
+        c.append("ln/end/sealed", b"a\nb\nc")
+        c.seal("ln/end/sealed")
+        c.create("ln/end/active")
+        c.append("ln/end/active", b"a\nb\nc")
+        c.create("ln/end/newline")
+        c.append("ln/end/newline", b"a\nb\n")
+        c.seal("ln/end/newline")
+    sealed, active = gateway.mnt / "ln/end/sealed", gateway.mnt / "ln/end/active"
+    assert source_rows(spark, sealed) == [(0, b"a"), (2, b"b"), (4, b"c")]
+    assert text_rows(spark, sealed) == [b"a", b"b", b"c"]
+    assert source_rows(spark, gateway.mnt / "ln/end/newline") == [(0, b"a"), (2, b"b")]
+    # Spark's text reader returns the unfinished line; the source waits for it.
+    assert text_rows(spark, active) == [b"a", b"b", b"c"]
+    assert source_rows(spark, active, splitSize="1") == [(0, b"a"), (2, b"b")]
+    with SyncClient(gateway.address) as c:
+        c.append("ln/end/active", b"d\ne")
+    wait_for_size(active, 8)  # the kernel caches an active file's size for a moment
+    assert source_rows(spark, active) == [(0, b"a"), (2, b"b"), (4, b"cd")]
+    with SyncClient(gateway.address) as c:
+        c.seal("ln/end/active")
+    assert source_rows(spark, active) == [(0, b"a"), (2, b"b"), (4, b"cd"), (7, b"e")]
+
+
+def test_lines_codec_truncated_mid_line(gateway: MountedDaemon, spark: Any) -> None:
+    """Below the start offset are zeros: the cut line's tail is skipped, nothing more."""
+    from pipeline.lines import read_lines
+    from pipeline.source import read_event_index
+
+    data = seq_json(1, 200_000)
+    with SyncClient(gateway.address) as c:
+        c.create("ln/trunc")
+        offsets = append_raw(c, "ln/trunc", data)
+        cut = offsets[20] + 1000 + 3  # inside an append, inside a line
+        assert data[cut - 1] != ord("\n")
+        c.truncate("ln/trunc", cut)
+        c.seal("ln/trunc")
+    path = gateway.mnt / "ln/trunc"
+    index = read_event_index(str(path))
+    assert cut not in index and index[0] - cut > 100 * KiB
+    first = data.index(b"\n", cut) + 1
+    expected = line_rows(data, first)
+    assert source_rows(spark, path, splitSize="256k") == expected
+    # Spark's text reader (NULs stripped) has the tail as its first row.
+    plain = [r.value.encode() for r in read_lines(spark, f"file://{path}", "text").collect()]
+    assert plain == [data[cut : first - 1]] + [line for _, line in expected]
+
+
+def test_lines_parts_at_every_split_size(gateway: MountedDaemon) -> None:
+    """Every part size from 1 byte up, without Spark: each line exactly once."""
+    from pipeline.source import SegmentsReader, read_event_index
+
+    data = b"".join(
+        [b"x" * (i % 13) + (b"\r\n" if i % 5 == 0 else b"\n") for i in range(40)]
+        + [b"\n\n", b"y" * 50, b"\n", b"tail"]
+    )
+    with SyncClient(gateway.address) as c:
+        c.create("ln/tiny/sealed")
+        append_raw(c, "ln/tiny/sealed", data, piece=7)
+        c.seal("ln/tiny/sealed")
+        c.create("ln/tiny/active")
+        append_raw(c, "ln/tiny/active", data, piece=7)
+        c.create("ln/tiny/cut")
+        append_raw(c, "ln/tiny/cut", data, piece=7)
+        c.truncate("ln/tiny/cut", 28)  # an append boundary: indexed, so a line starts there
+        c.seal("ln/tiny/cut")
+        c.create("ln/tiny/midcut")
+        append_raw(c, "ln/tiny/midcut", data, piece=700)
+        c.truncate("ln/tiny/midcut", 31)
+        c.seal("ln/tiny/midcut")
+
+    def read(name: str, **options: str) -> list[tuple[int, bytes]]:
+        reader = SegmentsReader({"path": str(gateway.mnt / name), "codec": "lines", **options})
+        rows: list[tuple[int, bytes]] = []
+        for part in reader.partitions():
+            for batch in reader.read(part):
+                offsets, events = batch.column("offset"), batch.column("event")
+                rows += zip(offsets.to_pylist(), events.to_pylist(), strict=True)
+        return rows
+
+    assert read_event_index(str(gateway.mnt / "ln/tiny/cut"))[0] == 28
+    assert read_event_index(str(gateway.mnt / "ln/tiny/midcut")) == []
+    everything = line_rows(data)
+    assert (0, b"\r") in everything  # CRLF: the \r stays in the event
+    for size in range(1, len(data) + 2):
+        assert read("ln/tiny/sealed", splitSize=str(size)) == everything, size
+        assert read("ln/tiny/active", splitSize=str(size)) == everything[:-1], size
+        assert read("ln/tiny/cut", splitSize=str(size)) == line_rows(data, 28), size
+        skip = data.index(b"\n", 31) + 1
+        assert read("ln/tiny/midcut", splitSize=str(size)) == line_rows(data, skip), size
+    for lo, hi in ((0, 1), (1, 60), (30, 31), (31, 200), (59, 400), (200, 10_000)):
+        want = [(o, e) for o, e in everything if lo <= o < hi]
+        for size in (1, 3, 17, 1000):
+            options = {"startOffset": str(lo), "endOffset": str(hi), "splitSize": str(size)}
+            assert read("ln/tiny/sealed", **options) == want, (lo, hi, size)
