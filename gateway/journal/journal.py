@@ -285,8 +285,8 @@ class Journal:
         """
         if self.has_space(nbytes, reserved):
             return
-        while self.short_of_space and not reserved:
-            await self._space_restored.wait()
+        if self.short_of_space and not reserved:
+            await self.wait_room()
             if self._error is not None:
                 raise self._error
             if self._closing:
