@@ -131,7 +131,19 @@ def read_event_index(file: str) -> list[int]:
         return []
 
 
-class SegmentPart(InputPartition):
+class Part(InputPartition):
+    """Bytes from ``start`` to ``end`` of one segment file (the kinds below say how)."""
+
+    def __init__(self, file: str, segment: str, start: int, end: int, sealed: bool) -> None:
+        super().__init__((segment, start))
+        self.file = file
+        self.segment = segment
+        self.start = start
+        self.end = end
+        self.sealed = sealed
+
+
+class SegmentPart(Part):
     """Bytes ``[start, end)`` of one segment file, both event boundaries.
 
     Events starting in ``[lo, hi)`` are returned; ``start <= lo``.
@@ -140,17 +152,12 @@ class SegmentPart(InputPartition):
     def __init__(
         self, file: str, segment: str, start: int, end: int, lo: int, hi: int, sealed: bool
     ) -> None:
-        super().__init__((segment, start))
-        self.file = file
-        self.segment = segment
-        self.start = start
-        self.end = end
+        super().__init__(file, segment, start, end, sealed)
         self.lo = lo
         self.hi = hi
-        self.sealed = sealed
 
 
-class LinesPart(InputPartition):
+class LinesPart(Part):
     """The lines that start in ``[start, end)`` of one segment file.
 
     ``head``: a line is known to start at ``start`` (the segment's first
@@ -172,14 +179,9 @@ class LinesPart(InputPartition):
         sealed: bool,
         complete: bool,
     ) -> None:
-        super().__init__((segment, start))
-        self.file = file
-        self.segment = segment
-        self.start = start
-        self.end = end
+        super().__init__(file, segment, start, end, sealed)
         self.length = length
         self.head = head
-        self.sealed = sealed
         self.complete = complete
 
 
@@ -283,10 +285,10 @@ class SegmentsReader(DataSourceReader):
                 # Below the start offset are zeros: whether a line starts
                 # at it is known only if it is an indexed (append) boundary.
                 head = lo == 0 or (lo == start_offset and start_offset in index)
+                complete = length == final
                 for a in range(lo, hi, self.split_size):
                     b = min(a + self.split_size, hi)
                     first = head and a == lo
-                    complete = length == final
                     parts.append(LinesPart(file, segment, a, b, length, first, sealed, complete))
                 continue
             if lo >= hi or not index:
@@ -310,7 +312,7 @@ class SegmentsReader(DataSourceReader):
         return iter(())
 
 
-def _batch(p: SegmentPart | LinesPart, offsets: Any, events: Any) -> Any:
+def _batch(p: Part, offsets: Any, events: Any) -> Any:
     """One Arrow record batch of events (Spark moves these without per-row work)."""
     import pyarrow as pa
 
