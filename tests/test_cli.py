@@ -4,25 +4,14 @@ from __future__ import annotations
 
 import json
 import pathlib
-import subprocess
-import sys
 
 from gateway import __version__
 from gateway.journal.files import list_files
 from gateway.journal.format import HEADER_SIZE
+from tests.helpers.daemon import run_cli
 
-from .conftest import ROOT, small_journal_config
+from .conftest import small_journal_config
 from .test_journal import corrupt, frames_of, make_journal
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
 
 
 def test_version() -> None:

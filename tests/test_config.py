@@ -13,6 +13,7 @@ import pytest
 from gateway.client import SyncClient
 from gateway.config import Config, all_keys, parse_duration, parse_host_port, parse_size
 from gateway.errors import ConfigError
+from tests.helpers.daemon import run_cli
 
 from .conftest import ROOT
 
@@ -185,16 +186,6 @@ def test_units() -> None:
     assert parse_duration(1.5) == 1.5
     assert parse_host_port("[::1]:80") == ("::1", 80)
     assert parse_host_port("host.example:0") == ("host.example", 0)
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
 
 
 def test_check_config_cli(tmp_path: pathlib.Path) -> None:

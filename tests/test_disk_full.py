@@ -20,7 +20,7 @@ from gateway.client import SyncClient
 from gateway.errors import Overloaded
 from gateway.tier2.embedded import EmbeddedS3
 from gateway.tier2.s3 import S3Storage
-from tests.helpers.daemon import Daemon
+from tests.helpers.daemon import Daemon, run_cli
 from tests.helpers.disk import fill, tmpfs
 
 KiB = 1024
@@ -40,14 +40,6 @@ def small_journal(tmp_path: pathlib.Path, small_tmpfs: pathlib.Path) -> str:
         f'[tier2]\nurl = "file://{tmp_path}/tier2"\nflush_size = "5 GiB"\n'
         'max_chunk_size = "5 GiB"\nflush_interval = "24h"\n'
     )
-
-
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args],
-        capture_output=True, cwd=ROOT, timeout=timeout, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
 
 
 @pytest.mark.timeout(120)
@@ -337,7 +329,7 @@ def test_append_file_that_gives_up_says_where_to_resume(
             ballast = small_tmpfs / "ballast"
             with ballast.open("wb") as f:
                 f.write(bytes(st.f_bavail * st.f_frsize - 3 * MiB))
-            r = cli("append", "--connect", daemon.address, "--raw", "--timeout", "3",
+            r = run_cli("append", "--connect", daemon.address, "--raw", "--timeout", "3",
                     "--file", str(path), "full/r")  # fmt: skip
             assert r.returncode == 25, r.stderr
             assert "Traceback" not in r.stderr, r.stderr

@@ -13,14 +13,13 @@ import pathlib
 import shutil
 import stat
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
 import pytest
 
 from gateway.client import SyncClient
-from tests.helpers.daemon import ROOT, Daemon
+from tests.helpers.daemon import Daemon, run_cli
 from tests.helpers.mount import force_unmount, mount_entry, require_fuse
 
 CONFIG = """
@@ -63,14 +62,7 @@ def loose_modes(top: pathlib.Path) -> list[str]:
 
 
 def cli(config: pathlib.Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "--config", str(config), *args],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_cli("--config", str(config), *args, timeout=120)
 
 
 @pytest.mark.timeout(240)

@@ -15,7 +15,6 @@ import pathlib
 import random
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from gateway.journal.recovery import FrameRecord, mapped, read_frames
 from gateway.protocol.metadata_pb2 import ChunkRecord, SegmentRecord
 from gateway.tier2 import names
 from gateway.tier2.filesystem import FileStorage
-from tests.helpers.daemon import ROOT, Daemon
+from tests.helpers.daemon import Daemon, run_cli
 
 if TYPE_CHECKING:
     from gateway.tier2.embedded import EmbeddedS3
@@ -109,19 +108,16 @@ class Run:
 
 def fsck(config: pathlib.Path, *args: str, env: dict[str, str] | None = None) -> Run:
     """``segment-gateway --config CONFIG fsck ARGS --json``."""
-    r = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "--config", str(config), "fsck", "--json", *args],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    lines = [json.loads(line) for line in r.stdout.splitlines()]
-    assert lines and "summary" in lines[-1], (r.returncode, r.stdout, r.stderr)
-    run = Run(r.returncode, lines[:-1], lines[-1]["summary"], r.stdout, r.stderr)
+    run = parse_run(run_cli("--config", str(config), "fsck", "--json", *args, timeout=120, env=env))
     assert run.summary["exit_code"] == run.code, run
     return run
+
+
+def parse_run(r: subprocess.CompletedProcess[str]) -> Run:
+    """The findings and summary of ``fsck --json`` output."""
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert lines and "summary" in lines[-1], (r.returncode, r.stdout, r.stderr)
+    return Run(r.returncode, lines[:-1], lines[-1]["summary"], r.stdout, r.stderr)
 
 
 def assert_clean(run: Run) -> None:
@@ -199,14 +195,7 @@ def test_clean_node_offline_finds_nothing(node: Node) -> None:
     assert run.summary["mode"] == "offline"
     assert [c["status"] for c in run.summary["checks"]] == ["ok"] * 6
     # Without --deep the data check is skipped, and says so.
-    plain = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "--config", str(node.config), "fsck"],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    plain = run_cli("--config", str(node.config), "fsck", timeout=120)
     assert plain.returncode == 0, plain.stdout + plain.stderr
     lines = plain.stdout.splitlines()
     assert [line.split(":")[0] for line in lines[:6]] == [
@@ -245,17 +234,7 @@ def fsck_without_config(*args: str) -> Run:
     """``segment-gateway fsck --json ARGS`` with no --config (the default file must not exist)."""
     if DEFAULT_CONFIG_PATH.exists():
         pytest.skip(f"{DEFAULT_CONFIG_PATH} exists here: it would name a journal")
-    r = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "fsck", "--json", *args],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    lines = [json.loads(line) for line in r.stdout.splitlines()]
-    assert lines and "summary" in lines[-1], (r.returncode, r.stdout, r.stderr)
-    return Run(r.returncode, lines[:-1], lines[-1]["summary"], r.stdout, r.stderr)
+    return parse_run(run_cli("fsck", "--json", *args, timeout=120))
 
 
 def skipped(run: Run, check: str) -> str:
@@ -438,14 +417,7 @@ def test_corrupt_journal_frame_in_the_middle_is_reported_and_left_alone(node: No
         c["detail"] for c in run.summary["checks"] if c["check"] == "orphans"
     )
     assert run.status("cache") == "skipped"
-    plain = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "--config", str(node.config), "fsck"],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    plain = run_cli("--config", str(node.config), "fsck", timeout=120)
     lines = plain.stdout.splitlines()
     metadata = next(line for line in lines if line.startswith("check metadata:"))
     assert metadata.startswith("check metadata: skipped (the journal cannot be read"), metadata
@@ -591,14 +563,7 @@ def test_fsck_over_s3(tmp_path: pathlib.Path, seaweedfs: EmbeddedS3, s3_storage:
 def test_no_journal_directory_is_a_usage_error(tmp_path: pathlib.Path) -> None:
     config = tmp_path / "gateway.toml"
     config.write_text(node_config(tmp_path / "nothing"))
-    r = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "--config", str(config), "fsck"],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = run_cli("--config", str(config), "fsck")
     assert r.returncode == 2
     assert f"no journal directory {tmp_path / 'nothing' / 'journal'}" in r.stderr
     assert not (tmp_path / "nothing").exists()  # fsck creates nothing

@@ -16,13 +16,11 @@ tests/test_tier2_recovery.py.
 
 from __future__ import annotations
 
-import os
 import pathlib
 import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -35,9 +33,7 @@ from gateway.protocol.metadata_pb2 import MetadataSnapshot
 from gateway.tier2 import names
 from gateway.tier2.filesystem import FileStorage
 from gateway.tier2.s3 import S3Storage
-from tests.helpers.daemon import Daemon
-
-from .conftest import ROOT
+from tests.helpers.daemon import Daemon, run_cli
 
 if TYPE_CHECKING:
     from gateway.tier2.embedded import EmbeddedS3
@@ -53,14 +49,7 @@ def cli(
     config: pathlib.Path, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run ``segment-gateway --config CONFIG ARGS...``."""
-    return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "--config", str(config), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-    )
+    return run_cli("--config", str(config), *args, env=env)
 
 
 def wait_for(what: str, predicate: Callable[[], bool], seconds: float = 20.0) -> None:

@@ -129,3 +129,17 @@ def scrape(port: int) -> dict[str, float]:
             labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
             samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
     return samples
+
+
+def run_cli(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``segment-gateway ARGS...`` from this checkout, as text, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )
