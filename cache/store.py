@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import rocksdict
 
 from cache import keys
-from gateway.journal.format import Buffer
+from gateway.buffers import Buffer
 
 log = logging.getLogger(__name__)
 

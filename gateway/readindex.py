@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 import trio
 
 from cache import CacheStore
+from gateway.buffers import Buffer
 from gateway.errors import GatewayError
-from gateway.journal.format import Buffer
 from gateway.protocol.metadata_pb2 import ChunkRecord
 
 if TYPE_CHECKING:

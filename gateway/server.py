@@ -60,6 +60,7 @@ import trio
 from google.protobuf.message import DecodeError
 
 from gateway import __version__
+from gateway.buffers import Buffer
 from gateway.config import ServerConfig, parse_host_port
 from gateway.container import AttributeUpdate, SegmentContainer, SegmentInfo, Verb
 from gateway.container.container import AppendResult, PendingOperation
@@ -73,7 +74,6 @@ from gateway.errors import (
     Unauthorized,
     Unsupported,
 )
-from gateway.journal.format import Buffer
 from gateway.protocol import wire_pb2 as wire
 from gateway.protocol.framing import (
     MessageStream,

@@ -41,6 +41,7 @@ import trio
 
 from cache import CacheStore
 from gateway.aio import service_nursery
+from gateway.buffers import Buffer
 from gateway.config import Config, ContainerConfig
 from gateway.container.attributes import (
     EVENT_COUNT,
@@ -76,7 +77,7 @@ from gateway.journal import (
     open_journal,
     recover,
 )
-from gateway.journal.format import Buffer, encode_append
+from gateway.journal.format import encode_append
 from gateway.protocol.journal_pb2 import (
     ChunkAdded,
     CreateSegment,

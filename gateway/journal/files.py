@@ -18,8 +18,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gateway.buffers import Buffer
 from gateway.errors import JournalFull, JournalLocked, JournalRefused
-from gateway.journal.format import Buffer
 
 SUFFIX = ".wal"
 _NAME = re.compile(r"^([0-9]{20})\.wal$")

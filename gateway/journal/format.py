@@ -29,8 +29,7 @@ from dataclasses import dataclass
 
 import crc32c
 
-#: What frames are read from and written from.
-Buffer = bytes | bytearray | memoryview
+from gateway.buffers import Buffer
 
 MAGIC = b"SGWJ"
 VERSION = 1

@@ -45,6 +45,7 @@ import trio
 
 from gateway import __version__, failpoints
 from gateway.aio import service_nursery
+from gateway.buffers import Buffer
 from gateway.config import JournalConfig
 from gateway.errors import (
     JournalClosed,
@@ -60,7 +61,7 @@ from gateway.journal.files import (
     ReserveFile,
     fsync_directory,
 )
-from gateway.journal.format import Buffer, encode_group, operation_prefix
+from gateway.journal.format import encode_group, operation_prefix
 from gateway.journal.recovery import RecoveryResult, ReplayCallback, recover
 from gateway.protocol.journal_pb2 import Checkpoint, EpochStarted, Operation
 from gateway.stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram

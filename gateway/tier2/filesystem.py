@@ -59,9 +59,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from stat import S_ISDIR, S_ISREG
 from typing import TYPE_CHECKING
 
+from gateway.buffers import Buffer
 from gateway.errors import ChunkCorrupt, ChunkNotFound, Tier2Error
 from gateway.journal.files import fsync_directory
-from gateway.journal.format import Buffer
 from gateway.tier2.storage import ObjectInfo
 
 if TYPE_CHECKING:

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
+from gateway.buffers import Buffer
 from gateway.errors import ChunkNotFound, Tier2Error
-from gateway.journal.format import Buffer
 from gateway.stats import LATENCY_BUCKETS, Histogram
 from gateway.tier2.retry import RetryEvent, retrying
 from gateway.tier2.storage import ChunkStorage, ObjectInfo

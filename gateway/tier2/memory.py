@@ -25,8 +25,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gateway.buffers import Buffer
 from gateway.errors import BindingUnsupported, ChunkNotFound, Tier2Error
-from gateway.journal.format import Buffer
 from gateway.tier2.storage import ObjectInfo
 
 if TYPE_CHECKING:

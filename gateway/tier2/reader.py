@@ -34,8 +34,8 @@ import crc32c
 import trio
 
 from cache import CacheStore
+from gateway.buffers import Buffer
 from gateway.errors import ChunkCorrupt, GatewayError
-from gateway.journal.format import Buffer
 from gateway.protocol.metadata_pb2 import ChunkRecord
 from gateway.tier2.layer import ChunkLayer
 

@@ -35,8 +35,8 @@ import urllib3.exceptions
 from botocore.exceptions import ClientError
 
 from gateway import __version__
+from gateway.buffers import Buffer
 from gateway.errors import BindingUnsupported, ChunkNotFound
-from gateway.journal.format import Buffer
 from gateway.tier2.storage import ObjectInfo
 
 __all__ = ["MIN_PART_SIZE", "S3Storage", "is_temp_failure", "retry_after"]

@@ -22,8 +22,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from gateway.buffers import Buffer
 from gateway.errors import BindingUnsupported, ChunkCorrupt, ChunkNotFound, Tier2Error
-from gateway.journal.format import Buffer
 
 __all__ = [
     "BindingUnsupported",

@@ -41,11 +41,11 @@ import trio
 
 import gateway
 from gateway import failpoints
+from gateway.buffers import Buffer
 from gateway.config import Tier2Config
 from gateway.container.container import SegmentContainer
 from gateway.container.segment import Segment
 from gateway.errors import GatewayError, Overloaded, SegmentNotFound, Tier2Error
-from gateway.journal.format import Buffer
 from gateway.protocol.metadata_pb2 import ChunkRecord, MetadataSnapshot
 from gateway.tier2 import gc, names
 from gateway.tier2.layer import ChunkLayer
