@@ -43,7 +43,7 @@ from common import TIER2_OFF, replace_table, running_daemon  # noqa: E402
 
 from gateway import __version__  # noqa: E402
 from gateway.config import Config  # noqa: E402
-from gateway.container import open_container  # noqa: E402
+from gateway.container.container import open_container  # noqa: E402
 
 TABLE_START = "<!-- bench/read.py:start -->"
 TABLE_END = "<!-- bench/read.py:end -->"

@@ -74,7 +74,7 @@ from common import replace_table, sigterm_as_interrupt  # noqa: E402
 
 from gateway import __version__  # noqa: E402
 from gateway.config import Config  # noqa: E402
-from gateway.container import SegmentContainer, open_container  # noqa: E402
+from gateway.container.container import SegmentContainer, open_container  # noqa: E402
 from gateway.errors import Overloaded  # noqa: E402
 from gateway.tier2.embedded import EmbeddedS3  # noqa: E402
 from gateway.tier2.layer import ChunkLayer  # noqa: E402

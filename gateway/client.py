@@ -34,9 +34,7 @@ import trio
 from gateway import __version__
 from gateway.aio import service_nursery
 from gateway.config import parse_host_port
-from gateway.container.attributes import AttributeUpdate
-from gateway.container.container import AppendResult, ReadResult
-from gateway.container.segment import SegmentInfo
+from gateway.container import AppendResult, AttributeUpdate, ReadResult, SegmentInfo
 from gateway.errors import BY_WIRE_CODE, ConfigError, ConnectionLost, GatewayError, ProtocolError
 from gateway.protocol import wire_pb2 as wire
 from gateway.protocol.framing import MessageStream, close_now, encode_append_request

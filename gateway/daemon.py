@@ -36,7 +36,7 @@ import trio
 from gateway import failpoints
 from gateway.aio import service_nursery
 from gateway.config import Config, Tier2Config
-from gateway.container import SegmentContainer, open_container
+from gateway.container.container import SegmentContainer, open_container
 from gateway.errors import GatewayError
 from gateway.notify import Notifier
 from gateway.server import Server

@@ -29,7 +29,7 @@ from gateway.stats import Histogram
 
 if TYPE_CHECKING:
     from fs.operations import SegmentFS
-    from gateway.container import SegmentContainer
+    from gateway.container.container import SegmentContainer
 
 log = logging.getLogger(__name__)
 

@@ -62,8 +62,8 @@ from google.protobuf.message import DecodeError
 from gateway import __version__
 from gateway.buffers import Buffer
 from gateway.config import ServerConfig, parse_host_port
-from gateway.container import AttributeUpdate, SegmentContainer, SegmentInfo, Verb
-from gateway.container.container import AppendResult, PendingOperation
+from gateway.container import AppendResult, AttributeUpdate, SegmentInfo, Verb
+from gateway.container.container import PendingOperation, SegmentContainer
 from gateway.container.names import validate_prefix
 from gateway.errors import (
     BadRequest,

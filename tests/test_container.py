@@ -15,13 +15,8 @@ import pytest
 import trio
 
 from gateway.config import Config
-from gateway.container import (
-    EVENT_COUNT,
-    AttributeUpdate,
-    SegmentContainer,
-    Verb,
-    open_container,
-)
+from gateway.container import EVENT_COUNT, AttributeUpdate, Verb
+from gateway.container.container import SegmentContainer, open_container
 from gateway.errors import (
     BadAttributeUpdate,
     BadOffset,

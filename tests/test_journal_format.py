@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.container.attributes import encode_values
 from gateway.journal.format import (
     HEADER_SIZE,
     FrameError,
     decode_header,
     encode_append,
+    encode_attribute_values,
     encode_group,
     encode_header,
     frame_crc_ok,
@@ -36,7 +36,7 @@ U64 = st.integers(min_value=0, max_value=2**64 - 1)
 def test_encode_append_matches_protobuf(
     segment_id: int, offset: int, data: bytes, attrs: dict[bytes, int], at_ms: int
 ) -> None:
-    head, body = encode_append(segment_id, offset, data, encode_values(attrs, 3), at_ms)
+    head, body = encode_append(segment_id, offset, data, encode_attribute_values(attrs, 3), at_ms)
     assert body is data
     expected = Operation(
         append=Append(

@@ -31,8 +31,8 @@ from gateway.errors import (
     TooLarge,
     Unauthorized,
 )
-from gateway.journal.format import varint
 from gateway.protocol import wire_pb2 as wire
+from gateway.protocol.encoding import varint
 
 from .helpers.daemon import Daemon
 from .helpers.inprocess import Served, served

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from gateway.client import SyncClient, open_client
 from gateway.config import Config
-from gateway.container import open_container
+from gateway.container.container import open_container
 from gateway.errors import Overloaded, SegmentNotFound, SegmentTruncated
 
 from .conftest import ROOT

@@ -17,7 +17,7 @@ import crc32c
 import pytest
 
 from gateway import metadata_io
-from gateway.container import open_container
+from gateway.container.container import open_container
 from gateway.errors import NodeNotEmpty, NothingToRecover, SnapshotInvalid
 from gateway.journal.files import list_files
 from gateway.protocol.metadata_pb2 import (

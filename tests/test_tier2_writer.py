@@ -20,7 +20,7 @@ import trio
 import trio.testing
 
 from gateway.config import Config
-from gateway.container import SegmentContainer, open_container
+from gateway.container.container import SegmentContainer, open_container
 from gateway.errors import Overloaded, Tier2Error
 from gateway.tier2 import names
 from gateway.tier2.filesystem import FileStorage

@@ -1,23 +1,18 @@
-"""The segment container: segment metadata and the operation processor."""
+"""The segment container: segment metadata and the operation processor.
+
+This package's face hands on only the light names a client needs (results,
+attribute verbs); the container itself is `gateway.container.container`, so
+that importing a result type does not load the journal, the cache and RocksDB.
+"""
 
 from gateway.container.attributes import EVENT_COUNT, AttributeUpdate, Verb
-from gateway.container.container import (
-    AppendResult,
-    ContainerCorrupt,
-    PendingOperation,
-    SegmentContainer,
-    open_container,
-)
-from gateway.container.segment import SegmentInfo
+from gateway.container.results import AppendResult, ReadResult, SegmentInfo
 
 __all__ = [
     "EVENT_COUNT",
     "AppendResult",
     "AttributeUpdate",
-    "ContainerCorrupt",
-    "PendingOperation",
-    "SegmentContainer",
+    "ReadResult",
     "SegmentInfo",
     "Verb",
-    "open_container",
 ]

@@ -13,8 +13,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gateway.errors import BadAttributeUpdate, ConditionalCheckFailed
-from gateway.journal.format import varint
-from gateway.protocol.metadata_pb2 import AttributeValue
 
 ID_BYTES = 16
 _CORE_PREFIX = bytes(15)
@@ -106,13 +104,3 @@ def resolve(
         else:  # pragma: no cover - Verb is closed
             raise BadAttributeUpdate(segment, f"unknown verb {u.verb}")
         into[u.id] = new
-
-
-def encode_values(values: Mapping[bytes, int], field_number: int) -> bytes:
-    """``values`` as a serialized ``repeated AttributeValue`` field, tag included."""
-    out = bytearray()
-    tag = varint((field_number << 3) | 2)
-    for attribute_id, value in values.items():
-        body = AttributeValue(id=attribute_id, value=value).SerializeToString()
-        out += tag + varint(len(body)) + body
-    return bytes(out)

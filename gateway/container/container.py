@@ -34,7 +34,6 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import trio
@@ -47,11 +46,11 @@ from gateway.container.attributes import (
     EVENT_COUNT,
     AttributeUpdate,
     check_id,
-    encode_values,
     resolve,
 )
 from gateway.container.names import validate_name, validate_prefix
-from gateway.container.segment import Segment, SegmentInfo
+from gateway.container.results import AppendResult, ReadResult, SegmentInfo
+from gateway.container.segment import Segment
 from gateway.errors import (
     BadAttributeUpdate,
     BadOffset,
@@ -77,7 +76,7 @@ from gateway.journal import (
     open_journal,
     recover,
 )
-from gateway.journal.format import encode_append
+from gateway.journal.format import encode_append, encode_attribute_values
 from gateway.protocol.journal_pb2 import (
     ChunkAdded,
     CreateSegment,
@@ -106,30 +105,6 @@ class ContainerCorrupt(GatewayError):
     """container metadata in the journal is inconsistent: {}. Run `segment-gateway fsck`"""
 
     exit_code = 3
-
-
-@dataclass(frozen=True)
-class AppendResult:
-    """Where an append landed."""
-
-    offset: int
-    length: int
-
-
-@dataclass(frozen=True)
-class ReadResult:
-    """Bytes read from a segment, and its committed state when they were read."""
-
-    offset: int
-    data: bytes
-    length: int
-    start_offset: int
-    sealed: bool
-
-    @property
-    def end_of_segment(self) -> bool:
-        """Sealed and read to the end: no byte will ever follow."""
-        return self.sealed and self.offset + len(self.data) >= self.length
 
 
 class StorageListener(Protocol):
@@ -452,7 +427,9 @@ class SegmentContainer:
             raise BadOffset(name, f"append expected at offset {expected_offset}", offset)
         at_ms = _now_ms()
         prepared = time.monotonic()
-        ticket = self._submit(encode_append(seg.id, offset, data, encode_values(values, 3), at_ms))
+        ticket = self._submit(
+            encode_append(seg.id, offset, data, encode_attribute_values(values, 3), at_ms)
+        )
         end = offset + len(data)
         seg.p_length = end
         seg.set_pending_attributes(values)

@@ -11,29 +11,11 @@ operation metadata updater). When nothing is in flight the two are equal.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from gateway.container.attributes import EVENT_COUNT
+from gateway.container.results import SegmentInfo
 from gateway.protocol.metadata_pb2 import AttributeValue, ChunkRecord, SegmentRecord
 from gateway.readindex import SegmentView
-
-
-@dataclass(frozen=True)
-class SegmentInfo:
-    """A segment's committed metadata, as ``stat`` and the protocol show it."""
-
-    name: str
-    id: int
-    start_offset: int
-    length: int
-    storage_length: int
-    sealed: bool
-    sealed_in_storage: bool
-    created_at_ms: int
-    last_modified_ms: int
-    event_count: int
-    attribute_count: int
-    chunk_count: int
 
 
 class Segment:

@@ -24,12 +24,14 @@ offset   size  field
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import crc32c
 
 from gateway.buffers import Buffer
+from gateway.protocol.encoding import encode_trailing_bytes, varint
+from gateway.protocol.metadata_pb2 import AttributeValue
 
 MAGIC = b"SGWJ"
 VERSION = 1
@@ -75,16 +77,6 @@ class FrameHeader:
         return HEADER_SIZE + self.payload_length
 
 
-def varint(n: int) -> bytes:
-    """Protobuf base-128 varint of a non-negative integer."""
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def operation_prefix(length: int) -> bytes:
     """The bytes that precede a serialized Operation of ``length`` bytes in a Frame."""
     if length < 0x80:
@@ -95,15 +87,6 @@ def operation_prefix(length: int) -> bytes:
 # Operation.append is field 10; Append.segment_id 1, .offset 2, .attributes 3,
 # .at_ms 4, .data 15 (see journal.proto).
 _APPEND_TAG = bytes(((10 << 3) | 2,))
-
-
-def encode_trailing_bytes(head: bytes, field_number: int, data: Buffer) -> bytes:
-    """The bytes that, followed by ``data``, serialize a message whose other
-    fields serialize to ``head`` and whose bytes field ``field_number`` (the
-    highest-numbered field) holds ``data``."""
-    if not data:
-        return head
-    return head + varint((field_number << 3) | 2) + varint(len(data))
 
 
 def encode_append(
@@ -228,3 +211,13 @@ def frame_crc_ok(header_bytes: Buffer, payload: Buffer) -> bool:
     h = memoryview(header_bytes)
     stored = int.from_bytes(h[_CRC_OFFSET:HEADER_SIZE], "little")
     return crc32c.crc32c(payload, crc32c.crc32c(h[:_CRC_OFFSET])) == stored
+
+
+def encode_attribute_values(values: Mapping[bytes, int], field_number: int) -> bytes:
+    """``values`` as a serialized ``repeated AttributeValue`` field, tag included."""
+    out = bytearray()
+    tag = varint((field_number << 3) | 2)
+    for attribute_id, value in values.items():
+        body = AttributeValue(id=attribute_id, value=value).SerializeToString()
+        out += tag + varint(len(body)) + body
+    return bytes(out)

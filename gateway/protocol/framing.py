@@ -18,7 +18,7 @@ from google.protobuf import unknown_fields
 from google.protobuf.message import DecodeError, Message
 
 from gateway.errors import ProtocolError
-from gateway.journal.format import encode_trailing_bytes, varint
+from gateway.protocol.encoding import encode_trailing_bytes, varint
 from gateway.protocol.wire_pb2 import AppendRequest, ReadResponse, Request, Response
 
 LENGTH = struct.Struct(">I")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import trio
 
 from gateway.config import Config
-from gateway.container import SegmentContainer, open_container
+from gateway.container.container import SegmentContainer, open_container
 from gateway.server import Server
 
 
