@@ -43,7 +43,7 @@ from common import TIER2_OFF, replace_table, running_daemon  # noqa: E402
 
 from gateway import __version__  # noqa: E402
 from gateway.config import Config  # noqa: E402
-from gateway.container.container import open_container  # noqa: E402
+from gateway.node import open_node  # noqa: E402
 
 TABLE_START = "<!-- bench/read.py:start -->"
 TABLE_END = "<!-- bench/read.py:end -->"
@@ -64,7 +64,8 @@ def config_for(data_dir: pathlib.Path) -> Config:
 
 async def build(config: Config, size: int, local: pathlib.Path) -> None:
     block = os.urandom(APPEND)
-    async with open_container(config) as c:
+    async with open_node(config) as node:
+        c = node.container
         await c.create("bench/read")
         with local.open("wb") as f:
             for _ in range(size // APPEND):
@@ -73,7 +74,8 @@ async def build(config: Config, size: int, local: pathlib.Path) -> None:
 
 
 async def read_in_process(config: Config, size: int, read_size: int) -> float:
-    async with open_container(config) as c:
+    async with open_node(config) as node:
+        c = node.container
         started = time.perf_counter()
         offset = 0
         while offset < size:
@@ -84,7 +86,8 @@ async def read_in_process(config: Config, size: int, read_size: int) -> float:
 
 async def tail_latency(config: Config, samples: int) -> list[float]:
     latencies: list[float] = []
-    async with open_container(config) as c:
+    async with open_node(config) as node:
+        c = node.container
         await c.create("bench/tail")
         offset = 0
         for i in range(samples):

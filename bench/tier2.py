@@ -4,7 +4,7 @@
 One embedded S3 server (SeaweedFS, `gateway.tier2.embedded.EmbeddedS3`) runs
 for the whole benchmark, its data in a temporary directory on the same
 filesystem as the journals and caches (--dir). The container runs in this
-process, as in the tests: ``open_container(config, ChunkLayer(S3Storage(...)))``.
+process, as in the tests: ``open_node(config, ChunkLayer(S3Storage(...)))``.
 Every run gets a fresh data directory (journal and cache) and, where it
 writes chunks, a fresh bucket (deleted afterwards).
 
@@ -16,7 +16,7 @@ writes chunks, a fresh bucket (deleted afterwards).
    every 10 ms. After the last ack: the time until the policy is satisfied
    (every segment below flush_size), then an explicit ``flush`` of the rest.
    Baseline, alternated with it round by round: the same ingest with Tier 2
-   off (``open_container(config)``). The cache budget (8 GiB, half of it for
+   off (``open_node(config)``). The cache budget (8 GiB, half of it for
    unflushed data) is large enough that the baseline, which keeps
    everything pinned, is never throttled. Target: ≥ 0.9 times the baseline.
 2. **Ack to "in S3" latency.** A modest rate of appends; every append's
@@ -74,13 +74,13 @@ from common import replace_table, sigterm_as_interrupt  # noqa: E402
 
 from gateway import __version__  # noqa: E402
 from gateway.config import Config  # noqa: E402
-from gateway.container.container import SegmentContainer, open_container  # noqa: E402
+from gateway.container.container import SegmentContainer  # noqa: E402
 from gateway.errors import Overloaded  # noqa: E402
+from gateway.node import open_node  # noqa: E402
 from gateway.tier2.embedded import EmbeddedS3  # noqa: E402
 from gateway.tier2.layer import ChunkLayer  # noqa: E402
 from gateway.tier2.reader import BLOCK_SIZE  # noqa: E402
 from gateway.tier2.s3 import S3Storage  # noqa: E402
-from gateway.tier2.storage_writer import StorageWriter  # noqa: E402
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -219,7 +219,8 @@ async def run_ingest(
     backlog: list[tuple[float, int]] = []
     overloaded = 0
     flush_size = config.tier2.flush_size
-    async with open_container(config, layer) as c:
+    async with open_node(config, layer) as node:
+        c = node.container
         for n in names:
             await c.create(n)
 
@@ -269,8 +270,8 @@ async def run_ingest(
                 drain_all = perf() - last_ack
                 assert _backlog(c, names) == 0
             outer.cancel_scope.cancel()
-        writer = c.storage
-        flushed = writer.statistics() if isinstance(writer, StorageWriter) else None
+        writer = node.storage_writer
+        flushed = writer.statistics() if writer is not None else None
         journal_files = c.statistics()["journal_files_in_use"]
     elapsed = last_ack - started
     acked = len(latencies) * append_size
@@ -320,7 +321,8 @@ async def run_ack_to_s3(
     perf = time.perf_counter
     waiting: dict[str, deque[tuple[int, float]]] = {n: deque() for n in names}
     latencies: list[float] = []
-    async with open_container(config, layer) as c:
+    async with open_node(config, layer) as node:
+        c = node.container
         for n in names:
             await c.create(n)
 
@@ -356,8 +358,8 @@ async def run_ack_to_s3(
                 while any(waiting.values()):  # noqa: ASYNC110 - emptied by poll()
                     await trio.sleep(LATENCY_POLL)
             outer.cancel_scope.cancel()
-        writer = c.storage
-        flushes = writer.statistics().flushes if isinstance(writer, StorageWriter) else 0
+        writer = node.storage_writer
+        flushes = writer.statistics().flushes if writer is not None else 0
     latencies.sort()
     return {
         "samples": len(latencies),
@@ -376,7 +378,8 @@ async def build_cold_segment(
 ) -> None:
     """The segment from 1 MiB appends, all of it flushed to chunks."""
     layer = server.layer(storage, config)
-    async with open_container(config, layer) as c:
+    async with open_node(config, layer) as node:
+        c = node.container
         await c.create(READ_SEGMENT)
         view = memoryview(content)
         for i in range(0, len(content), MiB):
@@ -392,7 +395,8 @@ async def read_cold(
     """Delete the cache, reopen, read the segment sequentially: MB/s (byte-exactness checked)."""
     shutil.rmtree(config.cache_dir, ignore_errors=True)
     layer = server.layer(storage, config)
-    async with open_container(config, layer) as c:
+    async with open_node(config, layer) as node:
+        c = node.container
         info = c.info(READ_SEGMENT)
         size = info.length
         assert info.storage_length == size
@@ -405,7 +409,7 @@ async def read_cold(
             crc = crc32c.crc32c(r.data, crc)
             offset += len(r.data)
         elapsed = time.perf_counter() - started
-        reader = c.read_index.tier2
+        reader = node.reader
         assert reader is not None
         stats = reader.statistics()
     if crc != expected or offset != size:

@@ -23,6 +23,7 @@ from fs.operations import SegmentFS
 from gateway.config import Config
 from gateway.container.container import SegmentContainer
 from gateway.errors import MountError
+from gateway.tier2.reader import ChunkReader
 
 log = logging.getLogger(__name__)
 
@@ -160,13 +161,14 @@ def set_read_ahead(path: str, kib: int) -> None:
 async def serve_mount(
     container: SegmentContainer,
     config: Config,
+    reader: ChunkReader | None,
     *,
     task_status: trio.TaskStatus[SegmentFS] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Mount at ``fuse.mountpoint`` and serve it until cancelled; then unmount."""
     path = config.fuse.mountpoint  # absolute: the configuration insists
     await trio.to_thread.run_sync(prepare_mountpoint, path)
-    ops = SegmentFS(container, config.fuse, config.tier2.read_ahead * 1024 * 1024)
+    ops = SegmentFS(container, config.fuse, config.tier2.read_ahead * 1024 * 1024, reader)
     try:
         pyfuse3.init(ops, path, mount_options(config))
     except RuntimeError as e:

@@ -53,6 +53,7 @@ from gateway.container.attributes import EVENT_COUNT, is_core
 from gateway.container.container import SegmentContainer
 from gateway.container.segment import Segment
 from gateway.errors import GatewayError, SegmentNotFound
+from gateway.tier2.reader import ChunkReader
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +136,17 @@ class _Handle:
 class SegmentFS(pyfuse3.Operations):
     """Every live segment as a read-only file; directories implied by names."""
 
-    def __init__(self, container: SegmentContainer, config: FuseConfig, read_ahead: int) -> None:
+    def __init__(
+        self,
+        container: SegmentContainer,
+        config: FuseConfig,
+        read_ahead: int,
+        reader: ChunkReader | None = None,
+    ) -> None:
         super().__init__()
         self.container = container
+        #: Tier 2's chunk reader, for per-handle read-ahead (None: no Tier 2).
+        self.reader = reader
         self.config = config
         self.read_ahead = read_ahead
         self.uid, self.gid = resolve_owner(config)
@@ -329,7 +338,7 @@ class SegmentFS(pyfuse3.Operations):
             # kernel does not cut it short.
             self._files[fh] = _Handle(seg.id, None, events_file(seg))
             return pyfuse3.FileInfo(fh=fh, direct_io=True)
-        prefetcher = Prefetcher(self.container.read_index.tier2, self.read_ahead)
+        prefetcher = Prefetcher(self.reader, self.read_ahead)
         self._files[fh] = _Handle(seg.id, prefetcher)
         return pyfuse3.FileInfo(fh=fh, keep_cache=seg.sealed)
 

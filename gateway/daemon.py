@@ -29,6 +29,7 @@ import resource
 import signal
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import trio
@@ -36,8 +37,10 @@ import trio
 from gateway import failpoints
 from gateway.aio import service_nursery
 from gateway.config import Config, Tier2Config
-from gateway.container.container import SegmentContainer, open_container
+from gateway.container.container import SegmentContainer
 from gateway.errors import GatewayError
+from gateway.fsck.online import live_target
+from gateway.node import Node, open_node
 from gateway.notify import Notifier
 from gateway.server import Server
 from gateway.tier2.bindings import open_tier2
@@ -130,15 +133,13 @@ class _Lifecycle:
         self.mount_scope: trio.CancelScope | None = None
         self.mount_done = trio.Event()
 
-    async def run_mount(
-        self, container: SegmentContainer, *, task_status: trio.TaskStatus[Any]
-    ) -> None:
+    async def run_mount(self, node: Node, *, task_status: trio.TaskStatus[Any]) -> None:
         from fs.mount import serve_mount  # pyfuse3 only when mounting
 
         try:
             with trio.CancelScope() as scope:
                 self.mount_scope = scope
-                await serve_mount(container, self.config, task_status=task_status)
+                await serve_mount(node.container, self.config, node.reader, task_status=task_status)
         finally:
             self.mount_done.set()
 
@@ -164,10 +165,9 @@ class _Lifecycle:
             await trio.sleep(STATUS_INTERVAL)
             self.notifier.status(status_line(container))
 
-    def reload(self, load: Callable[[], Config], container: SegmentContainer) -> None:
+    def reload(self, load: Callable[[], Config], node: Node) -> None:
         """SIGHUP: apply the log level and the flush/offload policy of the file now."""
-        from gateway.tier2.storage_writer import StorageWriter
-
+        container = node.container
         self.notifier.reloading()
         try:
             new = load()
@@ -183,8 +183,8 @@ class _Lifecycle:
             if f.name not in RELOADABLE_TIER2
         }
         applied = dataclasses.replace(new_t2, **keep)
-        if isinstance(container.storage, StorageWriter):
-            container.storage.reconfigure(applied)
+        if node.storage_writer is not None:
+            node.storage_writer.reconfigure(applied)
         changed = [
             f"{section.name}.{f.name}"
             for section in dataclasses.fields(Config)
@@ -234,23 +234,25 @@ async def run_daemon(
 
                 notifier.status("recovering the metadata from Tier 2")
                 await recover_node(config, tier2)
-            async with open_container(config, tier2) as container:
+            async with open_node(config, tier2) as node:
+                container = node.container
                 server = Server(
                     container,
                     config.server,
                     config.container.max_append_bytes,
                     node=config.node.id,
+                    fsck_target=partial(live_target, container, node.storage_writer, node.reader),
                 )
                 async with service_nursery() as nursery:
                     collector = None
                     if config.metrics.listen:
                         from gateway.metrics import GatewayCollector, MetricsServer
 
-                        collector = GatewayCollector(container)
+                        collector = GatewayCollector(node)
                         metrics = MetricsServer(collector, config.metrics.listen)
                         await nursery.start(metrics.serve)
                     if config.fuse.mountpoint:
-                        fs = await nursery.start(life.run_mount, container)
+                        fs = await nursery.start(life.run_mount, node)
                         if collector is not None:
                             collector.fs = fs
                     addresses = await nursery.start(server.serve)
@@ -269,7 +271,7 @@ async def run_daemon(
                         if load is None:
                             log.info("received SIGHUP: no configuration file to reload")
                         else:
-                            life.reload(load, container)
+                            life.reload(load, node)
                     notifier.stopping("stopping: draining connections")
                     await _stop(life, server, container)
                     nursery.cancel_scope.cancel()

@@ -38,7 +38,7 @@ from google.protobuf import json_format
 
 import gateway
 from gateway.config import Config
-from gateway.container.container import replay_metadata
+from gateway.container.replay import replay_metadata
 from gateway.errors import GatewayError, NodeNotEmpty, NothingToRecover, SnapshotInvalid
 from gateway.journal import open_journal
 from gateway.journal.files import DirectoryLock, fsync_directory, list_files

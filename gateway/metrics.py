@@ -29,7 +29,7 @@ from gateway.stats import Histogram
 
 if TYPE_CHECKING:
     from fs.operations import SegmentFS
-    from gateway.container.container import SegmentContainer
+    from gateway.node import Node
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +46,14 @@ def _histogram(name: str, doc: str, h: Histogram, labels: dict[str, str] | None 
 class GatewayCollector(Collector):
     """Reads every component's counters at scrape time."""
 
-    def __init__(self, container: SegmentContainer) -> None:
-        self.container = container
+    def __init__(self, node: Node) -> None:
+        self.node = node
         #: The mount, once it is up (None without one).
         self.fs: SegmentFS | None = None
 
     def collect(self) -> Iterator[Metric]:
         """One scrape."""
-        c = self.container
+        c = self.node.container
         g, counter = GaugeMetricFamily, CounterMetricFamily
         yield counter(f"{PREFIX}_appends", "Appends made durable", value=c.appends)
         yield counter(f"{PREFIX}_append_bytes", "Bytes appended (durable)", value=c.append_bytes)
@@ -88,14 +88,13 @@ class GatewayCollector(Collector):
             "Journal write groups refused for want of disk space or descriptors",
             value=j.refusals,
         )
-        journal = c.journal
-        if journal is not None:
-            yield _histogram(
-                "journal_fdatasync_seconds", "Journal fdatasync latency", journal.sync_latency
-            )
-            yield _histogram(
-                "journal_group_bytes", "Bytes per journal write group", journal.group_bytes
-            )
+        journal = self.node.journal
+        yield _histogram(
+            "journal_fdatasync_seconds", "Journal fdatasync latency", journal.sync_latency
+        )
+        yield _histogram(
+            "journal_group_bytes", "Bytes per journal write group", journal.group_bytes
+        )
 
         cache = c.read_index.store.statistics()
         yield counter(f"{PREFIX}_cache_hits", "Cache hits (Tier-2 blocks)", value=cache.hits)
@@ -112,10 +111,8 @@ class GatewayCollector(Collector):
         yield from self._fuse()
 
     def _tier2(self) -> Iterator[Metric]:
-        from gateway.tier2.storage_writer import StorageWriter
-
-        writer = self.container.storage
-        if not isinstance(writer, StorageWriter):
+        writer = self.node.storage_writer
+        if writer is None:
             return
         layer = writer.layer.statistics()
         requests = CounterMetricFamily(
@@ -156,10 +153,9 @@ class GatewayCollector(Collector):
 
     def _embedded_s3(self) -> Iterator[Metric]:
         from gateway.tier2.embedded import STATES
-        from gateway.tier2.storage_writer import StorageWriter
 
-        writer = self.container.storage
-        if not isinstance(writer, StorageWriter) or writer.layer.embedded is None:
+        writer = self.node.storage_writer
+        if writer is None or writer.layer.embedded is None:
             return
         s = writer.layer.embedded.statistics()
         name = f"{PREFIX}_embedded_s3"

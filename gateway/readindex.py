@@ -20,7 +20,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
@@ -29,14 +29,27 @@ from gateway.buffers import Buffer
 from gateway.errors import GatewayError
 from gateway.protocol.metadata_pb2 import ChunkRecord
 
-if TYPE_CHECKING:
-    from gateway.tier2.reader import ChunkReader
-
 log = logging.getLogger(__name__)
 
 #: Recently fetched entries kept in memory: a sequential reader reading less
 #: than an entry at a time would otherwise fetch the entry once per read.
 RECENT_BYTES = 16 * 1024 * 1024
+
+
+class FlushedBytes(Protocol):
+    """Where flushed bytes whose cache entries are gone are read from (Tier 2's
+    chunk reader, `gateway.tier2.reader.ChunkReader`)."""
+
+    async def read(
+        self,
+        segment_id: int,
+        name: str,
+        chunks: Sequence[ChunkRecord],
+        offset: int,
+        length: int,
+        read_ahead: bool = True,
+    ) -> Buffer:
+        """``length`` bytes of the segment from ``offset``, all within ``chunks``."""
 
 
 class ReadIndexCorrupt(GatewayError):
@@ -75,10 +88,13 @@ class SegmentView:
 class ReadIndex:
     """Committed bytes of all segments, over the cache store."""
 
-    def __init__(self, store: CacheStore) -> None:
+    def __init__(self, store: CacheStore, tier2: FlushedBytes | None = None) -> None:
         self.store = store
+        #: Reads flushed bytes whose cache entries are gone (None: no Tier 2,
+        #: so every committed byte is in the cache).
+        self.tier2 = tier2
         self._segments: dict[int, _SegmentIndex] = {}
-        #: Once the cache writer runs, store operations are queued for it, in
+        #: Once the store queue runs, store operations are queued for it, in
         #: order, and appended bytes are served from here until they are put.
         #: (During recovery, which runs in a worker thread, they go inline.)
         self._background = False
@@ -92,8 +108,6 @@ class ReadIndex:
         self._recent_bytes = 0
         self.reads = 0
         self.bytes_read = 0
-        #: Reads flushed bytes whose cache entries are gone (set once Tier 2 is open).
-        self.tier2: ChunkReader | None = None
 
     # -- fed by the container (committed operations) ----------------------------
 
@@ -162,10 +176,10 @@ class ReadIndex:
                 self._forget(segment_id, start)
             idx.changed.set()
 
-    # -- the cache writer: store operations off the event loop, in order ------------
+    # -- the store queue: store operations off the event loop, in order ------------
 
     def _store_op(self, kind: str, segment_id: int, offset: int, data: Buffer = b"") -> None:
-        """Queue a store operation for the writer, or, before it runs, do it now."""
+        """Queue a store operation for `run_store_queue`, or, before it runs, do it now."""
         if self._background:
             self._ops.append((kind, segment_id, offset, data))
             self._ops_ready.set()
@@ -182,7 +196,7 @@ class ReadIndex:
             else:
                 self.store.drop_segment(segment_id)
 
-    async def run_writer(self) -> None:
+    async def run_store_queue(self) -> None:
         """Apply store operations in a worker thread, in the order they were queued.
 
         RocksDB writes can stall while it compacts, and the store then backs

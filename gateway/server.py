@@ -55,6 +55,7 @@ import ssl
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
 from google.protobuf.message import DecodeError
@@ -83,6 +84,9 @@ from gateway.protocol.framing import (
     split_append_request,
 )
 from gateway.protocol.metadata_pb2 import AttributeValue
+
+if TYPE_CHECKING:
+    from gateway.fsck.checks import Target
 
 log = logging.getLogger(__name__)
 
@@ -809,13 +813,14 @@ class Connection:
 
     def _fsck(self, req: wire.Request) -> _Item:
         """fsck's checks on the live state (gateway/fsck/online.py), answered as they go."""
-        container = self.server.container
+        server = self.server
         rid = req.request_id
 
         async def push(send: Callable[[bytes], Awaitable[None]]) -> None:
-            from gateway.fsck.online import serve_fsck
+            from gateway.fsck.online import live_target, serve_fsck
 
-            await serve_fsck(container, req.fsck, rid, send)
+            target = server.fsck_target() if server.fsck_target else live_target(server.container)
+            await serve_fsck(target, req.fsck, rid, send)
 
         return _Item(rid, 0, None, push=push)
 
@@ -865,12 +870,20 @@ class Server:
     """Accepts connections and serves the protocol until cancelled."""
 
     def __init__(
-        self, container: SegmentContainer, config: ServerConfig, max_append: int, node: str = ""
+        self,
+        container: SegmentContainer,
+        config: ServerConfig,
+        max_append: int,
+        node: str = "",
+        fsck_target: Callable[[], Target] | None = None,
     ) -> None:
         self.container = container
         self.config = config
         #: ``node.id``, named in exported metadata snapshots.
         self.node = node
+        #: The live state fsck checks (its Tier-2 parts included); without
+        #: it, the container alone (no Tier 2 to check).
+        self.fsck_target = fsck_target
         #: TLS for every connection (None: plain TCP); ConfigError if the files do not load.
         self.ssl_context: ssl.SSLContext | None = config.ssl_context()
         #: Seconds a client has to complete the TLS handshake, and then to send Hello.

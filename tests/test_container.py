@@ -16,7 +16,7 @@ import trio
 
 from gateway.config import Config
 from gateway.container import EVENT_COUNT, AttributeUpdate, Verb
-from gateway.container.container import SegmentContainer, open_container
+from gateway.container.container import SegmentContainer
 from gateway.errors import (
     BadAttributeUpdate,
     BadOffset,
@@ -30,6 +30,7 @@ from gateway.errors import (
     TooLarge,
 )
 from gateway.journal.files import list_files
+from gateway.node import open_node
 
 from .helpers.segments import journal_segments, make_config
 
@@ -39,7 +40,8 @@ A2 = b"\x02" * 16
 
 @asynccontextmanager
 async def container_at(config: Config) -> AsyncIterator[SegmentContainer]:
-    async with open_container(config) as c:
+    async with open_node(config) as node:
+        c = node.container
         yield c
 
 
@@ -390,11 +392,12 @@ async def test_slow_journal_delays_then_refuses_with_overloaded(
 
 
 async def test_event_index_is_sparse_true_and_survives_restart(tmp_path: pathlib.Path) -> None:
-    from gateway.container.container import EVENT_INDEX_SPACING
+    from gateway.container.table import EVENT_INDEX_SPACING
 
     rng = random.Random(12)
     boundaries = []
-    async with open_container(make_config(tmp_path)) as c:
+    async with open_node(make_config(tmp_path)) as node:
+        c = node.container
         await c.create("e")
         offset = 0
         for _ in range(400):
@@ -410,7 +413,8 @@ async def test_event_index_is_sparse_true_and_survives_restart(tmp_path: pathlib
     assert all(b - a >= EVENT_INDEX_SPACING for a, b in itertools.pairwise(index))
     # Sparse but not too sparse: a gap never exceeds the spacing plus one append.
     assert all(b - a <= EVENT_INDEX_SPACING + 400_000 for a, b in itertools.pairwise(index))
-    async with open_container(make_config(tmp_path)) as c:
+    async with open_node(make_config(tmp_path)) as node:
+        c = node.container
         seg = c.segment_by_id(c.info("e").id)
         assert seg is not None and seg.event_index == index_after
         cut = index[len(index) // 2] + 5
@@ -427,7 +431,8 @@ async def test_checkpoint_includes_chunks_added_while_it_was_taken(tmp_path: pat
     """
     from gateway.protocol.metadata_pb2 import ChunkRecord
 
-    async with open_container(make_config(tmp_path)) as c:
+    async with open_node(make_config(tmp_path)) as node:
+        c = node.container
         await c.create("s")
         await c.append("s", b"a" * 1000)
         await c.append("s", b"b" * 1000)
@@ -442,6 +447,7 @@ async def test_checkpoint_includes_chunks_added_while_it_was_taken(tmp_path: pat
             seg_id, ChunkRecord(name="c2", start_offset=1000, length=1000, epoch=1), False
         )
         assert await second.wait() is True
-    async with open_container(make_config(tmp_path)) as c:
+    async with open_node(make_config(tmp_path)) as node:
+        c = node.container
         info = c.info("s")
         assert info.storage_length == 2000 and info.chunk_count == 2

@@ -28,7 +28,7 @@ from gateway.config import DEFAULT_CONFIG_PATH
 from gateway.fsck.checks import segment_problems
 from gateway.journal.files import list_files
 from gateway.journal.format import HEADER_SIZE
-from gateway.journal.recovery import FrameRecord, mapped, read_frames
+from gateway.journal.replay import FrameRecord, mapped, read_frames
 from gateway.protocol.metadata_pb2 import ChunkRecord, SegmentRecord
 from gateway.tier2 import names
 from gateway.tier2.filesystem import FileStorage

@@ -25,10 +25,10 @@ from gateway.errors import (
     JournalRefused,
     OperationTooLarge,
 )
-from gateway.journal import Journal, open_journal, recover
+from gateway.journal import Journal, open_journal, replay_journal
 from gateway.journal.files import list_files
 from gateway.journal.format import HEADER_SIZE, decode_header, encode_append
-from gateway.journal.recovery import FrameRecord, mapped, read_frames
+from gateway.journal.replay import FrameRecord, mapped, read_frames
 from gateway.protocol.journal_pb2 import Operation
 
 ConfigFactory = Callable[..., JournalConfig]
@@ -42,7 +42,7 @@ def payload(n: int, size: int) -> bytes:
 def replayed(directory: pathlib.Path) -> list[tuple[int, Operation]]:
     """Every operation in the journal, read without changing it."""
     ops: list[tuple[int, Operation]] = []
-    recover(directory, lambda seq, op: ops.append((seq, op)))
+    replay_journal(directory, lambda seq, op: ops.append((seq, op)))
     return ops
 
 
@@ -429,7 +429,7 @@ async def expect_recovers_to(
     assert got[new_seq] == (0, b"after recovery")
     assert not any(lost_from <= s < new_seq - 1 for s in got), "torn operations came back"
     # A second open finds nothing to repair.
-    assert recover(directory).torn is None
+    assert replay_journal(directory).torn is None
 
 
 @pytest.mark.parametrize(
@@ -454,7 +454,7 @@ async def test_torn_last_frame(
         os.truncate(path, last.offset + HEADER_SIZE // 2)
     elif damage == "zeros_over_frame":
         corrupt(path, last.offset, bytes(h.frame_length))
-    result = recover(tmp_path)
+    result = replay_journal(tmp_path)
     assert result.torn is not None or damage == "zeros_over_frame"
     await expect_recovers_to(tmp_path, cfg, acked, h.first_sequence)
 
@@ -471,7 +471,7 @@ async def test_empty_and_header_only_files(
 
     # A file holding only a header (crash during its first group) is torn.
     acked = {s: v for s, v in appends(replayed(tmp_path)).items()}
-    nxt = recover(tmp_path).next_sequence
+    nxt = replay_journal(tmp_path).next_sequence
     header = frames_of(last_file(tmp_path))[-1]
     with mapped(header.path) as data:
         raw = bytes(data[header.offset : header.offset + HEADER_SIZE])
@@ -481,7 +481,7 @@ async def test_empty_and_header_only_files(
     fake[24:32] = nxt.to_bytes(8, "little")
     (tmp_path / f"{nxt:020d}.wal").write_bytes(bytes(fake))
     assert h.payload_length > 0
-    result = recover(tmp_path)
+    result = replay_journal(tmp_path)
     assert result.torn is not None
     await expect_recovers_to(tmp_path, cfg, acked, nxt)
     assert not (tmp_path / f"{nxt:020d}.wal").exists() or frames_of(tmp_path / f"{nxt:020d}.wal")
@@ -513,7 +513,7 @@ async def test_torn_group_with_valid_frames_after_the_bad_one(
     acked = {s: v for s, v in appends(replayed(tmp_path)).items()}
     victim = big[1]
     corrupt(victim.path, victim.offset + HEADER_SIZE + 5, b"\xff\xfe\xfd")
-    result = recover(tmp_path)
+    result = replay_journal(tmp_path)
     assert result.torn is not None and result.torn.offset == victim.offset
     await expect_recovers_to(tmp_path, cfg, acked, victim.header.first_sequence)
 
@@ -549,7 +549,7 @@ async def test_bad_frame_then_later_file_is_corruption(
     victim = frames_of(files[0].path)[-1]
     corrupt(victim.path, victim.offset + HEADER_SIZE + 1, b"\xaa\xbb")
     with pytest.raises(JournalCorrupt) as info:
-        recover(tmp_path)
+        replay_journal(tmp_path)
     assert info.value.path == str(files[0].path)
     assert "written after it" in info.value.reason
 
@@ -563,11 +563,11 @@ async def test_missing_middle_file_is_corruption(
     assert len(files) >= 3
     files[1].path.unlink()
     with pytest.raises(JournalCorrupt, match="sequence gap"):
-        recover(tmp_path)
+        replay_journal(tmp_path)
 
 
 def test_recover_empty_directory(tmp_path: pathlib.Path) -> None:
-    r = recover(tmp_path)
+    r = replay_journal(tmp_path)
     assert (r.next_sequence, r.max_epoch, r.frames) == (1, 0, 0)
 
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from gateway.journal import recover
+from gateway.journal import replay_journal
 from gateway.protocol.journal_pb2 import Operation
 
 from .conftest import ROOT
@@ -88,7 +88,7 @@ def test_sigkill_loses_no_acknowledged_operation(tmp_path: pathlib.Path) -> None
             seqs.append(seq)
             ops[seq] = op
 
-        recover(journal_dir, keep)
+        replay_journal(journal_dir, keep)
         assert seqs == list(range(1, len(seqs) + 1)), f"round {round_}: gap in sequence numbers"
         for seq, (r, k, i, size) in acked.items():
             op = ops.get(seq)

@@ -19,7 +19,7 @@ from gateway.journal.format import (
     frame_crc_ok,
     operation_prefix,
 )
-from gateway.journal.recovery import FileEnd, FrameRecord, read_frames
+from gateway.journal.replay import FileEnd, FrameRecord, read_frames
 from gateway.protocol.journal_pb2 import Append, Frame, Operation
 from gateway.protocol.metadata_pb2 import AttributeValue
 

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 
 from gateway.config import KiB
 from gateway.errors import JournalCorrupt
-from gateway.journal import open_journal, recover
+from gateway.journal import open_journal, replay_journal
 from gateway.journal.files import list_files
 from gateway.journal.format import encode_append
-from gateway.journal.recovery import FrameRecord, mapped, read_frames
+from gateway.journal.replay import FrameRecord, mapped, read_frames
 
 from .conftest import small_journal_config
 
@@ -105,18 +105,18 @@ def test_recovery_after_damage(
         seen: list[int] = []
         if later_intact:
             with pytest.raises(JournalCorrupt) as info:
-                recover(directory, lambda s, _: seen.append(s))
+                replay_journal(directory, lambda s, _: seen.append(s))
             assert info.value.offset == hit.offset
             event("corruption")
             return
-        result = recover(directory, lambda s, _: seen.append(s), repair=True)
+        result = replay_journal(directory, lambda s, _: seen.append(s), repair=True)
         event("torn tail" if result.torn else "clean end")
         survivors = [f for f in frames if f.end_offset <= first_changed]
         want_last = survivors[-1].header.end_sequence - 1 if survivors else path_first(path) - 1
         assert seen == list(range(1, want_last + 1))
         assert result.next_sequence == want_last + 1
         # After repair the journal reads clean and a writer can carry on.
-        assert recover(directory).torn is None
+        assert replay_journal(directory).torn is None
         trio.run(_append_one, directory, want_last + 2)
 
 

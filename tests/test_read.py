@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from gateway.client import SyncClient, open_client
 from gateway.config import Config
-from gateway.container.container import open_container
 from gateway.errors import Overloaded, SegmentNotFound, SegmentTruncated
+from gateway.node import open_node
 
 from .conftest import ROOT
 from .helpers.daemon import Daemon
@@ -44,8 +44,8 @@ async def _run_ops(config: Config, script: list[tuple[Any, ...]], seed: int) -> 
     rng = random.Random(seed)
     model = bytearray()
     start = 0
-    container_cm = open_container(config)
-    c = await container_cm.__aenter__()
+    node_cm = open_node(config)
+    c = (await node_cm.__aenter__()).container
     try:
         await c.create("s")
         for op in script:
@@ -74,14 +74,14 @@ async def _run_ops(config: Config, script: list[tuple[Any, ...]], seed: int) -> 
                 await c.truncate("s", new_start)
                 start = new_start
             else:
-                await container_cm.__aexit__(None, None, None)
-                container_cm = open_container(config)
-                c = await container_cm.__aenter__()
+                await node_cm.__aexit__(None, None, None)
+                node_cm = open_node(config)
+                c = (await node_cm.__aenter__()).container
         # Everything from the start offset on, in one read, after all of it.
         got = await c.read("s", start, len(model))
         assert got.data == bytes(model[start:])
     finally:
-        await container_cm.__aexit__(None, None, None)
+        await node_cm.__aexit__(None, None, None)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -95,7 +95,8 @@ def test_read_your_write(script: list[tuple[Any, ...]], seed: int) -> None:
 
 
 async def test_tail_reader_wakes_on_append(tmp_path: pathlib.Path) -> None:
-    async with open_container(make_config(tmp_path)) as c:
+    async with open_node(make_config(tmp_path)) as node:
+        c = node.container
         await c.create("t")
         await c.append("t", b"head")
         delays: list[float] = []
@@ -126,7 +127,8 @@ async def test_tail_reader_wakes_on_append(tmp_path: pathlib.Path) -> None:
 
 
 async def test_tail_wait_times_out_and_sees_seal_and_delete(tmp_path: pathlib.Path) -> None:
-    async with open_container(make_config(tmp_path)) as c:
+    async with open_node(make_config(tmp_path)) as node:
+        c = node.container
         await c.create("t")
         await c.append("t", b"abc")
         started = time.monotonic()
@@ -196,7 +198,8 @@ async def test_tiny_budget_turns_into_backpressure(tmp_path: pathlib.Path) -> No
         container={"overload_timeout": 0.2},
     )
     acked: list[tuple[int, bytes]] = []
-    async with open_container(config) as c:
+    async with open_node(config) as node:
+        c = node.container
         await c.create("s")
         overloaded = 0
         for i in range(40):
@@ -303,7 +306,8 @@ def test_cat_missing_segment(tmp_path: pathlib.Path) -> None:
 async def test_stalled_cache_writes_do_not_block_reads_or_the_loop(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with open_container(make_config(tmp_path)) as c:
+    async with open_node(make_config(tmp_path)) as node:
+        c = node.container
         index = c.read_index
         real = index._apply_ops
         release = threading.Event()

@@ -17,9 +17,9 @@ import crc32c
 import pytest
 
 from gateway import metadata_io
-from gateway.container.container import open_container
 from gateway.errors import NodeNotEmpty, NothingToRecover, SnapshotInvalid
 from gateway.journal.files import list_files
+from gateway.node import open_node
 from gateway.protocol.metadata_pb2 import (
     AttributeValue,
     ChunkRecord,
@@ -331,7 +331,8 @@ async def test_install_starts_an_empty_node_above_the_epochs_seen(tmp_path: path
     epoch = await metadata_io.install(config, rebuilt.container, rebuilt.max_epoch + 1)
     assert epoch == 7 and not leftover.exists()
     assert [f.first_sequence for f in list_files(config.journal_dir)] == [1]
-    async with open_container(config) as container:
+    async with open_node(config) as node:
+        container = node.container
         assert container.journal is not None and container.journal.epoch == 8
         (seg,) = container.segments()
         assert (seg.name, seg.length, seg.storage_length, len(seg.chunks)) == ("a", 100, 100, 1)

@@ -20,8 +20,9 @@ import trio
 import trio.testing
 
 from gateway.config import Config
-from gateway.container.container import SegmentContainer, open_container
+from gateway.container.container import SegmentContainer
 from gateway.errors import Overloaded, Tier2Error
+from gateway.node import open_node
 from gateway.tier2 import names
 from gateway.tier2.filesystem import FileStorage
 from gateway.tier2.layer import ChunkLayer
@@ -64,9 +65,10 @@ async def running(
     config: Config, storage: ChunkStorage
 ) -> AsyncIterator[tuple[SegmentContainer, StorageWriter]]:
     layer = ChunkLayer(storage, max_concurrency=4, retry_deadline=config.tier2.retry_deadline)
-    async with open_container(config, layer) as container:
-        writer = container.storage
-        assert isinstance(writer, StorageWriter)
+    async with open_node(config, layer) as node:
+        container = node.container
+        writer = node.storage_writer
+        assert writer is not None
         yield container, writer
 
 
@@ -158,7 +160,7 @@ async def test_cold_read_after_cache_wiped_and_restart(
                 await c.append(name, d[i : i + 200 * KiB])
         await c.flush()
     shutil.rmtree(config.cache_dir)
-    async with running(config, storage) as (c, _):
+    async with running(config, storage) as (c, w):
         for name, d in data.items():
             assert c.info(name).storage_length == len(d)
             assert await read_all(c, name, len(d), 1 * MiB) == d
@@ -167,7 +169,7 @@ async def test_cold_read_after_cache_wiped_and_restart(
                 a = rng.randrange(len(d))
                 r = await c.read(name, a, rng.randrange(1, 2 * MiB))
                 assert r.data == d[a : a + len(r.data)] and r.data
-        stats = c.read_index.tier2.statistics() if c.read_index.tier2 else {}
+        stats = w.reader.statistics() if w.reader else {}
         assert stats["blocks_fetched"] > 0 and stats["read_ahead_blocks"] > 0
         # Blocks asked for directly are cached; read-ahead ones are not (scans).
         await wait_until(lambda: c.read_index.store.statistics().block_bytes > 0)
@@ -300,7 +302,8 @@ async def test_journal_truncation_waits_for_the_durability_barrier(tmp_path: pat
     calls: list[float] = []
     config = tier2_config(tmp_path)
     layer = ChunkLayer(MemoryStorage(), barrier=lambda: calls.append(1.0))
-    async with open_container(config, layer) as c:
+    async with open_node(config, layer) as node:
+        c = node.container
         await c.create("s")
         await c.append("s", b"x" * 1000)
         await c.flush("s")

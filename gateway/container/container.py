@@ -25,32 +25,33 @@ length), its segment was deleted, or it was truncated away.
 
 from __future__ import annotations
 
-import bisect
-import builtins
 import logging
-import os
-import pathlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager, suppress
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import suppress
+from typing import Any
 
 import trio
 
-from cache import CacheStore
-from gateway.aio import service_nursery
 from gateway.buffers import Buffer
-from gateway.config import Config, ContainerConfig
+from gateway.config import ContainerConfig
 from gateway.container.attributes import (
     EVENT_COUNT,
     AttributeUpdate,
     check_id,
     resolve,
 )
+from gateway.container.interfaces import (
+    JournalTicket,
+    NamespaceWatcher,
+    OperationJournal,
+    StorageListener,
+)
 from gateway.container.names import validate_name, validate_prefix
 from gateway.container.results import AppendResult, ReadResult, SegmentInfo
 from gateway.container.segment import Segment
+from gateway.container.table import SegmentTable
 from gateway.errors import (
     BadAttributeUpdate,
     BadOffset,
@@ -68,14 +69,7 @@ from gateway.errors import (
     TooLarge,
     Unavailable,
 )
-from gateway.journal import (
-    Journal,
-    JournalStatistics,
-    RecoveryResult,
-    Ticket,
-    open_journal,
-    recover,
-)
+from gateway.journal import JournalStatistics
 from gateway.journal.format import encode_append, encode_attribute_values
 from gateway.protocol.journal_pb2 import (
     ChunkAdded,
@@ -91,56 +85,7 @@ from gateway.protocol.metadata_pb2 import AttributeValue, ChunkRecord, Container
 from gateway.readindex import ReadIndex
 from gateway.stats import LATENCY_BUCKETS, Histogram
 
-if TYPE_CHECKING:
-    from gateway.tier2.layer import ChunkLayer
-
 log = logging.getLogger(__name__)
-
-SNAPSHOT_VERSION = 1
-#: About one event-boundary index entry per this many bytes of a segment.
-EVENT_INDEX_SPACING = 1024 * 1024
-
-
-class ContainerCorrupt(GatewayError):
-    """container metadata in the journal is inconsistent: {}. Run `segment-gateway fsck`"""
-
-    exit_code = 3
-
-
-class StorageListener(Protocol):
-    """Told about committed changes that matter to Tier 2 (the storage writer)."""
-
-    def on_append(self, seg: Segment) -> None:
-        """The segment grew."""
-
-    def on_seal(self, seg: Segment) -> None:
-        """The segment was sealed."""
-
-    def on_dropped(self, seg: Segment, chunks: list[ChunkRecord], deleted: bool) -> None:
-        """Chunks left the segment's metadata (truncated, or the segment ``deleted``)."""
-
-    async def flush(self, segment_ids: list[int] | None = None) -> None:
-        """Flush now; return once what was committed before the call is in Tier 2."""
-
-    async def durability_barrier(self) -> None:
-        """Return once everything flushed so far is durable in Tier 2."""
-
-
-class NamespaceWatcher(Protocol):
-    """Told about committed changes to which segments exist and what state they
-    are in (the FUSE mount keeps its tree and the kernel's caches in step)."""
-
-    def on_created(self, seg: Segment) -> None:
-        """The segment now exists."""
-
-    def on_sealed(self, seg: Segment) -> None:
-        """The segment was sealed: its length is final."""
-
-    def on_truncated(self, seg: Segment) -> None:
-        """Bytes below the new start offset now read as zeros."""
-
-    def on_deleted(self, seg: Segment) -> None:
-        """The segment is gone."""
 
 
 def _now_ms() -> int:
@@ -164,7 +109,7 @@ class PendingOperation:
     def __init__(
         self,
         container: SegmentContainer,
-        ticket: Ticket | None,
+        ticket: JournalTicket | None,
         result: Any,
         apply: Callable[[int], None] | None = None,
         deferred: Callable[[], GatewayError] | None = None,
@@ -201,28 +146,28 @@ class PendingOperation:
 
 
 class SegmentContainer:
-    """All segments of this node. Get one from `open_container`."""
+    """All segments of this node: validates, journals and applies every change.
 
-    def __init__(self, config: ContainerConfig, read_index: ReadIndex) -> None:
+    Built over a segment table that a replay of ``journal`` has filled
+    (`gateway.node.open_node` does both); `run_maintenance` must run
+    beside it for checkpoints and journal truncation.
+    """
+
+    def __init__(
+        self, config: ContainerConfig, table: SegmentTable, journal: OperationJournal
+    ) -> None:
         self._cfg = config
-        self._journal: Journal | None = None
-        self.read_index = read_index
+        self._table = table
+        self._journal = journal
         #: Append bytes submitted but not yet applied (and so not yet cached).
         self._pending_pinned = 0
         self._pinned_freed = trio.Event()
-        #: Live segments by name (including pending creates) and by id.
-        self._segments: dict[str, Segment] = {}
-        self._by_id: dict[int, Segment] = {}
-        self._next_id = 1
         self._inflight: deque[PendingOperation] = deque()
         #: Segments whose pending view may differ from the committed one.
         self._dirty: set[Segment] = set()
-        #: Journal file (first sequence number) -> segment id -> end offset of
-        #: that segment's last append in the file. Decides journal truncation.
-        self._file_usage: dict[int, dict[int, int]] = {}
         self._maintenance = trio.Event()
         self._closing = False
-        #: The storage writer, once Tier 2 runs (not during recovery).
+        #: The storage writer, once Tier 2 runs.
         self.storage: StorageListener | None = None
         #: Told about creates, seals, truncations and deletes (the mount).
         self.watchers: list[NamespaceWatcher] = []
@@ -233,10 +178,15 @@ class SegmentContainer:
         self.append_bytes = 0
         self.append_latency = Histogram(LATENCY_BUCKETS)
 
+    @property
+    def read_index(self) -> ReadIndex:
+        """Where the committed bytes are (the table keeps it in step)."""
+        return self._table.read_index
+
     # -- reading the committed view ---------------------------------------------
 
     def _committed(self, name: str) -> Segment:
-        seg = self._segments.get(name)
+        seg = self._table.by_name.get(name)
         if seg is None or not seg.durable:
             validate_name(name)
             raise SegmentNotFound(name)
@@ -251,12 +201,12 @@ class SegmentContainer:
         validate_prefix(prefix)
         names = sorted(
             n
-            for n, s in self._segments.items()
+            for n, s in self._table.by_name.items()
             if s.durable and n.startswith(prefix) and n > start_after
         )
         if limit:
             names = names[:limit]
-        return [self._segments[n].info() for n in names]
+        return [self._table.by_name[n].info() for n in names]
 
     async def get_attributes(self, name: str, ids: Iterable[bytes] = ()) -> dict[bytes, int]:
         """Committed attribute values (all, or those of ``ids`` that exist).
@@ -286,33 +236,31 @@ class SegmentContainer:
             await trio.lowlevel.checkpoint()
 
     @property
-    def journal(self) -> Journal | None:
-        """The journal (None before recovery finished)."""
+    def journal(self) -> OperationJournal:
+        """The journal the container writes to."""
         return self._journal
 
     def journal_statistics(self) -> JournalStatistics:
         """The journal's counters (size on disk, files, syncs)."""
-        assert self._journal is not None
         return self._journal.statistics()
 
     @property
     def segment_count(self) -> int:
         """Live segments (committed)."""
-        return sum(1 for s in self._segments.values() if s.durable)
+        return sum(1 for s in self._table.by_name.values() if s.durable)
 
     # -- preparing operations (synchronous: validate, submit, update pending) ---
 
     def _pending(self, name: str) -> Segment:
-        seg = self._segments.get(name)
+        seg = self._table.by_name.get(name)
         if seg is None or seg.p_deleted:
             validate_name(name)
             raise SegmentNotFound(name)
         return seg
 
-    def _submit(self, parts: Sequence[Buffer], reserved: bool = False) -> Ticket:
+    def _submit(self, parts: Sequence[Buffer], reserved: bool = False) -> JournalTicket:
         """Submit to the journal; ``reserved`` for operations that free space (may use
         the journal's reserve when the disk is full)."""
-        assert self._journal is not None
         try:
             return self._journal.submit(parts, reserved)
         except JournalClosed as e:
@@ -324,7 +272,7 @@ class SegmentContainer:
             raise Unavailable(str(e)) from e
 
     def _track(
-        self, ticket: Ticket, result: Any, apply: Callable[[int], None], seg: Segment | None
+        self, ticket: JournalTicket, result: Any, apply: Callable[[int], None], seg: Segment | None
     ) -> PendingOperation:
         op = PendingOperation(self, ticket, result, apply)
         self._inflight.append(op)
@@ -344,11 +292,10 @@ class SegmentContainer:
     def _start(self) -> None:
         """Common start of every prepare: settle, and refuse if the journal failed."""
         self._settle()
-        journal = self._journal
-        if journal is None or self._closing:
+        if self._closing:
             raise Unavailable("the daemon is shutting down")
-        if journal.failed is not None:
-            raise Unavailable(str(journal.failed))
+        if self._journal.failed is not None:
+            raise Unavailable(str(self._journal.failed))
 
     def prepare_create(
         self, name: str, attributes: Sequence[AttributeUpdate] = ()
@@ -356,16 +303,16 @@ class SegmentContainer:
         """Create a segment (result: its SegmentInfo)."""
         self._start()
         validate_name(name)
-        if name in self._segments:
+        if name in self._table.by_name:
             raise SegmentExists(name)
-        if len(self._segments) >= self._cfg.max_segments:
+        if len(self._table.by_name) >= self._cfg.max_segments:
             raise LimitExceeded(f"{self._cfg.max_segments} segments exist (container.max_segments)")
         values: dict[bytes, int] = {}
         resolve(name, {}, attributes, values)
         if len(values) > self._cfg.max_attributes:
             raise LimitExceeded(f"more than {self._cfg.max_attributes} attributes")
-        seg = Segment(self._next_id, name, _now_ms())
-        self._next_id += 1
+        seg = Segment(self._table.next_id, name, _now_ms())
+        self._table.next_id += 1
         op = Operation(
             create_segment=CreateSegment(
                 segment_id=seg.id,
@@ -376,12 +323,10 @@ class SegmentContainer:
         )
         ticket = self._submit((op.SerializeToString(),))
         seg.set_pending_attributes(values)
-        self._segments[name] = seg
-        self._by_id[seg.id] = seg
+        self._table.add(seg)
 
         def apply(seq: int) -> None:
-            seg.durable = True
-            seg.attributes.update(values)
+            self._table.apply_create(seg, values)
             for w in self.watchers:
                 w.on_created(seg)
 
@@ -440,7 +385,7 @@ class SegmentContainer:
             self.appends += 1
             self.append_bytes += len(data)
             self.append_latency.observe(time.monotonic() - prepared)
-            self._apply_append(seg, offset, data, values, at_ms, self._file_of(seq))
+            self._table.apply_append(seg, offset, data, values, at_ms, self._file_of(seq))
             if self.storage is not None:
                 self.storage.on_append(seg)
 
@@ -486,7 +431,7 @@ class SegmentContainer:
         seg.p_sealed = True
 
         def apply(seq: int) -> None:
-            self._apply_seal(seg, at_ms)
+            self._table.apply_seal(seg, at_ms)
             if self.storage is not None:
                 self.storage.on_seal(seg)
             for w in self.watchers:
@@ -513,7 +458,8 @@ class SegmentContainer:
         seg.p_start_offset = offset
 
         def apply(seq: int) -> None:
-            dropped = self._apply_truncate(seg, offset, at_ms)
+            dropped = self._table.apply_truncate(seg, offset, at_ms)
+            self._signal_pinned_freed()
             if self.storage is not None:
                 self.storage.on_dropped(seg, dropped, deleted=False)
             for w in self.watchers:
@@ -532,7 +478,8 @@ class SegmentContainer:
         seg.p_deleted = True
 
         def apply(seq: int) -> None:
-            self._apply_delete(seg)
+            self._table.apply_delete(seg)
+            self._signal_pinned_freed()
             if self.storage is not None:
                 self.storage.on_dropped(seg, list(seg.chunks), deleted=True)
             for w in self.watchers:
@@ -564,14 +511,14 @@ class SegmentContainer:
         seg.set_pending_attributes(values)
 
         def apply(seq: int) -> None:
-            self._apply_attributes(seg, values, at_ms)
+            self._table.apply_attributes(seg, values, at_ms)
 
         return self._track(ticket, None, apply, seg)._with_result(lambda: seg.info())
 
     # -- Tier 2: the storage writer's operations ------------------------------------
 
     def _pending_by_id(self, segment_id: int) -> Segment:
-        seg = self._by_id.get(segment_id)
+        seg = self._table.by_id.get(segment_id)
         if seg is None or seg.p_deleted:
             raise SegmentNotFound(f"segment id {segment_id}")
         return seg
@@ -590,7 +537,8 @@ class SegmentContainer:
         added: list[bool] = []
 
         def apply(seq: int) -> None:
-            added.append(self._apply_chunk_added(seg, chunk, extends_last))
+            added.append(self._table.apply_chunk_added(seg, chunk, extends_last))
+            self._signal_pinned_freed()
 
         pending = self._track(ticket, None, apply, seg)
         pending.storage = True
@@ -602,26 +550,22 @@ class SegmentContainer:
         seg = self._pending_by_id(segment_id)
         op = Operation(storage_sealed=StorageSealed(segment_id=segment_id))
         ticket = self._submit((op.SerializeToString(),), reserved=True)
-        pending = self._track(ticket, None, lambda seq: self._apply_storage_sealed(seg), seg)
+        pending = self._track(ticket, None, lambda seq: self._table.apply_storage_sealed(seg), seg)
         pending.storage = True
         return pending
 
     def segment_by_id(self, segment_id: int) -> Segment | None:
         """The committed segment with this id, if it is live."""
-        seg = self._by_id.get(segment_id)
+        seg = self._table.by_id.get(segment_id)
         return seg if seg is not None and seg.durable else None
 
     def segments(self) -> Sequence[Segment]:
         """Every committed live segment (for the storage writer and GC)."""
-        return [s for s in self._segments.values() if s.durable]
+        return list(self._table.committed())
 
     def committed_snapshot(self) -> ContainerSnapshot:
         """The committed view of every segment (Tier-2 metadata snapshots)."""
-        return ContainerSnapshot(
-            version=SNAPSHOT_VERSION,
-            next_segment_id=self._next_id,
-            segments=[s.committed_record() for s in self.segments()],
-        )
+        return self._table.committed_snapshot()
 
     async def flush(self, name: str = "") -> None:
         """Flush one segment (or all, for "") to Tier 2 and wait until it is there."""
@@ -651,7 +595,6 @@ class SegmentContainer:
         truncations, which free space).
         """
         journal = self._journal
-        assert journal is not None
         if journal.has_space(nbytes, reserved) and self._pinned_room(nbytes):
             return
         if journal.short_of_space:
@@ -770,148 +713,17 @@ class SegmentContainer:
             # unless the journal refused operations; then undo their effects.
             for seg in self._dirty:
                 if not seg.durable:
-                    self._remove(seg)
+                    self._table.remove(seg)
                 else:
                     seg.reset_pending()
             self._dirty.clear()
-        if self._journal is not None and (
-            self._journal.checkpoint_due() or self._journal.short_of_space
-        ):
+        if self._journal.checkpoint_due() or self._journal.short_of_space:
             self._maintenance.set()
 
-    # -- applying to the committed view (live and during recovery) ----------------
-
     def _file_of(self, seq: int) -> int:
-        assert self._journal is not None
         return self._journal.file_of(seq)
 
-    # Each change to the committed view is written once, here, and used both
-    # when a live operation becomes durable and when recovery replays it.
-
-    def _apply_append(
-        self,
-        seg: Segment,
-        offset: int,
-        data: Buffer,
-        values: Mapping[bytes, int],
-        at_ms: int,
-        file: int,
-    ) -> None:
-        if offset != seg.length:
-            raise ContainerCorrupt(
-                f"append to segment {seg.name!r} at offset {offset}, but its length is {seg.length}"
-            )
-        end = offset + len(data)
-        seg.length = end
-        index = seg.event_index
-        if not index or offset - index[-1] >= EVENT_INDEX_SPACING:
-            index.append(offset)
-        seg.attributes.update(values)
-        seg.last_modified_ms = at_ms
-        self._note_file_usage(file, seg.id, end)
-        self.read_index.on_append(seg.id, offset, data)
-
-    def _note_file_usage(self, file: int, segment_id: int, end: int) -> None:
-        usage = self._file_usage.get(file)
-        if usage is None:
-            usage = self._file_usage[file] = {}
-        usage[segment_id] = end
-
-    def _apply_seal(self, seg: Segment, at_ms: int) -> None:
-        seg.sealed = True
-        seg.last_modified_ms = at_ms
-        self.read_index.on_change(seg.id)
-
-    def _apply_truncate(self, seg: Segment, offset: int, at_ms: int) -> builtins.list[ChunkRecord]:
-        """Returns the chunks that now lie wholly below the start offset (garbage)."""
-        seg.start_offset = max(seg.start_offset, offset)
-        seg.last_modified_ms = at_ms
-        index = seg.event_index
-        del index[: bisect.bisect_left(index, seg.start_offset)]
-        if (not index or index[0] != seg.start_offset) and self._is_boundary(seg, seg.start_offset):
-            # Readers start at the first indexed boundary at or after the
-            # start offset; when the truncation offset is one, say so, or
-            # up to a MiB of events after it would be out of their reach.
-            index.insert(0, seg.start_offset)
-        # Bytes below the start offset never need flushing.
-        seg.storage_length = max(seg.storage_length, seg.start_offset)
-        n = 0
-        while n < len(seg.chunks) and seg.chunks[n].start_offset + seg.chunks[n].length <= offset:
-            n += 1
-        dropped = list(seg.chunks[:n])
-        del seg.chunks[:n]  # in place: readers hold the list
-        self.read_index.on_truncate(seg.id, seg.start_offset)
-        self._signal_pinned_freed()
-        return dropped
-
-    def _is_boundary(self, seg: Segment, offset: int) -> bool:
-        """Whether ``offset`` is known to be where an append starts or ends.
-
-        Known: the committed length, the ends of chunks (a flush uploads up
-        to a length, which is an append's end) and the appends still in the
-        read index. Other offsets may be boundaries too; nobody can tell
-        without the data.
-        """
-        if offset == seg.length:
-            return True
-        if any(c.start_offset == offset or c.start_offset + c.length == offset for c in seg.chunks):
-            return True
-        return self.read_index.is_entry_boundary(seg.id, offset)
-
-    def _apply_chunk_added(self, seg: Segment, chunk: ChunkRecord, extends_last: bool) -> bool:
-        """Add (or grow) a chunk; False if it lies wholly below the storage length.
-
-        A chunk that grew while a truncation dropped its old record is added
-        as a new one: its object holds the bytes, and the storage writer does
-        not delete objects that a segment names.
-        """
-        end = chunk.start_offset + chunk.length
-        if end > seg.length:
-            raise ContainerCorrupt(
-                f"chunk {chunk.name!r} of {seg.name!r} ends at {end}, past the length {seg.length}"
-            )
-        if extends_last and seg.chunks and seg.chunks[-1].name == chunk.name:
-            seg.chunks[-1] = chunk
-        elif end <= seg.storage_length:
-            return False
-        elif chunk.start_offset > seg.storage_length:
-            raise ContainerCorrupt(
-                f"chunk {chunk.name!r} of {seg.name!r} starts at {chunk.start_offset}, "
-                f"past the storage length {seg.storage_length}"
-            )
-        else:
-            seg.chunks.append(chunk)
-        seg.storage_length = max(seg.storage_length, end)
-        self.read_index.on_flushed(seg.id, seg.storage_length)
-        self._signal_pinned_freed()
-        return True
-
-    def _apply_storage_sealed(self, seg: Segment) -> None:
-        seg.sealed_in_storage = True
-
-    def _apply_delete(self, seg: Segment) -> None:
-        self._remove(seg)
-        self.read_index.on_delete(seg.id)
-        self._signal_pinned_freed()
-
-    def _apply_attributes(self, seg: Segment, values: Mapping[bytes, int], at_ms: int) -> None:
-        seg.attributes.update(values)
-        seg.last_modified_ms = at_ms
-
-    def _remove(self, seg: Segment) -> None:
-        if self._segments.get(seg.name) is seg:
-            del self._segments[seg.name]
-        self._by_id.pop(seg.id, None)
-
     # -- checkpoints and journal truncation --------------------------------------
-
-    def _snapshot(self) -> bytes:
-        """The pending view: exactly the state after everything submitted so far."""
-        return ContainerSnapshot(
-            version=SNAPSHOT_VERSION,
-            next_segment_id=self._next_id,
-            segments=[s.pending_record() for s in self._segments.values() if not s.p_deleted],
-        ).SerializeToString()
 
     async def checkpoint(self, roll: bool = False) -> int:
         """Journal a checkpoint, then truncate the journal as far as possible.
@@ -919,8 +731,7 @@ class SegmentContainer:
         ``roll``: in a new journal file, so every older file may go (see
         `Journal.submit_checkpoint`).
         """
-        assert self._journal is not None
-        await self._journal.wait_for_space(64 * len(self._segments) + 1024, reserved=True)
+        await self._journal.wait_for_space(64 * len(self._table.by_name) + 1024, reserved=True)
         # The snapshot is the pending view, but chunk lists and storage
         # lengths change only when an operation is applied. A chunk added,
         # sealed in storage or truncated away that is still in flight would
@@ -938,13 +749,13 @@ class SegmentContainer:
                     await last.wait()
             self._settle()
         self._start()
-        ticket = self._journal.submit_checkpoint(self._snapshot(), roll)
+        ticket = self._journal.submit_checkpoint(self._table.pending_snapshot(), roll)
         op = PendingOperation(self, ticket, None)
         self._inflight.append(op)
         await op.wait()
         seq = ticket.result()
         self.checkpoints += 1
-        keep_from = self._oldest_needed_file()
+        keep_from = self._table.oldest_needed_file()
         if self.storage is not None and self._journal.would_truncate(seq, keep_from):
             # Files about to go may hold the only durable copy of bytes that
             # Tier 2 acknowledged from its page cache (the embedded server).
@@ -956,39 +767,25 @@ class SegmentContainer:
         deleted = await self._journal.truncate(seq, keep_from)
         if deleted:
             self.journal_files_truncated += deleted
-            first = self._journal.oldest_file()
-            for f in [f for f in self._file_usage if f < first]:
-                del self._file_usage[f]
+            self._table.forget_files_before(self._journal.oldest_file())
         log.debug("checkpoint at %d; truncated %d journal file(s)", seq, deleted)
         return seq
-
-    def _oldest_needed_file(self) -> int | None:
-        """The oldest journal file holding append data that is still needed."""
-        for f in sorted(self._file_usage):
-            for seg_id, end in self._file_usage[f].items():
-                seg = self._by_id.get(seg_id)
-                if seg is not None and end > max(seg.start_offset, seg.storage_length):
-                    return f
-        return None
 
     def _checkpoint_for_space(self) -> bool:
         """Whether the disk is full and a checkpoint in a new file would free journal files."""
         journal = self._journal
-        return (
-            journal is not None
-            and journal.short_of_space
-            and journal.rolled_checkpoint_frees(self._oldest_needed_file())
+        return journal.short_of_space and journal.rolled_checkpoint_frees(
+            self._table.oldest_needed_file()
         )
 
-    async def _run_maintenance(self) -> None:
+    async def run_maintenance(self) -> None:
+        """Checkpoints and journal truncation, when due or when space runs short (a task)."""
         while True:
             await self._maintenance.wait()
             self._maintenance = trio.Event()
             if self._closing:
                 return
             journal = self._journal
-            if journal is None:
-                continue
             # When space runs short, a checkpoint is due as soon as the
             # journal holds files of flushed data, however few operations
             # went by: it is the only way to give their space back.
@@ -999,19 +796,11 @@ class SegmentContainer:
                 except (GatewayError, OSError) as e:
                     log.warning("checkpoint failed: %s", e)
 
-    # -- recovery ----------------------------------------------------------------
-
-    def _load_snapshot(self, data: bytes) -> None:
-        snap = ContainerSnapshot.FromString(data)
-        if snap.version != SNAPSHOT_VERSION:
-            raise ContainerCorrupt(f"checkpoint snapshot version {snap.version} is unknown")
-        self._segments = {}
-        self._by_id = {}
-        for r in snap.segments:
-            seg = Segment.from_record(r)
-            self._segments[seg.name] = seg
-            self._by_id[seg.id] = seg
-        self._next_id = snap.next_segment_id
+    def close(self) -> None:
+        """Refuse new operations and stop `run_maintenance` (the node is stopping)."""
+        self._closing = True
+        self.storage = None
+        self._maintenance.set()
 
     def statistics(self) -> dict[str, int]:
         """Counters for metrics and tests."""
@@ -1020,248 +809,5 @@ class SegmentContainer:
             "inflight": len(self._inflight),
             "checkpoints": self.checkpoints,
             "journal_files_truncated": self.journal_files_truncated,
-            "journal_files_in_use": len(self._file_usage),
+            "journal_files_in_use": len(self._table.file_usage),
         }
-
-
-class _Replayer:
-    """Rebuilds a container's committed view from the journal (runs in a worker thread)."""
-
-    def __init__(self, container: SegmentContainer) -> None:
-        self.c = container
-        self.file = 0
-        #: Whether the state so far is complete: the journal starts at
-        #: sequence 1, or a checkpoint has been loaded.
-        self.based = False
-        self.first_seq = 0
-
-    def on_file(self, first_seq: int) -> None:
-        self.file = first_seq
-
-    def replay(self, seq: int, op: Operation) -> None:
-        c = self.c
-        kind = op.WhichOneof("kind")
-        if not self.first_seq:
-            self.first_seq = seq
-            self.based = seq == 1
-        if kind == "checkpoint":
-            c._load_snapshot(op.checkpoint.snapshot)
-            self.based = True
-            return
-        if kind == "append" and not self.based:
-            # Before the first checkpoint of a truncated journal: the state is
-            # in that checkpoint, but the data (and where it lies) still matters.
-            a = op.append
-            c._note_file_usage(self.file, a.segment_id, a.offset + len(a.data))
-            c.read_index.on_append(a.segment_id, a.offset, a.data)
-            return
-        if not self.based or kind == "epoch_started":
-            return
-        if kind == "append":
-            a = op.append
-            seg = self._segment(a.segment_id, seq)
-            values = {v.id: v.value for v in a.attributes}
-            c._apply_append(seg, a.offset, a.data, values, a.at_ms, self.file)
-        elif kind == "create_segment":
-            cs = op.create_segment
-            if cs.name in c._segments or cs.segment_id in c._by_id:
-                raise ContainerCorrupt(f"sequence {seq} creates {cs.name!r}, which exists")
-            seg = Segment(cs.segment_id, cs.name, cs.created_at_ms)
-            seg.durable = True
-            seg.attributes = {v.id: v.value for v in cs.attributes}
-            c._segments[seg.name] = seg
-            c._by_id[seg.id] = seg
-            c._next_id = max(c._next_id, seg.id + 1)
-        elif kind == "seal_segment":
-            s = op.seal_segment
-            c._apply_seal(self._segment(s.segment_id, seq), s.at_ms)
-        elif kind == "truncate_segment":
-            t = op.truncate_segment
-            c._apply_truncate(self._segment(t.segment_id, seq), t.offset, t.at_ms)
-        elif kind == "delete_segment":
-            c._apply_delete(self._segment(op.delete_segment.segment_id, seq))
-        elif kind == "update_attributes":
-            u = op.update_attributes
-            values = {v.id: v.value for v in u.attributes}
-            c._apply_attributes(self._segment(u.segment_id, seq), values, u.at_ms)
-        elif kind == "chunk_added":
-            a2 = op.chunk_added
-            # A copy: a sub-message would keep the whole frame's message
-            # (appended data included) alive as long as the chunk record.
-            chunk = ChunkRecord()
-            chunk.CopyFrom(a2.chunk)
-            c._apply_chunk_added(self._segment(a2.segment_id, seq), chunk, a2.extends_last)
-        elif kind == "storage_sealed":
-            c._apply_storage_sealed(self._segment(op.storage_sealed.segment_id, seq))
-        else:
-            raise ContainerCorrupt(f"sequence {seq}: unknown operation kind {kind!r}")
-
-    def _segment(self, segment_id: int, seq: int) -> Segment:
-        seg = self.c._by_id.get(segment_id)
-        if seg is None:
-            raise ContainerCorrupt(f"sequence {seq} refers to unknown segment id {segment_id}")
-        return seg
-
-    def finish(self, check: bool = True) -> None:
-        """End the replay; ``check=False`` leaves the invariants to the caller (fsck)."""
-        if self.first_seq and not self.based:
-            raise ContainerCorrupt(
-                f"the journal starts at sequence {self.first_seq} without a checkpoint"
-            )
-        index = self.c.read_index
-        for seg in self.c._segments.values():
-            seg.reset_pending()
-            index.on_truncate(seg.id, seg.start_offset)
-            index.on_flushed(seg.id, seg.storage_length)
-            if check:
-                _check_chunks(seg)
-        if check:
-            index.check_coverage([s.view() for s in self.c._segments.values()])
-
-
-def _check_chunks(seg: Segment) -> None:
-    """The chunks cover [start_offset, storage_length) without gaps or overlaps."""
-    need = seg.start_offset
-    for c in seg.chunks:
-        if c.start_offset > need:
-            raise ContainerCorrupt(f"{seg.name!r} has no chunk for [{need}, {c.start_offset})")
-        need = max(need, c.start_offset + c.length)
-    if need < seg.storage_length:
-        raise ContainerCorrupt(
-            f"{seg.name!r} is in Tier 2 up to {seg.storage_length}, its chunks end at {need}"
-        )
-
-
-class _DiscardedData:
-    """Stands in for the cache store when only metadata is wanted: drops append data."""
-
-    def put_append(self, segment_id: int, offset: int, data: Buffer) -> None:
-        """Nothing to keep."""
-
-    def unpin_appends(self, segment_id: int, below: int) -> int:
-        """Nothing was kept."""
-        return 0
-
-    def drop_segment(self, segment_id: int) -> int:
-        """Nothing was kept."""
-        return 0
-
-
-def replay_metadata(journal_dir: pathlib.Path) -> tuple[ContainerSnapshot, int]:
-    """The committed metadata a journal holds, and the highest epoch in it (blocking).
-
-    For ``export-metadata --offline``: the journal is replayed exactly as
-    `open_container` would, but read-only (no lock, no repair: a torn tail
-    is simply where the replay stops, as in ``journal-dump``) and without
-    keeping append data. Raises JournalCorrupt or ContainerCorrupt.
-    """
-    container, result = _replay_read_only(journal_dir, check=True)
-    return container.committed_snapshot(), result.max_epoch
-
-
-def replay_for_fsck(journal_dir: pathlib.Path) -> SegmentContainer:
-    """The committed view a journal holds, for fsck to inspect (blocking).
-
-    Replayed as `replay_metadata` does, but the invariants are not checked,
-    so that fsck can report every violation rather than stop at the first;
-    the read index still tells which bytes the journal holds. Raises
-    JournalCorrupt or ContainerCorrupt (an operation that does not apply).
-    """
-    return _replay_read_only(journal_dir, check=False)[0]
-
-
-def _replay_read_only(
-    journal_dir: pathlib.Path, check: bool
-) -> tuple[SegmentContainer, RecoveryResult]:
-    store = cast(CacheStore, _DiscardedData())
-    container = SegmentContainer(ContainerConfig(), ReadIndex(store))
-    replayer = _Replayer(container)
-    result = recover(journal_dir, replayer.replay, False, replayer.on_file)
-    replayer.finish(check=check)
-    return container, result
-
-
-@asynccontextmanager
-async def open_container(
-    config: Config, tier2: ChunkLayer | None = None
-) -> AsyncIterator[SegmentContainer]:
-    """Recover the container from its journal and serve operations until exit.
-
-    With ``tier2``, flushed bytes are read back from it and the storage
-    writer moves committed bytes there in the background; without it (unit
-    tests of the container), everything stays in the journal and the cache.
-    On a clean exit a final checkpoint is written, so the next start replays
-    little.
-    """
-    store = await trio.to_thread.run_sync(
-        CacheStore.open, config.cache_dir, cache_budget(config), config.cache.pinned_share
-    )
-    try:
-        async with _open_container(config, store, tier2) as container:
-            yield container
-    finally:
-        await trio.to_thread.run_sync(store.close)
-
-
-def cache_budget(config: Config) -> int:
-    """``cache.budget``, or for "auto": 4 GiB or 25% of the free disk, the smaller."""
-    if config.cache.budget:
-        return config.cache.budget
-    directory = config.cache_dir
-    directory.mkdir(parents=True, exist_ok=True)
-    st = os.statvfs(directory)
-    return max(64 * 1024 * 1024, min(4 * 1024**3, st.f_bavail * st.f_frsize // 4))
-
-
-@asynccontextmanager
-async def _open_container(
-    config: Config, store: CacheStore, tier2: ChunkLayer | None
-) -> AsyncIterator[SegmentContainer]:
-    # Imported here: the storage writer builds on the container.
-    from gateway.tier2.reader import ChunkReader
-    from gateway.tier2.storage_writer import StorageWriter
-
-    container = SegmentContainer(config.container, ReadIndex(store))
-    replayer = _Replayer(container)
-    started = time.monotonic()
-    async with open_journal(
-        config.journal_dir, config.journal, replayer.replay, replayer.on_file
-    ) as journal:
-        replayer.finish()
-        container._journal = journal
-        log.info(
-            "container: recovered %d segment(s) in %.2fs",
-            container.segment_count,
-            time.monotonic() - started,
-        )
-        async with service_nursery() as nursery:
-            nursery.start_soon(container._run_maintenance)
-            nursery.start_soon(container.read_index.run_writer)
-            if tier2 is not None:
-                reader = ChunkReader(
-                    tier2,
-                    store,
-                    read_ahead=config.tier2.read_ahead,
-                    memory_bytes=config.fuse.prefetch_memory,
-                )
-                await nursery.start(reader.run)
-                container.read_index.tier2 = reader
-                writer = StorageWriter(
-                    container, tier2, config.tier2, config.node.id, journal.epoch, reader
-                )
-                container.storage = writer
-                await nursery.start(writer.run)
-            try:
-                yield container
-                await container.wait_settled()
-                if journal.failed is None and journal.statistics().frames_since_checkpoint:
-                    await container.checkpoint()
-            finally:
-                container._closing = True
-                container.storage = None
-                container._maintenance.set()
-                # Shielded so a cancelled shutdown still empties the queue, but
-                # bounded: the data is in the journal either way.
-                with trio.CancelScope(shield=True), trio.move_on_after(30):
-                    await container.read_index.wait_written()
-                nursery.cancel_scope.cancel()

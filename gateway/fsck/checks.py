@@ -47,7 +47,7 @@ from cache import CacheStore
 from gateway.config import Tier2Config
 from gateway.errors import ChunkNotFound, JournalCorrupt, Tier2Error
 from gateway.journal.files import list_files
-from gateway.journal.recovery import FileEnd, mapped, read_frames, recover, valid_frames_after
+from gateway.journal.replay import FileEnd, mapped, read_frames, replay_journal, valid_frames_after
 from gateway.protocol.metadata_pb2 import ChunkRecord, ContainerSnapshot, SegmentRecord
 from gateway.readindex import ReadIndex, SegmentView
 from gateway.tier2 import gc, names
@@ -214,7 +214,7 @@ def _scan_journal(directory: pathlib.Path, online: bool, repair: bool) -> Journa
     bad = _first_bad_frames(directory)
     corrupt: JournalCorrupt | None = None
     try:
-        result = recover(directory, repair=False)
+        result = replay_journal(directory, repair=False)
     except JournalCorrupt as e:
         corrupt = e
     if corrupt is not None:
@@ -257,7 +257,7 @@ def _scan_journal(directory: pathlib.Path, online: bool, repair: bool) -> Journa
     fixable = not online and (torn is not None or result.empty_files)
     if repair and fixable:
         # What the daemon's next start would do, under the lock fsck holds.
-        recover(directory, repair=True)
+        replay_journal(directory, repair=True)
     if torn is not None:
         if online:
             scan.findings.append(

@@ -21,6 +21,8 @@ from gateway.container.container import SegmentContainer
 from gateway.errors import GatewayError
 from gateway.protocol import wire_pb2 as wire
 from gateway.protocol.metadata_pb2 import ChunkRecord
+from gateway.tier2.reader import ChunkReader
+from gateway.tier2.storage_writer import StorageWriter
 
 from .checks import Options, Target, run_target_checks
 from .report import Event, to_wire
@@ -28,13 +30,12 @@ from .report import Event, to_wire
 log = logging.getLogger(__name__)
 
 
-def live_target(container: SegmentContainer) -> Target:
-    """The running daemon's state as a check target."""
-    # Imported here: the storage writer builds on the container.
-    from gateway.tier2.storage_writer import StorageWriter
-
-    writer = container.storage if isinstance(container.storage, StorageWriter) else None
-    reader = container.read_index.tier2
+def live_target(
+    container: SegmentContainer,
+    writer: StorageWriter | None = None,
+    reader: ChunkReader | None = None,
+) -> Target:
+    """The running daemon's state as a check target (``writer``, ``reader``: its Tier 2)."""
 
     def chunks_now() -> dict[str, ChunkRecord]:
         return {c.name: c for s in container.segments() for c in s.chunks}
@@ -70,7 +71,7 @@ def live_target(container: SegmentContainer) -> Target:
 
 
 async def serve_fsck(
-    container: SegmentContainer,
+    target: Target,
     request: wire.FsckRequest,
     request_id: int,
     send: Callable[[bytes], Awaitable[None]],
@@ -83,7 +84,7 @@ async def serve_fsck(
 
     options = Options(deep=request.deep, repair=request.repair)
     try:
-        await run_target_checks(live_target(container), options, sink)
+        await run_target_checks(target, options, sink)
     except (GatewayError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         raise  # answered, or the connection is gone: the server handles both
     except Exception as e:

@@ -95,7 +95,7 @@ async def _open_tier2(stack: AsyncExitStack, config: Config) -> tuple[Any, str]:
 
 async def _open_cache(stack: AsyncExitStack, config: Config) -> tuple[CacheStore | None, str]:
     """The node's cache (opening drops stale pinned copies, as every start does)."""
-    from gateway.container.container import cache_budget
+    from gateway.node import cache_budget
 
     directory = config.cache_dir
     if not (directory / "CURRENT").exists():
@@ -177,18 +177,19 @@ async def run_offline(config: Config, options: Options, sink: Sink) -> None:
     A journal that cannot give the metadata (corrupt, or not replaying)
     leaves Tier 2 to be checked against its newest metadata snapshot.
     """
-    from gateway.container.container import ContainerCorrupt, replay_for_fsck
+    from gateway.container.replay import replay_for_fsck
+    from gateway.container.table import ContainerCorrupt
 
     journal_dir = config.journal_dir
     if not await check_journal(journal_dir, CheckRun("journal", sink, options)):
         await _from_snapshot(config, options, sink, "")
         return
     try:
-        container = await trio.to_thread.run_sync(replay_for_fsck, journal_dir)
+        table = await trio.to_thread.run_sync(replay_for_fsck, journal_dir)
     except (ContainerCorrupt, JournalCorrupt) as e:
         await _from_snapshot(config, options, sink, str(e))
         return
-    snapshot = container.committed_snapshot()
+    snapshot = table.committed_snapshot()
     records = {c.name: c for s in snapshot.segments for c in s.chunks}
     async with AsyncExitStack() as stack:
         layer, tier2_error = await _open_tier2(stack, config)
@@ -202,7 +203,7 @@ async def run_offline(config: Config, options: Options, sink: Sink) -> None:
             node=config.node.id,
             tier2=config.tier2,
             snapshot=lambda: snapshot,
-            read_index=container.read_index,
+            read_index=table.read_index,
             layer=layer,
             store=store,
             chunks_now=chunks_now,

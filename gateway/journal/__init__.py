@@ -1,6 +1,13 @@
 """Tier 1: the local write-ahead journal (DESIGN.md, "Tier 1")."""
 
 from gateway.journal.journal import Journal, JournalStatistics, Ticket, open_journal
-from gateway.journal.recovery import RecoveryResult, recover
+from gateway.journal.replay import ReplayResult, replay_journal
 
-__all__ = ["Journal", "JournalStatistics", "RecoveryResult", "Ticket", "open_journal", "recover"]
+__all__ = [
+    "Journal",
+    "JournalStatistics",
+    "ReplayResult",
+    "Ticket",
+    "open_journal",
+    "replay_journal",
+]

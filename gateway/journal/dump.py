@@ -13,12 +13,12 @@ from typing import TextIO
 
 from gateway.errors import JournalCorrupt
 from gateway.journal.files import list_files
-from gateway.journal.recovery import (
+from gateway.journal.replay import (
     FileEnd,
     FrameRecord,
     mapped,
     read_frames,
-    recover,
+    replay_journal,
     valid_frames_after,
 )
 
@@ -71,7 +71,7 @@ def dump(directory: pathlib.Path, out: TextIO, as_json: bool = False) -> int:
                     for later in valid_frames_after(data, item.offset + 1, jf.path):
                         _write_frame(out, later, as_json, "(after the bad frame)")
     try:
-        result = recover(directory, repair=False)
+        result = replay_journal(directory, repair=False)
     except JournalCorrupt as e:
         verdict, code = f"CORRUPT: {e}", 3
     else:

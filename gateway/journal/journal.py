@@ -62,7 +62,7 @@ from gateway.journal.files import (
     fsync_directory,
 )
 from gateway.journal.format import encode_group, operation_prefix
-from gateway.journal.recovery import RecoveryResult, ReplayCallback, recover
+from gateway.journal.replay import ReplayCallback, ReplayResult, replay_journal
 from gateway.protocol.journal_pb2 import Checkpoint, EpochStarted, Operation
 from gateway.stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
 
@@ -177,7 +177,7 @@ class Journal:
         self,
         directory: pathlib.Path,
         config: JournalConfig,
-        recovered: RecoveryResult,
+        recovered: ReplayResult,
         min_epoch: int = 1,
     ) -> None:
         self.directory = directory
@@ -787,7 +787,7 @@ async def open_journal(
     on_file: Callable[[int], None] | None = None,
     min_epoch: int = 1,
 ) -> AsyncIterator[Journal]:
-    """Lock, recover and open the journal in ``directory`` for appending.
+    """Lock, replay and open the journal in ``directory`` for appending.
 
     ``replay(seq, op)`` is called for every operation already in the journal,
     in order, before this returns -- from a worker thread, since recovery
@@ -803,7 +803,7 @@ async def open_journal(
     lock = DirectoryLock(directory)
     journal: Journal | None = None
     try:
-        recovered = await trio.to_thread.run_sync(recover, directory, replay, True, on_file)
+        recovered = await trio.to_thread.run_sync(replay_journal, directory, replay, True, on_file)
         journal = Journal(directory, config, recovered, min_epoch)
         if not await trio.to_thread.run_sync(journal._open_reserve):
             journal._become_short_of_space()

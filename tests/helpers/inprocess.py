@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import trio
 
 from gateway.config import Config
-from gateway.container.container import SegmentContainer, open_container
+from gateway.container.container import SegmentContainer
+from gateway.node import open_node
 from gateway.server import Server
 
 
@@ -23,7 +24,8 @@ class Served:
 @asynccontextmanager
 async def served(config: Config) -> AsyncIterator[Served]:
     """The container and a server on a free loopback port."""
-    async with open_container(config) as container:
+    async with open_node(config) as node:
+        container = node.container
         server = Server(container, config.server, config.container.max_append_bytes)
         async with trio.open_nursery() as nursery:
             addresses = await nursery.start(server.serve)

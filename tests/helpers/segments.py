@@ -6,7 +6,7 @@ import pathlib
 from typing import Any
 
 from gateway.config import Config
-from gateway.journal import recover
+from gateway.journal import replay_journal
 from gateway.protocol.journal_pb2 import Operation
 
 
@@ -52,5 +52,5 @@ def journal_segments(journal_dir: pathlib.Path) -> dict[str, bytes]:
         elif kind == "delete_segment":
             names.pop(op.delete_segment.segment_id)
 
-    recover(journal_dir, replay)
+    replay_journal(journal_dir, replay)
     return {name: bytes(data[i]) for i, name in names.items()}

@@ -156,7 +156,7 @@ def valid_frames_after(
 
 
 @dataclass
-class RecoveryResult:
+class ReplayResult:
     """What recovery found (and, when repairing, left behind)."""
 
     #: Files that hold frames, oldest first, after any repair.
@@ -177,12 +177,12 @@ class RecoveryResult:
     data_bytes: int = 0
 
 
-def recover(
+def replay_journal(
     directory: pathlib.Path,
     replay: ReplayCallback | None = None,
     repair: bool = False,
     on_file: Callable[[int], None] | None = None,
-) -> RecoveryResult:
+) -> ReplayResult:
     """Read the whole journal in ``directory``, calling ``replay`` for each operation.
 
     ``on_file(first_seq)`` is called before the operations of each file that
@@ -193,7 +193,7 @@ def recover(
     journal is only read. Raises JournalCorrupt on corruption, before any
     change is made.
     """
-    result = RecoveryResult()
+    result = ReplayResult()
     files = list_files(directory)
     expected: int | None = None  # the next sequence number we must see
     last: FrameHeader | None = None  # the last valid frame, if in the current file
@@ -289,7 +289,7 @@ def recover(
 
 
 def _repair(
-    directory: pathlib.Path, result: RecoveryResult, data_ends: dict[pathlib.Path, int]
+    directory: pathlib.Path, result: ReplayResult, data_ends: dict[pathlib.Path, int]
 ) -> None:
     """Cut the torn tail, drop preallocated space of the last file, delete empty files."""
     if result.torn is not None:

@@ -1,0 +1,155 @@
+"""Replaying the journal into a segment table: at start, for fsck and for export.
+
+The journal hands every durable operation, in order, to `Replayer.replay`
+(from a worker thread: nothing here touches trio). Before the first
+checkpoint of a truncated journal only where appended bytes lie matters; from
+it on, each operation is applied through the same `SegmentTable` methods the
+live container uses, so a replay and the live run cannot disagree.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import cast
+
+from cache import CacheStore
+from gateway.buffers import Buffer
+from gateway.container.segment import Segment
+from gateway.container.table import ContainerCorrupt, SegmentTable
+from gateway.journal import ReplayResult, replay_journal
+from gateway.protocol.journal_pb2 import Operation
+from gateway.protocol.metadata_pb2 import ChunkRecord, ContainerSnapshot
+from gateway.readindex import ReadIndex
+
+
+class Replayer:
+    """Rebuilds a segment table's committed view from the journal's operations."""
+
+    def __init__(self, table: SegmentTable) -> None:
+        self.table = table
+        self.file = 0
+        #: Whether the state so far is complete: the journal starts at
+        #: sequence 1, or a checkpoint has been loaded.
+        self.based = False
+        self.first_seq = 0
+
+    def on_file(self, first_seq: int) -> None:
+        """The operations that follow are in the journal file starting at ``first_seq``."""
+        self.file = first_seq
+
+    def replay(self, seq: int, op: Operation) -> None:
+        """Apply one durable operation."""
+        t = self.table
+        kind = op.WhichOneof("kind")
+        if not self.first_seq:
+            self.first_seq = seq
+            self.based = seq == 1
+        if kind == "checkpoint":
+            t.load_snapshot(op.checkpoint.snapshot)
+            self.based = True
+            return
+        if kind == "append" and not self.based:
+            # Before the first checkpoint of a truncated journal: the state is
+            # in that checkpoint, but the data (and where it lies) still matters.
+            a = op.append
+            t.note_file_usage(self.file, a.segment_id, a.offset + len(a.data))
+            t.read_index.on_append(a.segment_id, a.offset, a.data)
+            return
+        if not self.based or kind == "epoch_started":
+            return
+        if kind == "append":
+            a = op.append
+            seg = self._segment(a.segment_id, seq)
+            values = {v.id: v.value for v in a.attributes}
+            t.apply_append(seg, a.offset, a.data, values, a.at_ms, self.file)
+        elif kind == "create_segment":
+            cs = op.create_segment
+            if cs.name in t.by_name or cs.segment_id in t.by_id:
+                raise ContainerCorrupt(f"sequence {seq} creates {cs.name!r}, which exists")
+            seg = Segment(cs.segment_id, cs.name, cs.created_at_ms)
+            t.add(seg)
+            t.apply_create(seg, {v.id: v.value for v in cs.attributes})
+        elif kind == "seal_segment":
+            s = op.seal_segment
+            t.apply_seal(self._segment(s.segment_id, seq), s.at_ms)
+        elif kind == "truncate_segment":
+            tr = op.truncate_segment
+            t.apply_truncate(self._segment(tr.segment_id, seq), tr.offset, tr.at_ms)
+        elif kind == "delete_segment":
+            t.apply_delete(self._segment(op.delete_segment.segment_id, seq))
+        elif kind == "update_attributes":
+            u = op.update_attributes
+            values = {v.id: v.value for v in u.attributes}
+            t.apply_attributes(self._segment(u.segment_id, seq), values, u.at_ms)
+        elif kind == "chunk_added":
+            a2 = op.chunk_added
+            # A copy: a sub-message would keep the whole frame's message
+            # (appended data included) alive as long as the chunk record.
+            chunk = ChunkRecord()
+            chunk.CopyFrom(a2.chunk)
+            t.apply_chunk_added(self._segment(a2.segment_id, seq), chunk, a2.extends_last)
+        elif kind == "storage_sealed":
+            t.apply_storage_sealed(self._segment(op.storage_sealed.segment_id, seq))
+        else:
+            raise ContainerCorrupt(f"sequence {seq}: unknown operation kind {kind!r}")
+
+    def _segment(self, segment_id: int, seq: int) -> Segment:
+        seg = self.table.by_id.get(segment_id)
+        if seg is None:
+            raise ContainerCorrupt(f"sequence {seq} refers to unknown segment id {segment_id}")
+        return seg
+
+    def finish(self, check: bool = True) -> None:
+        """End the replay; ``check=False`` leaves the invariants to the caller (fsck)."""
+        if self.first_seq and not self.based:
+            raise ContainerCorrupt(
+                f"the journal starts at sequence {self.first_seq} without a checkpoint"
+            )
+        self.table.settle_replayed(check)
+
+
+class _DiscardedData:
+    """Stands in for the cache store when only metadata is wanted: drops append data."""
+
+    def put_append(self, segment_id: int, offset: int, data: Buffer) -> None:
+        """Nothing to keep."""
+
+    def unpin_appends(self, segment_id: int, below: int) -> int:
+        """Nothing was kept."""
+        return 0
+
+    def drop_segment(self, segment_id: int) -> int:
+        """Nothing was kept."""
+        return 0
+
+
+def replay_metadata(journal_dir: pathlib.Path) -> tuple[ContainerSnapshot, int]:
+    """The committed metadata a journal holds, and the highest epoch in it (blocking).
+
+    For ``export-metadata --offline``: the journal is replayed exactly as a
+    starting node replays it, but read-only (no lock, no repair: a torn tail
+    is simply where the replay stops, as in ``journal-dump``) and without
+    keeping append data. Raises JournalCorrupt or ContainerCorrupt.
+    """
+    table, result = _replay_read_only(journal_dir, check=True)
+    return table.committed_snapshot(), result.max_epoch
+
+
+def replay_for_fsck(journal_dir: pathlib.Path) -> SegmentTable:
+    """The committed view a journal holds, for fsck to inspect (blocking).
+
+    Replayed as `replay_metadata` does, but the invariants are not checked,
+    so that fsck can report every violation rather than stop at the first;
+    the read index still tells which bytes the journal holds. Raises
+    JournalCorrupt or ContainerCorrupt (an operation that does not apply).
+    """
+    return _replay_read_only(journal_dir, check=False)[0]
+
+
+def _replay_read_only(journal_dir: pathlib.Path, check: bool) -> tuple[SegmentTable, ReplayResult]:
+    store = cast(CacheStore, _DiscardedData())
+    table = SegmentTable(ReadIndex(store))
+    replayer = Replayer(table)
+    result = replay_journal(journal_dir, replayer.replay, False, replayer.on_file)
+    replayer.finish(check=check)
+    return table, result

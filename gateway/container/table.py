@@ -1,0 +1,268 @@
+"""The segment table: every segment's metadata and the changes that apply to it.
+
+Each change to the committed view is written once, here, and used both when
+a live operation becomes durable (`gateway.container.container`) and when a
+replay of the journal repeats it (`gateway.container.replay`). The table
+also knows which journal file holds which segment's appended bytes, which is
+what decides how far the journal may be truncated, and it reads and writes
+the checkpoint snapshot (`ContainerSnapshot`).
+
+The table keeps the read index in step with the metadata (an append's bytes
+are indexed when it is applied); it knows nothing of the journal itself, of
+Tier 2 or of waiting.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator, Mapping, Sequence
+
+from gateway.buffers import Buffer
+from gateway.container.segment import Segment
+from gateway.errors import GatewayError
+from gateway.protocol.metadata_pb2 import ChunkRecord, ContainerSnapshot
+from gateway.readindex import ReadIndex
+
+#: The ContainerSnapshot format version this code writes and reads (the
+#: journal's checkpoints and, inside a MetadataSnapshot, Tier 2's).
+SNAPSHOT_VERSION = 1
+#: About one event-boundary index entry per this many bytes of a segment.
+EVENT_INDEX_SPACING = 1024 * 1024
+
+
+class ContainerCorrupt(GatewayError):
+    """container metadata in the journal is inconsistent: {}. Run `segment-gateway fsck`"""
+
+    exit_code = 3
+
+
+class SegmentTable:
+    """Segments by name (including pending creates) and by id, over a read index."""
+
+    def __init__(self, read_index: ReadIndex) -> None:
+        self.read_index = read_index
+        self.by_name: dict[str, Segment] = {}
+        self.by_id: dict[int, Segment] = {}
+        self.next_id = 1
+        #: Journal file (first sequence number) -> segment id -> end offset of
+        #: that segment's last append in the file. Decides journal truncation.
+        self.file_usage: dict[int, dict[int, int]] = {}
+
+    # -- membership ----------------------------------------------------------------
+
+    def add(self, seg: Segment) -> None:
+        """A new segment (pending until its create is durable)."""
+        self.by_name[seg.name] = seg
+        self.by_id[seg.id] = seg
+        self.next_id = max(self.next_id, seg.id + 1)
+
+    def remove(self, seg: Segment) -> None:
+        """Forget the segment (deleted, or its create was refused)."""
+        if self.by_name.get(seg.name) is seg:
+            del self.by_name[seg.name]
+        self.by_id.pop(seg.id, None)
+
+    def committed(self) -> Iterator[Segment]:
+        """Every committed live segment."""
+        return (s for s in self.by_name.values() if s.durable)
+
+    # -- changes to the committed view ---------------------------------------------
+
+    def apply_create(self, seg: Segment, values: Mapping[bytes, int]) -> None:
+        """The segment's create is durable."""
+        seg.durable = True
+        seg.attributes.update(values)
+
+    def apply_append(
+        self,
+        seg: Segment,
+        offset: int,
+        data: Buffer,
+        values: Mapping[bytes, int],
+        at_ms: int,
+        file: int,
+    ) -> None:
+        """An append landed in journal file ``file``: grow the segment, index the bytes."""
+        if offset != seg.length:
+            raise ContainerCorrupt(
+                f"append to segment {seg.name!r} at offset {offset}, but its length is {seg.length}"
+            )
+        end = offset + len(data)
+        seg.length = end
+        index = seg.event_index
+        if not index or offset - index[-1] >= EVENT_INDEX_SPACING:
+            index.append(offset)
+        seg.attributes.update(values)
+        seg.last_modified_ms = at_ms
+        self.note_file_usage(file, seg.id, end)
+        self.read_index.on_append(seg.id, offset, data)
+
+    def note_file_usage(self, file: int, segment_id: int, end: int) -> None:
+        """Journal file ``file`` holds the segment's bytes up to ``end``."""
+        usage = self.file_usage.get(file)
+        if usage is None:
+            usage = self.file_usage[file] = {}
+        usage[segment_id] = end
+
+    def apply_seal(self, seg: Segment, at_ms: int) -> None:
+        """The segment is sealed: its length is final."""
+        seg.sealed = True
+        seg.last_modified_ms = at_ms
+        self.read_index.on_change(seg.id)
+
+    def apply_truncate(self, seg: Segment, offset: int, at_ms: int) -> list[ChunkRecord]:
+        """Raise the start offset; returns the chunks now wholly below it (garbage)."""
+        seg.start_offset = max(seg.start_offset, offset)
+        seg.last_modified_ms = at_ms
+        index = seg.event_index
+        del index[: bisect.bisect_left(index, seg.start_offset)]
+        if (not index or index[0] != seg.start_offset) and self._is_boundary(seg, seg.start_offset):
+            # Readers start at the first indexed boundary at or after the
+            # start offset; when the truncation offset is one, say so, or
+            # up to a MiB of events after it would be out of their reach.
+            index.insert(0, seg.start_offset)
+        # Bytes below the start offset never need flushing.
+        seg.storage_length = max(seg.storage_length, seg.start_offset)
+        n = 0
+        while n < len(seg.chunks) and seg.chunks[n].start_offset + seg.chunks[n].length <= offset:
+            n += 1
+        dropped = list(seg.chunks[:n])
+        del seg.chunks[:n]  # in place: readers hold the list
+        self.read_index.on_truncate(seg.id, seg.start_offset)
+        return dropped
+
+    def _is_boundary(self, seg: Segment, offset: int) -> bool:
+        """Whether ``offset`` is known to be where an append starts or ends.
+
+        Known: the committed length, the ends of chunks (a flush uploads up
+        to a length, which is an append's end) and the appends still in the
+        read index. Other offsets may be boundaries too; nobody can tell
+        without the data.
+        """
+        if offset == seg.length:
+            return True
+        if any(c.start_offset == offset or c.start_offset + c.length == offset for c in seg.chunks):
+            return True
+        return self.read_index.is_entry_boundary(seg.id, offset)
+
+    def apply_chunk_added(self, seg: Segment, chunk: ChunkRecord, extends_last: bool) -> bool:
+        """Add (or grow) a chunk; False if it lies wholly below the storage length.
+
+        A chunk that grew while a truncation dropped its old record is added
+        as a new one: its object holds the bytes, and the storage writer does
+        not delete objects that a segment names.
+        """
+        end = chunk.start_offset + chunk.length
+        if end > seg.length:
+            raise ContainerCorrupt(
+                f"chunk {chunk.name!r} of {seg.name!r} ends at {end}, past the length {seg.length}"
+            )
+        if extends_last and seg.chunks and seg.chunks[-1].name == chunk.name:
+            seg.chunks[-1] = chunk
+        elif end <= seg.storage_length:
+            return False
+        elif chunk.start_offset > seg.storage_length:
+            raise ContainerCorrupt(
+                f"chunk {chunk.name!r} of {seg.name!r} starts at {chunk.start_offset}, "
+                f"past the storage length {seg.storage_length}"
+            )
+        else:
+            seg.chunks.append(chunk)
+        seg.storage_length = max(seg.storage_length, end)
+        self.read_index.on_flushed(seg.id, seg.storage_length)
+        return True
+
+    def apply_storage_sealed(self, seg: Segment) -> None:
+        """Every byte of the sealed segment is in Tier 2."""
+        seg.sealed_in_storage = True
+
+    def apply_delete(self, seg: Segment) -> None:
+        """The segment is gone, and its bytes with it."""
+        self.remove(seg)
+        self.read_index.on_delete(seg.id)
+
+    def apply_attributes(self, seg: Segment, values: Mapping[bytes, int], at_ms: int) -> None:
+        """Attribute values changed."""
+        seg.attributes.update(values)
+        seg.last_modified_ms = at_ms
+
+    # -- journal truncation ----------------------------------------------------------
+
+    def oldest_needed_file(self) -> int | None:
+        """The oldest journal file holding append data that is still needed.
+
+        Data is needed unless it is in Tier 2 (below the storage length), its
+        segment was deleted, or it was truncated away.
+        """
+        for f in sorted(self.file_usage):
+            for seg_id, end in self.file_usage[f].items():
+                seg = self.by_id.get(seg_id)
+                if seg is not None and end > max(seg.start_offset, seg.storage_length):
+                    return f
+        return None
+
+    def forget_files_before(self, first: int) -> None:
+        """Journal files before ``first`` were deleted."""
+        for f in [f for f in self.file_usage if f < first]:
+            del self.file_usage[f]
+
+    # -- snapshots ---------------------------------------------------------------------
+
+    def pending_snapshot(self) -> bytes:
+        """The pending view: exactly the state after everything submitted so far."""
+        return ContainerSnapshot(
+            version=SNAPSHOT_VERSION,
+            next_segment_id=self.next_id,
+            segments=[s.pending_record() for s in self.by_name.values() if not s.p_deleted],
+        ).SerializeToString()
+
+    def committed_snapshot(self) -> ContainerSnapshot:
+        """The committed view of every segment (Tier-2 metadata snapshots, export)."""
+        return ContainerSnapshot(
+            version=SNAPSHOT_VERSION,
+            next_segment_id=self.next_id,
+            segments=[s.committed_record() for s in self.committed()],
+        )
+
+    def load_snapshot(self, data: bytes) -> None:
+        """Replace every segment by those of a checkpoint's snapshot."""
+        snap = ContainerSnapshot.FromString(data)
+        if snap.version != SNAPSHOT_VERSION:
+            raise ContainerCorrupt(f"checkpoint snapshot version {snap.version} is unknown")
+        self.by_name = {}
+        self.by_id = {}
+        for r in snap.segments:
+            self.add(Segment.from_record(r))
+        self.next_id = snap.next_segment_id
+
+    # -- after a replay ------------------------------------------------------------------
+
+    def settle_replayed(self, check: bool = True) -> None:
+        """After a replay: pending = committed, the read index trimmed to what is needed.
+
+        ``check=False`` leaves the invariants to the caller (fsck reports
+        every violation instead of stopping at the first).
+        """
+        index = self.read_index
+        for seg in self.by_name.values():
+            seg.reset_pending()
+            index.on_truncate(seg.id, seg.start_offset)
+            index.on_flushed(seg.id, seg.storage_length)
+            if check:
+                check_chunks(seg)
+        if check:
+            index.check_coverage([s.view() for s in self.by_name.values()])
+
+
+def check_chunks(seg: Segment) -> None:
+    """The chunks cover [start_offset, storage_length) without gaps or overlaps."""
+    need = seg.start_offset
+    chunks: Sequence[ChunkRecord] = seg.chunks
+    for c in chunks:
+        if c.start_offset > need:
+            raise ContainerCorrupt(f"{seg.name!r} has no chunk for [{need}, {c.start_offset})")
+        need = max(need, c.start_offset + c.length)
+    if need < seg.storage_length:
+        raise ContainerCorrupt(
+            f"{seg.name!r} is in Tier 2 up to {seg.storage_length}, its chunks end at {need}"
+        )

@@ -1,0 +1,136 @@
+"""A running node's storage parts, assembled in one place.
+
+`open_node` builds, in order: the RocksDB cache store, Tier 2's chunk reader
+(when there is a Tier 2), the read index over both, the segment table, the
+journal (replayed into the table), the segment container, and the storage
+writer; it runs their background tasks and, on exit, stops them in the
+reverse order. Nothing below this module wires one part into another: the
+container knows its journal and listeners only as protocols
+(`gateway.container.interfaces`) and the read index knows Tier 2 only as a
+source of flushed bytes (`gateway.readindex.FlushedBytes`).
+
+The serving surfaces (protocol server, mount, metrics) and the lifecycle
+(signals, systemd, the ordered stop) are `gateway.daemon`'s; fsck and the
+benchmarks open a node the same way the daemon does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import trio
+
+from cache import CacheStore
+from gateway.aio import service_nursery
+from gateway.config import Config
+from gateway.container.container import SegmentContainer
+from gateway.container.replay import Replayer
+from gateway.container.table import SegmentTable
+from gateway.journal import Journal, open_journal
+from gateway.readindex import ReadIndex
+from gateway.tier2.layer import ChunkLayer
+from gateway.tier2.reader import ChunkReader
+from gateway.tier2.storage_writer import StorageWriter
+
+log = logging.getLogger(__name__)
+
+
+def cache_budget(config: Config) -> int:
+    """``cache.budget``, or for "auto": 4 GiB or 25% of the free disk, the smaller."""
+    if config.cache.budget:
+        return config.cache.budget
+    directory = config.cache_dir
+    directory.mkdir(parents=True, exist_ok=True)
+    st = os.statvfs(directory)
+    return max(64 * 1024 * 1024, min(4 * 1024**3, st.f_bavail * st.f_frsize // 4))
+
+
+@dataclass(frozen=True)
+class Node:
+    """The parts of a running node that other parts and the serving surfaces use."""
+
+    config: Config
+    store: CacheStore
+    read_index: ReadIndex
+    journal: Journal
+    container: SegmentContainer
+    #: Tier 2's chunk reader and storage writer; None without a Tier 2 (unit
+    #: tests of the layers above, benchmarks of the cache alone).
+    reader: ChunkReader | None
+    storage_writer: StorageWriter | None
+
+
+@asynccontextmanager
+async def open_node(config: Config, tier2: ChunkLayer | None = None) -> AsyncIterator[Node]:
+    """Replay the journal and serve the node's storage until exit.
+
+    With ``tier2``, flushed bytes are read back from it and the storage
+    writer moves committed bytes there in the background; without it,
+    everything stays in the journal and the cache. On a clean exit a final
+    checkpoint is written, so the next start replays little.
+    """
+    store = await trio.to_thread.run_sync(
+        CacheStore.open, config.cache_dir, cache_budget(config), config.cache.pinned_share
+    )
+    try:
+        async with _open_parts(config, store, tier2) as node:
+            yield node
+    finally:
+        await trio.to_thread.run_sync(store.close)
+
+
+@asynccontextmanager
+async def _open_parts(
+    config: Config, store: CacheStore, tier2: ChunkLayer | None
+) -> AsyncIterator[Node]:
+    reader = None
+    if tier2 is not None:
+        reader = ChunkReader(
+            tier2,
+            store,
+            read_ahead=config.tier2.read_ahead,
+            memory_bytes=config.fuse.prefetch_memory,
+        )
+    read_index = ReadIndex(store, reader)
+    table = SegmentTable(read_index)
+    replayer = Replayer(table)
+    started = time.monotonic()
+    async with open_journal(
+        config.journal_dir, config.journal, replayer.replay, replayer.on_file
+    ) as journal:
+        replayer.finish()
+        container = SegmentContainer(config.container, table, journal)
+        log.info(
+            "container: recovered %d segment(s) in %.2fs",
+            container.segment_count,
+            time.monotonic() - started,
+        )
+        async with service_nursery() as nursery:
+            nursery.start_soon(container.run_maintenance)
+            nursery.start_soon(read_index.run_store_queue)
+            writer = None
+            if tier2 is not None and reader is not None:
+                await nursery.start(reader.run)
+                writer = StorageWriter(
+                    container, tier2, config.tier2, config.node.id, journal.epoch, reader
+                )
+                container.storage = writer
+                await nursery.start(writer.run)
+            node = Node(config, store, read_index, journal, container, reader, writer)
+            try:
+                yield node
+                await container.wait_settled()
+                if journal.failed is None and journal.statistics().frames_since_checkpoint:
+                    await container.checkpoint()
+            finally:
+                container.close()
+                # Shielded so a cancelled shutdown still empties the queue, but
+                # bounded: the data is in the journal either way.
+                with trio.CancelScope(shield=True), trio.move_on_after(30):
+                    await read_index.wait_written()
+                nursery.cancel_scope.cancel()
