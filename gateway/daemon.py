@@ -241,7 +241,9 @@ async def run_daemon(
                     config.server,
                     config.container.max_append_bytes,
                     node=config.node.id,
-                    fsck_target=partial(live_target, container, node.storage_writer, node.reader),
+                    fsck_target=partial(
+                        live_target, container, node.store, node.storage_writer, node.reader
+                    ),
                 )
                 async with service_nursery() as nursery:
                     collector = None

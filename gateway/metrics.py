@@ -96,7 +96,7 @@ class GatewayCollector(Collector):
             "journal_group_bytes", "Bytes per journal write group", journal.group_bytes
         )
 
-        cache = c.read_index.store.statistics()
+        cache = self.node.store.statistics()
         yield counter(f"{PREFIX}_cache_hits", "Cache hits (Tier-2 blocks)", value=cache.hits)
         yield counter(f"{PREFIX}_cache_misses", "Cache misses (Tier-2 blocks)", value=cache.misses)
         yield counter(f"{PREFIX}_cache_evictions", "Blocks evicted", value=cache.evictions)

@@ -24,7 +24,6 @@ from typing import Protocol
 
 import trio
 
-from cache import CacheStore
 from gateway.buffers import Buffer
 from gateway.errors import GatewayError
 from gateway.protocol.metadata_pb2 import ChunkRecord
@@ -34,6 +33,26 @@ log = logging.getLogger(__name__)
 #: Recently fetched entries kept in memory: a sequential reader reading less
 #: than an entry at a time would otherwise fetch the entry once per read.
 RECENT_BYTES = 16 * 1024 * 1024
+
+
+class AppendStore(Protocol):
+    """Where appended bytes are kept until they are in Tier 2 (the cache store's
+    pinned key space, `cache.CacheStore`; `cache.memory.MemoryCache` in unit tests)."""
+
+    def put_append(self, segment_id: int, offset: int, data: Buffer) -> None:
+        """Keep (pin) the bytes of one append."""
+
+    def get_append(self, segment_id: int, offset: int) -> bytes | None:
+        """The bytes of the append at ``offset``, if kept."""
+
+    def unpin_appends(self, segment_id: int, below: int) -> int:
+        """Drop the appends that end at or below ``below``; the bytes dropped."""
+
+    def drop_segment(self, segment_id: int) -> int:
+        """Drop every append of the segment; the bytes dropped."""
+
+    def pinned_room(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more pinned bytes stay within their share of the budget."""
 
 
 class FlushedBytes(Protocol):
@@ -88,7 +107,7 @@ class SegmentView:
 class ReadIndex:
     """Committed bytes of all segments, over the cache store."""
 
-    def __init__(self, store: CacheStore, tier2: FlushedBytes | None = None) -> None:
+    def __init__(self, store: AppendStore, tier2: FlushedBytes | None = None) -> None:
         self.store = store
         #: Reads flushed bytes whose cache entries are gone (None: no Tier 2,
         #: so every committed byte is in the cache).

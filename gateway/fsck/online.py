@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from cache import CacheStore
 from gateway.config import Tier2Config
 from gateway.container.container import SegmentContainer
 from gateway.errors import GatewayError
@@ -32,10 +33,14 @@ log = logging.getLogger(__name__)
 
 def live_target(
     container: SegmentContainer,
+    store: CacheStore | None = None,
     writer: StorageWriter | None = None,
     reader: ChunkReader | None = None,
 ) -> Target:
-    """The running daemon's state as a check target (``writer``, ``reader``: its Tier 2)."""
+    """The running daemon's state as a check target.
+
+    ``store``: its cache store; ``writer``, ``reader``: its Tier 2.
+    """
 
     def chunks_now() -> dict[str, ChunkRecord]:
         return {c.name: c for s in container.segments() for c in s.chunks}
@@ -52,7 +57,7 @@ def live_target(
             snapshot=container.committed_snapshot,
             read_index=container.read_index,
             layer=None,
-            store=container.read_index.store,
+            store=store,
             chunks_now=chunks_now,
             no_tier2="Tier 2 is not running in this daemon",
         )
@@ -63,7 +68,7 @@ def live_target(
         snapshot=container.committed_snapshot,
         read_index=container.read_index,
         layer=writer.layer,
-        store=container.read_index.store,
+        store=store,
         chunks_now=chunks_now,
         uploading=lambda: set(writer.uploading),
         forget_chunk=forget_chunk,

@@ -104,7 +104,7 @@ class StorageWriter:
         config: Tier2Config,
         node: str,
         epoch: int,
-        reader: ChunkReader | None = None,
+        reader: ChunkReader,
     ) -> None:
         self.container = container
         self.layer = layer
@@ -186,8 +186,7 @@ class StorageWriter:
             self._unflushed.pop(seg.id, None)
             self._urgent.pop(seg.id, None)
             self._failures.pop(seg.id, None)
-            if self.reader is not None:
-                self.reader.forget_segment(seg.id)
+            self.reader.forget_segment(seg.id)
         self._wake.set()
         self._progress.set()  # flush waiters re-check: the segment may be gone
 
@@ -463,9 +462,8 @@ class StorageWriter:
 
     async def _forget_chunk(self, key: str) -> None:
         """A chunk object is gone: drop its blocks from memory and the cache store."""
-        if self.reader is not None:
-            self.reader.drop_chunk(key)
-        await trio.to_thread.run_sync(self.container.read_index.store.drop_chunk, key)
+        self.reader.drop_chunk(key)
+        await trio.to_thread.run_sync(self.reader.store.drop_chunk, key)
 
     # -- metadata snapshots ----------------------------------------------------------------
 
