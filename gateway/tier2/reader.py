@@ -12,11 +12,13 @@ Each block is looked up, in order, in
 3. Tier 2 itself: one ranged GET per block, coalesced when several readers
    want the same block.
 
-A reader whose read starts where its previous read of the segment ended is
-sequential: the next `read_ahead` blocks (across chunk boundaries) are
-fetched in parallel in the background, in GETs of up to `FETCH_BLOCKS`
-blocks, so it reads at the speed of several large GETs at once rather than
-one small one. Random readers fetch only the blocks they ask for.
+Protocol readers of a segment get read-ahead by the one policy
+(`gateway.tier2.readahead.ReadAhead`, a doubling window up to `read_ahead`
+blocks, across chunk boundaries); the mount keeps one per open file and calls
+`prefetch` itself. Either way the window is fetched in parallel in the
+background, in GETs of up to `FETCH_BLOCKS` blocks, so a sequential reader
+reads at the speed of several large GETs at once rather than one small one.
+Random readers fetch only the blocks they ask for.
 
 A block fetched for a chunk that later grows (bindings with append) may be
 shorter than the block is now; a cached block shorter than expected is
@@ -38,6 +40,7 @@ from gateway.buffers import Buffer
 from gateway.errors import ChunkCorrupt, GatewayError
 from gateway.protocol.metadata_pb2 import ChunkRecord
 from gateway.tier2.layer import ChunkLayer
+from gateway.tier2.readahead import ReadAhead
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +77,8 @@ class ChunkReader:
         self._ready: OrderedDict[BlockId, Buffer] = OrderedDict()
         self._ready_bytes = 0
         self._inflight: dict[BlockId, trio.Event] = {}
-        #: segment id -> end of its last read (sequential detection).
-        self._last_end: dict[int, int] = {}
-        #: segment id -> offset up to which read-ahead has been scheduled.
-        self._ahead_until: dict[int, int] = {}
+        #: segment id -> read-ahead state of the protocol's readers of it.
+        self._read_ahead: dict[int, ReadAhead] = {}
         self._nursery: trio.Nursery | None = None
         self._cache_writes = trio.CapacityLimiter(1)
         self._cache_queue_bytes = 0
@@ -101,8 +102,7 @@ class ChunkReader:
 
     def forget_segment(self, segment_id: int) -> None:
         """The segment is gone: drop its access-pattern state."""
-        self._last_end.pop(segment_id, None)
-        self._ahead_until.pop(segment_id, None)
+        self._read_ahead.pop(segment_id, None)
 
     async def read(
         self,
@@ -118,21 +118,19 @@ class ChunkReader:
         A view into a fetched block where one block holds them all (no copy).
 
         With ``read_ahead``, a read that continues the previous read of the
-        segment schedules `read_ahead` MiB ahead of it. Callers that track
+        segment schedules read-ahead by the `ReadAhead` policy. Callers that track
         their readers themselves (the mount's per-handle prefetcher) pass
         False and call `prefetch`.
         """
         end = offset + length
         wanted = list(self._blocks(name, chunks, offset, end))
-        if read_ahead:
-            sequential = self._last_end.get(segment_id) == offset
-            self._last_end[segment_id] = end
-            if sequential and self.read_ahead:
-                start = max(end, self._ahead_until.get(segment_id, 0))
-                stop = end + self.read_ahead * BLOCK_SIZE
-                if start < stop:
-                    self._ahead_until[segment_id] = stop
-                    self.prefetch(chunks, start, stop)
+        if read_ahead and self.read_ahead:
+            policy = self._read_ahead.get(segment_id)
+            if policy is None:
+                policy = self._read_ahead[segment_id] = ReadAhead(self.read_ahead * BLOCK_SIZE)
+            ahead = policy.on_read(offset, length)
+            if ahead is not None:
+                self.prefetch(chunks, *ahead)
         if len(wanted) == 1:
             chunk, index, lo, hi = wanted[0]
             data = await self._block(chunk, index)
