@@ -20,6 +20,7 @@ import pyfuse3
 import trio
 
 from fs.operations import SegmentFS
+from fs.source import LocalSegments
 from gateway.config import Config
 from gateway.container.container import SegmentContainer
 from gateway.errors import MountError
@@ -168,12 +169,13 @@ async def serve_mount(
     """Mount at ``fuse.mountpoint`` and serve it until cancelled; then unmount."""
     path = config.fuse.mountpoint  # absolute: the configuration insists
     await trio.to_thread.run_sync(prepare_mountpoint, path)
-    ops = SegmentFS(container, config.fuse, config.tier2.read_ahead * 1024 * 1024, reader)
+    source = LocalSegments(container, reader)
+    ops = SegmentFS(source, config.fuse, config.tier2.read_ahead * 1024 * 1024)
     try:
         pyfuse3.init(ops, path, mount_options(config))
     except RuntimeError as e:
         raise MountError(path, f"{e} (is /dev/fuse available, and fuse3 installed?)") from None
-    container.watchers.append(ops)
+    source.watch(ops.vfs)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ops.run_invalidations)
@@ -187,7 +189,7 @@ async def serve_mount(
             task_status.started(ops)
             await trio.sleep_forever()
     finally:
-        container.watchers.remove(ops)
+        source.unwatch(ops.vfs)
         # Lazily, with umount2 itself: files still open keep the old mount
         # alive for their readers while the path is free again, and a
         # non-root daemon with CAP_SYS_ADMIN (the systemd unit) needs no

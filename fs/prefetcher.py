@@ -10,11 +10,21 @@ in the cache need no help.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
+from gateway.protocol.metadata_pb2 import ChunkRecord
 from gateway.readindex import SegmentView
 from gateway.tier2.readahead import INITIAL_WINDOW, ReadAhead
-from gateway.tier2.reader import ChunkReader
 
 __all__ = ["INITIAL_WINDOW", "Prefetcher"]
+
+
+class Fetcher(Protocol):
+    """What fetches a range ahead of a reader (`ChunkReader.prefetch`, via the source)."""
+
+    def prefetch(self, chunks: Sequence[ChunkRecord], start: int, stop: int) -> int:
+        """Fetch ``[start, stop)`` in the background; the blocks scheduled."""
 
 
 class Prefetcher:
@@ -22,7 +32,7 @@ class Prefetcher:
 
     __slots__ = ("policy", "reader")
 
-    def __init__(self, reader: ChunkReader | None, max_window: int) -> None:
+    def __init__(self, reader: Fetcher | None, max_window: int) -> None:
         self.reader = reader
         self.policy = ReadAhead(max_window)
 

@@ -195,14 +195,15 @@ class GatewayCollector(Collector):
         for op, n in sorted(fs.ops.items()):
             ops.add_metric([op], n)
         yield ops
+        stats = fs.statistics()
         yield CounterMetricFamily(
-            f"{PREFIX}_fuse_read_bytes", "Bytes read through the mount", value=fs.bytes_read
+            f"{PREFIX}_fuse_read_bytes", "Bytes read through the mount", value=stats["bytes_read"]
         )
         yield CounterMetricFamily(
-            f"{PREFIX}_fuse_read_errors", "Reads answered with EIO", value=fs.read_errors
+            f"{PREFIX}_fuse_read_errors", "Reads answered with EIO", value=stats["read_errors"]
         )
         yield GaugeMetricFamily(
-            f"{PREFIX}_fuse_open_files", "Files open on the mount", value=len(fs._files)
+            f"{PREFIX}_fuse_open_files", "Files open on the mount", value=stats["open_files"]
         )
 
 

@@ -1,0 +1,79 @@
+"""Where the mount's segments come from: one small protocol, and this node's source.
+
+The filesystem core (`fs.vfs`) asks a `SegmentSource` which segments exist,
+for their metadata (`gateway.container.segment.Segment`, the committed view)
+and for their bytes, and registers for changes to the namespace. It asks
+nothing else, so a second kind of source -- segments of other nodes, read
+from Tier 2 -- can stand beside `LocalSegments`, which serves this node's
+container.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from gateway.buffers import Buffer
+from gateway.container.container import SegmentContainer
+from gateway.container.interfaces import NamespaceWatcher
+from gateway.container.segment import Segment
+from gateway.protocol.metadata_pb2 import ChunkRecord
+from gateway.readindex import SegmentView
+from gateway.tier2.reader import ChunkReader
+
+
+class SegmentSource(Protocol):
+    """Segments, their committed metadata and bytes, and news of changes."""
+
+    def segments(self) -> Sequence[Segment]:
+        """Every live segment (committed)."""
+
+    def segment_by_id(self, segment_id: int) -> Segment | None:
+        """The live segment with this id, if any."""
+
+    async def read(self, seg: SegmentView, offset: int, size: int) -> Buffer:
+        """Committed bytes from ``offset`` (< ``seg.length``): zeros below the start offset.
+
+        Raises GatewayError when they cannot be read (a Tier-2 failure).
+        """
+
+    def prefetch(self, chunks: Sequence[ChunkRecord], start: int, stop: int) -> int:
+        """Fetch ``[start, stop)`` of these chunks ahead of a reader; the blocks scheduled."""
+
+    def watch(self, watcher: NamespaceWatcher) -> None:
+        """Tell ``watcher`` about creates, seals, truncations and deletes from now on."""
+
+    def unwatch(self, watcher: NamespaceWatcher) -> None:
+        """Stop telling ``watcher``."""
+
+
+class LocalSegments:
+    """This node's segments: its container, and Tier 2's chunk reader for read-ahead."""
+
+    def __init__(self, container: SegmentContainer, reader: ChunkReader | None) -> None:
+        self.container = container
+        self.reader = reader
+
+    def segments(self) -> Sequence[Segment]:
+        """Every live segment of the container."""
+        return self.container.segments()
+
+    def segment_by_id(self, segment_id: int) -> Segment | None:
+        """The container's live segment with this id."""
+        return self.container.segment_by_id(segment_id)
+
+    async def read(self, seg: SegmentView, offset: int, size: int) -> Buffer:
+        """Through the read index; read-ahead is the caller's (per open file)."""
+        return await self.container.read_index.read_buffer(seg, offset, size, read_ahead=False)
+
+    def prefetch(self, chunks: Sequence[ChunkRecord], start: int, stop: int) -> int:
+        """Through the chunk reader (nothing without Tier 2)."""
+        return 0 if self.reader is None else self.reader.prefetch(chunks, start, stop)
+
+    def watch(self, watcher: NamespaceWatcher) -> None:
+        """Register with the container."""
+        self.container.watchers.append(watcher)
+
+    def unwatch(self, watcher: NamespaceWatcher) -> None:
+        """Unregister from the container."""
+        self.container.watchers.remove(watcher)

@@ -1,0 +1,257 @@
+"""The mount's filesystem core (fs/vfs.py), called directly: no mount, no pyfuse3.
+
+The segments come from an in-memory source; what the tests check is what a
+user of the mount would see through stat, ls, cat, getfattr and the kernel's
+caches. tests/test_fs_mount.py checks the same through a real mount.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+from collections.abc import Sequence
+
+import pytest
+
+from fs.tree import ROOT_INODE, SEGMENT_INODE_BASE
+from fs.vfs import EVENTS_INODE_BASE, XATTR_PREFIX, FsError, Invalidation, SegmentVFS
+from gateway.buffers import Buffer
+from gateway.config import FuseConfig
+from gateway.container import EVENT_COUNT
+from gateway.container.interfaces import NamespaceWatcher
+from gateway.container.segment import Segment
+from gateway.errors import Tier2Error
+from gateway.protocol.metadata_pb2 import ChunkRecord
+from gateway.readindex import SegmentView
+
+MiB = 1024 * 1024
+CONFIG = FuseConfig(active_timeout=1.0, sealed_timeout=300.0)
+
+
+class MemorySource:
+    """Segments and their bytes in memory; records prefetches; fails reads on demand."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[int, Segment] = {}
+        self.data: dict[int, bytes] = {}
+        self.prefetched: list[tuple[int, int]] = []
+        self.fail_reads = False
+        self.watchers: list[NamespaceWatcher] = []
+
+    def add(self, segment_id: int, name: str, data: bytes = b"", **fields: object) -> Segment:
+        seg = Segment(segment_id, name, created_at_ms=1_000)
+        seg.durable = True
+        seg.length = len(data)
+        seg.last_modified_ms = 2_000
+        for k, v in fields.items():
+            setattr(seg, k, v)
+        self.by_id[segment_id] = seg
+        self.data[segment_id] = data
+        for w in self.watchers:
+            w.on_created(seg)
+        return seg
+
+    def segments(self) -> Sequence[Segment]:
+        return list(self.by_id.values())
+
+    def segment_by_id(self, segment_id: int) -> Segment | None:
+        return self.by_id.get(segment_id)
+
+    async def read(self, seg: SegmentView, offset: int, size: int) -> Buffer:
+        if self.fail_reads:
+            raise Tier2Error("GET failed: the server is down")
+        data = self.data[seg.id]
+        out = data[offset : min(offset + size, seg.length)]
+        if offset < seg.start_offset:
+            zeros = min(seg.start_offset, offset + size) - offset
+            out = bytes(zeros) + out[zeros:]
+        return out
+
+    def prefetch(self, chunks: Sequence[ChunkRecord], start: int, stop: int) -> int:
+        self.prefetched.append((start, stop))
+        return 1
+
+    def watch(self, watcher: NamespaceWatcher) -> None:
+        self.watchers.append(watcher)
+
+    def unwatch(self, watcher: NamespaceWatcher) -> None:
+        self.watchers.remove(watcher)
+
+
+def make(source: MemorySource) -> tuple[SegmentVFS, list[Invalidation]]:
+    sent: list[Invalidation] = []
+    vfs = SegmentVFS(source, CONFIG, 32 * MiB, sent.append, owner=(1234, 5678))
+    source.watch(vfs)
+    return vfs, sent
+
+
+def errno_of(fn: object, *args: object) -> int:
+    with pytest.raises(FsError) as e:
+        fn(*args)  # type: ignore[operator]
+    return e.value.errno
+
+
+def test_inodes_come_from_segment_ids_and_directories_are_implied() -> None:
+    src = MemorySource()
+    src.add(7, "logs/2026/a", b"x" * 10)
+    src.add(9, "logs/b")
+    vfs, _ = make(src)
+    logs = vfs.lookup(ROOT_INODE, b"logs")
+    assert stat.S_ISDIR(logs.mode) and logs.mode & 0o777 == 0o555 and logs.nlink == 2
+    year = vfs.lookup(logs.inode, b"2026")
+    a = vfs.lookup(year.inode, b"a")
+    assert a.inode == SEGMENT_INODE_BASE + 7
+    assert vfs.lookup(logs.inode, b"b").inode == SEGMENT_INODE_BASE + 9
+    assert vfs.lookup(year.inode, b"..").inode == logs.inode
+    assert vfs.lookup(logs.inode, b".").inode == logs.inode
+    assert errno_of(vfs.lookup, logs.inode, b"nothing") == errno.ENOENT
+    assert vfs.lookup(ROOT_INODE, b"..").inode == ROOT_INODE
+
+
+def test_file_attributes_active_and_sealed() -> None:
+    src = MemorySource()
+    src.add(1, "active", b"a" * 1000)
+    src.add(2, "sealed", b"s" * 513, sealed=True)
+    vfs, _ = make(src)
+    active = vfs.lookup(ROOT_INODE, b"active")
+    assert active.mode == stat.S_IFREG | 0o444 and active.nlink == 1
+    assert (active.size, active.blocks) == (1000, 2)
+    assert (active.uid, active.gid) == (1234, 5678)
+    assert active.mtime_ns == 2_000 * 1_000_000 and active.birthtime_ns == 1_000 * 1_000_000
+    assert active.timeout == 1.0
+    sealed = vfs.attributes(SEGMENT_INODE_BASE + 2)
+    assert sealed.size == 513 and sealed.blocks == 2 and sealed.timeout == 300.0
+
+
+def test_listing_skips_nothing_and_is_stable_across_deletes() -> None:
+    src = MemorySource()
+    for i in range(1, 1201):
+        src.add(i, f"d/s{i:05d}", b"x")
+    vfs, _ = make(src)
+    d = vfs.lookup(ROOT_INODE, b"d").inode
+    fh = vfs.opendir(d)
+    first = list(vfs.readdir(fh, 0))[:500]
+    # A segment deleted between two readdir calls is skipped, not an error,
+    # and the offsets of the rest do not move.
+    gone = src.by_id.pop(600)
+    vfs.on_deleted(gone)
+    rest = list(vfs.readdir(fh, first[-1][2]))
+    names = [n for n, _, _ in first + rest]
+    assert len(names) == 1199 and b"s00600" not in names
+    assert names == sorted(names) and len(set(names)) == 1199
+    vfs.releasedir(fh)
+    assert errno_of(lambda: list(vfs.readdir(fh, 0))) == errno.EBADF
+    assert errno_of(vfs.opendir, SEGMENT_INODE_BASE + 1) == errno.ENOTDIR
+
+
+async def test_reads_zeros_below_start_short_at_end_and_read_ahead() -> None:
+    src = MemorySource()
+    chunk = ChunkRecord(name="c", start_offset=0, length=8 * MiB)
+    src.add(1, "s", bytes(range(256)) * (32 * 1024), start_offset=100,
+            storage_length=8 * MiB, chunks=[chunk])  # fmt: skip
+    vfs, _ = make(src)
+    opened = vfs.open(SEGMENT_INODE_BASE + 1, os.O_RDONLY)
+    assert not opened.keep_cache and not opened.direct_io
+    head = await vfs.read(opened.fh, 0, 200)
+    assert head[:100] == bytes(100) and head[100:] == bytes(range(100, 200))
+    # The first read at 0 starts a sequential scan: read-ahead from there on.
+    assert src.prefetched and src.prefetched[0][0] == 200
+    assert await vfs.read(opened.fh, 8 * MiB - 10, 100) == bytes(range(246, 256))
+    assert await vfs.read(opened.fh, 8 * MiB, 100) == b""
+    vfs.release(opened.fh)
+    assert vfs.statistics()["open_files"] == 0
+    assert errno_of(vfs.open, SEGMENT_INODE_BASE + 1, os.O_WRONLY) == errno.EROFS
+    assert errno_of(vfs.open, ROOT_INODE, os.O_RDONLY) == errno.EISDIR
+
+
+async def test_a_tier2_failure_is_eio_with_a_log_line_naming_segment_and_offset(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    src = MemorySource()
+    src.add(1, "broken", b"x" * 100)
+    vfs, _ = make(src)
+    fh = vfs.open(SEGMENT_INODE_BASE + 1, os.O_RDONLY).fh
+    src.fail_reads = True
+    with caplog.at_level(logging.ERROR, logger="fs.vfs"), pytest.raises(FsError) as e:
+        await vfs.read(fh, 40, 10)
+    assert e.value.errno == errno.EIO
+    assert "'broken' at offset 40" in caplog.text and "server is down" in caplog.text
+    assert vfs.statistics()["read_errors"] == 1
+    caplog.clear()  # the ERROR above is this test's point
+
+
+async def test_a_deleted_segment_is_stale_for_open_handles_and_gone_by_name() -> None:
+    src = MemorySource()
+    seg = src.add(1, "d/x", b"abc", sealed=True)
+    vfs, sent = make(src)
+    d = vfs.lookup(ROOT_INODE, b"d").inode
+    opened = vfs.open(SEGMENT_INODE_BASE + 1, os.O_RDONLY)
+    assert opened.keep_cache
+    del src.by_id[1]
+    vfs.on_deleted(seg)
+    with pytest.raises(FsError) as e:
+        await vfs.read(opened.fh, 0, 3)
+    assert e.value.errno == errno.ESTALE
+    assert errno_of(vfs.attributes, SEGMENT_INODE_BASE + 1) == errno.ESTALE
+    assert errno_of(vfs.lookup, ROOT_INODE, b"d") == errno.ENOENT  # emptied directory goes
+    # The kernel is told to drop the name, the emptied directory, and the pages.
+    assert ("entry", d, b"x", SEGMENT_INODE_BASE + 1) in sent
+    assert ("entry", ROOT_INODE, b"d", d) in sent
+    assert sent[-1] == ("inode", SEGMENT_INODE_BASE + 1, b"", 0)
+
+
+def test_create_seal_and_truncate_reach_the_tree_and_the_kernel() -> None:
+    src = MemorySource()
+    vfs, sent = make(src)
+    seg = src.add(3, "new", b"12345")
+    assert vfs.lookup(ROOT_INODE, b"new").size == 5
+    seg.sealed = True
+    vfs.on_sealed(seg)
+    assert sent[-1] == ("inode", SEGMENT_INODE_BASE + 3, b"", 1)  # attributes only
+    seg.start_offset = 2
+    vfs.on_truncated(seg)
+    assert sent[-1] == ("inode", SEGMENT_INODE_BASE + 3, b"", 0)  # pages too
+
+
+async def test_events_file_is_hidden_found_by_name_and_a_snapshot() -> None:
+    src = MemorySource()
+    src.add(5, "d/s", b"x" * 10, event_index=[0, 4])
+    vfs, _ = make(src)
+    d = vfs.lookup(ROOT_INODE, b"d").inode
+    ev = vfs.lookup(d, b".s.events")
+    assert ev.inode == EVENTS_INODE_BASE + 5 and ev.size == len(b"0\n4\n") and ev.timeout == 0
+    assert b".s.events" not in [n for n, _, _ in vfs.readdir(vfs.opendir(d), 0)]
+    assert errno_of(vfs.lookup, d, b".nothing.events") == errno.ENOENT
+    opened = vfs.open(ev.inode, os.O_RDONLY)
+    assert opened.direct_io
+    src.by_id[5].event_index.append(8)  # later growth does not change an open snapshot
+    assert await vfs.read(opened.fh, 0, 100) == b"0\n4\n"
+    assert vfs.listxattr(ev.inode) == []
+
+
+def test_xattrs_statfs() -> None:
+    src = MemorySource()
+    writer = b"\x09" * 16
+    src.add(1, "s", b"x" * 5000, storage_length=4096, sealed=True,
+            attributes={EVENT_COUNT: 7, writer: 3},
+            chunks=[ChunkRecord(name="c", start_offset=0, length=4096)])  # fmt: skip
+    src.add(2, "dir/t", b"")
+    vfs, _ = make(src)
+    inode = SEGMENT_INODE_BASE + 1
+    values = {n: vfs.getxattr(inode, n) for n in vfs.listxattr(inode)}
+    assert values == {
+        XATTR_PREFIX + b"start_offset": b"0",
+        XATTR_PREFIX + b"length": b"5000",
+        XATTR_PREFIX + b"storage_length": b"4096",
+        XATTR_PREFIX + b"sealed": b"1",
+        XATTR_PREFIX + b"event_count": b"7",
+        XATTR_PREFIX + b"chunk_count": b"1",
+        XATTR_PREFIX + b"writer_count": b"1",
+    }
+    assert errno_of(vfs.getxattr, inode, b"user.other") == errno.ENODATA
+    assert errno_of(vfs.getxattr, inode, XATTR_PREFIX + b"nope") == errno.ENODATA
+    assert vfs.listxattr(ROOT_INODE) == []
+    st = vfs.statfs()
+    assert st.blocks == 2 and st.files == 2 + 2 and st.namemax == 255  # root and dir/
