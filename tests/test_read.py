@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import math
+import os
 import pathlib
 import random
+import select
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import IO, Any
 
 import pytest
 import trio
+import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -99,47 +103,46 @@ async def test_tail_reader_wakes_on_append(tmp_path: pathlib.Path) -> None:
         c = node.container
         await c.create("t")
         await c.append("t", b"head")
-        delays: list[float] = []
         for i in range(20):
             woke = trio.Event()
-            woke_at: list[float] = []
             offset = c.info("t").length
 
-            async def reader(
-                offset: int = offset, woke: trio.Event = woke, woke_at: list[float] = woke_at
-            ) -> None:
+            async def reader(offset: int = offset, woke: trio.Event = woke) -> None:
                 r = await c.read("t", offset, 100, wait=5.0)
                 assert r.data == b"x%02d" % i
-                woke_at.append(time.monotonic())
                 woke.set()
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(reader)
-                await trio.sleep(0.01)  # the reader is waiting now
+                await trio.testing.wait_all_tasks_blocked()  # the reader is waiting now
+                assert not woke.is_set()
                 await c.append("t", b"x%02d" % i)
-                # From the acknowledgement: the fdatasync before it is the
-                # disk's time, not the read path's (it varies a lot here).
-                acked_at = time.monotonic()
-                await woke.wait()
-                delays.append(woke_at[0] - acked_at)
-        delays.sort()
-        assert delays[-1] < 0.05, f"tail readers woke after {delays[-1] * 1000:.1f} ms"
+                # Woken by the append itself, not by a timer: by the time
+                # every task is idle again the reader has its bytes.
+                await trio.testing.wait_all_tasks_blocked()
+                assert woke.is_set(), "the tail reader did not wake on the append"
 
 
-async def test_tail_wait_times_out_and_sees_seal_and_delete(tmp_path: pathlib.Path) -> None:
+async def test_tail_wait_times_out_and_sees_seal_and_delete(
+    tmp_path: pathlib.Path, autojump_clock: trio.testing.MockClock
+) -> None:
     async with open_node(make_config(tmp_path)) as node:
         c = node.container
         await c.create("t")
         await c.append("t", b"abc")
-        started = time.monotonic()
+        started = trio.current_time()
         r = await c.read("t", 3, 10, wait=0.1)
-        assert r.data == b"" and 0.09 < time.monotonic() - started < 1.0
+        assert r.data == b"" and trio.current_time() - started == pytest.approx(0.1)
         assert not r.end_of_segment
         r = await c.read("t", 3, 10)  # no wait: at once
         assert r.data == b""
+        # From here on the clock stands still (the journal's fdatasyncs run in
+        # threads, and a jump would time the waits below out): a reader
+        # returns only because the seal or the delete woke it.
+        autojump_clock.autojump_threshold = math.inf
 
         async def seal_later() -> None:
-            await trio.sleep(0.05)
+            await trio.testing.wait_all_tasks_blocked()  # the reader is waiting now
             await c.seal("t")
 
         async with trio.open_nursery() as nursery:
@@ -150,7 +153,7 @@ async def test_tail_wait_times_out_and_sees_seal_and_delete(tmp_path: pathlib.Pa
         await c.create("d")
 
         async def delete_later() -> None:
-            await trio.sleep(0.05)
+            await trio.testing.wait_all_tasks_blocked()  # the reader is waiting now
             await c.delete("d")
 
         async with trio.open_nursery() as nursery:
@@ -269,14 +272,18 @@ def test_cat_and_follow(tmp_path: pathlib.Path) -> None:
                            cwd=ROOT)  # fmt: skip
         assert r.stdout == b"two\n"
         follow = subprocess.Popen([*cat, "--follow", "c/log"], stdout=subprocess.PIPE, cwd=ROOT)
+        assert follow.stdout is not None
         try:
-            time.sleep(1.0)
+            # What is there is printed first; then the follower waits at the tail.
+            out = read_exactly(follow.stdout, len(b"one\ntwo\n"))
             with SyncClient(d.address) as c:
                 c.append("c/log", b"three\n")
-                time.sleep(0.3)
+                # Seen while following (not only at the end): it comes before the next append.
+                out += read_exactly(follow.stdout, len(b"three\n"))
                 c.append("c/log", b"four\n")
                 c.seal("c/log")
-            out, _ = follow.communicate(timeout=30)
+            rest, _ = follow.communicate(timeout=30)
+            out += rest
         finally:
             if follow.poll() is None:
                 follow.kill()
@@ -286,6 +293,19 @@ def test_cat_and_follow(tmp_path: pathlib.Path) -> None:
         assert d.stop() == 0, d.log()
     finally:
         d.kill()
+
+
+def read_exactly(stream: IO[bytes], n: int, timeout: float = 30.0) -> bytes:
+    """``n`` bytes from a child's pipe, failing after ``timeout`` seconds."""
+    out = b""
+    deadline = time.monotonic() + timeout
+    while len(out) < n:
+        ready, _, _ = select.select([stream], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"only {out!r} within {timeout}s"
+        chunk = os.read(stream.fileno(), n - len(out))
+        assert chunk, f"the stream ended after {out!r}"
+        out += chunk
+    return out
 
 
 def test_cat_missing_segment(tmp_path: pathlib.Path) -> None:
@@ -311,31 +331,24 @@ async def test_stalled_cache_writes_do_not_block_reads_or_the_loop(
         index = c.read_index
         real = index._apply_ops
         release = threading.Event()
+        stalling = threading.Event()
 
         def stalled(ops: list[Any]) -> None:
+            stalling.set()
             release.wait(10)  # a RocksDB write stall, in the worker thread
             real(ops)
 
         monkeypatch.setattr(index, "_apply_ops", stalled)
         await c.create("s")
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                await trio.sleep(0.01)
-                ticks += 1
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ticker)
-            data = random.Random(3).randbytes(200_000)
-            await c.append("s", data)
-            assert index.unwritten_bytes >= len(data)
-            assert (await c.read("s", 0, len(data))).data == data  # served from memory
-            await trio.sleep(0.2)
-            assert ticks >= 10, "the event loop must keep running during a stall"
-            release.set()
-            await index.wait_written()
-            assert index.unwritten_bytes == 0
-            assert (await c.read("s", 1000, 10)).data == data[1000:1010]
-            nursery.cancel_scope.cancel()
+        data = random.Random(3).randbytes(200_000)
+        await c.append("s", data)
+        # The put is stuck in the worker thread, and the loop goes on: the
+        # append was acknowledged and its bytes read back from memory.
+        assert await trio.to_thread.run_sync(stalling.wait, 10)
+        assert index.unwritten_bytes >= len(data)
+        assert (await c.read("s", 0, len(data))).data == data  # served from memory
+        await c.append("s", b"more")  # the loop still takes appends
+        release.set()
+        await index.wait_written()
+        assert index.unwritten_bytes == 0
+        assert (await c.read("s", 1000, 10)).data == data[1000:1010]
