@@ -55,24 +55,6 @@ def error_from_wire(err: wire.Error) -> GatewayError:
     return e
 
 
-def info_from_wire(m: wire.SegmentInfo) -> SegmentInfo:
-    """A SegmentInfo from its wire form."""
-    return SegmentInfo(
-        name=m.name,
-        id=m.id,
-        start_offset=m.start_offset,
-        length=m.length,
-        storage_length=m.storage_length,
-        sealed=m.sealed,
-        sealed_in_storage=m.sealed_in_storage,
-        created_at_ms=m.created_at_ms,
-        last_modified_ms=m.last_modified_ms,
-        event_count=m.event_count,
-        attribute_count=m.attribute_count,
-        chunk_count=m.chunk_count,
-    )
-
-
 def _wire_updates(updates: Iterable[AttributeUpdate]) -> list[wire.AttributeUpdate]:
     return [
         wire.AttributeUpdate(
@@ -384,7 +366,7 @@ class Client:
         r = await self._call(
             create=wire.CreateSegmentRequest(segment=segment, attributes=_wire_updates(attributes))
         )
-        return info_from_wire(r.info)
+        return SegmentInfo.from_wire(r.info)
 
     async def start_append(
         self,
@@ -418,12 +400,14 @@ class Client:
 
     async def seal(self, segment: str) -> SegmentInfo:
         """Seal a segment."""
-        return info_from_wire((await self._call(seal=wire.SealRequest(segment=segment))).info)
+        return SegmentInfo.from_wire(
+            (await self._call(seal=wire.SealRequest(segment=segment))).info
+        )
 
     async def truncate(self, segment: str, offset: int) -> SegmentInfo:
         """Drop the bytes below ``offset``."""
         r = await self._call(truncate=wire.TruncateRequest(segment=segment, offset=offset))
-        return info_from_wire(r.info)
+        return SegmentInfo.from_wire(r.info)
 
     async def delete(self, segment: str) -> None:
         """Delete a segment."""
@@ -440,7 +424,7 @@ class Client:
 
     async def info(self, segment: str) -> SegmentInfo:
         """A segment's committed metadata."""
-        return info_from_wire(
+        return SegmentInfo.from_wire(
             (await self._call(get_info=wire.GetInfoRequest(segment=segment))).info
         )
 
@@ -452,7 +436,7 @@ class Client:
             r = await self._call(
                 list=wire.ListSegmentsRequest(prefix=prefix, start_after=start_after)
             )
-            out.extend(info_from_wire(m) for m in r.list.segments)
+            out.extend(SegmentInfo.from_wire(m) for m in r.list.segments)
             if not r.list.truncated or not r.list.segments:
                 return out
             start_after = r.list.segments[-1].name
@@ -473,7 +457,7 @@ class Client:
                 segment=segment, updates=_wire_updates(updates)
             )
         )
-        return info_from_wire(r.info)
+        return SegmentInfo.from_wire(r.info)
 
 
 def _append_parts(req: wire.AppendRequest, data: bytes, rid: int) -> Sequence[bytes]:

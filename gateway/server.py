@@ -63,7 +63,7 @@ from google.protobuf.message import DecodeError
 from gateway import __version__
 from gateway.buffers import Buffer
 from gateway.config import ServerConfig, parse_host_port
-from gateway.container import AppendResult, AttributeUpdate, SegmentInfo, Verb
+from gateway.container import AppendResult, AttributeUpdate, Verb
 from gateway.container.container import PendingOperation, SegmentContainer
 from gateway.container.names import validate_prefix
 from gateway.errors import (
@@ -147,24 +147,6 @@ def error_response(request_id: int, e: GatewayError) -> wire.Response:
     if last:
         err.last_event_number = last
     return wire.Response(request_id=request_id, error=err)
-
-
-def info_message(info: SegmentInfo) -> wire.SegmentInfo:
-    """A SegmentInfo on the wire."""
-    return wire.SegmentInfo(
-        name=info.name,
-        id=info.id,
-        start_offset=info.start_offset,
-        length=info.length,
-        storage_length=info.storage_length,
-        sealed=info.sealed,
-        sealed_in_storage=info.sealed_in_storage,
-        created_at_ms=info.created_at_ms,
-        last_modified_ms=info.last_modified_ms,
-        event_count=info.event_count,
-        attribute_count=info.attribute_count,
-        chunk_count=info.chunk_count,
-    )
 
 
 def _token_matches(given: str, token: str) -> bool:
@@ -643,7 +625,7 @@ class Connection:
     @staticmethod
     def _pending_info(rid: int, op: PendingOperation) -> Producer:
         async def produce() -> wire.Response:
-            return wire.Response(request_id=rid, info=info_message(await op.wait()))
+            return wire.Response(request_id=rid, info=(await op.wait()).to_wire())
 
         return produce
 
@@ -738,7 +720,7 @@ class Connection:
     def _get_info(self, req: wire.Request) -> Producer:
         response = wire.Response(
             request_id=req.request_id,
-            info=info_message(self.server.container.info(req.get_info.segment)),
+            info=self.server.container.info(req.get_info.segment).to_wire(),
         )
         return _ready(response)
 
@@ -757,7 +739,7 @@ class Connection:
             return wire.Response(
                 request_id=rid,
                 list=wire.SegmentList(
-                    segments=[info_message(i) for i in infos[:limit]],
+                    segments=[i.to_wire() for i in infos[:limit]],
                     truncated=len(infos) > limit,
                 ),
             )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pathlib
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from gateway.config import JournalConfig, KiB, MiB
+from tests.helpers import daemon as daemon_helper
 from tests.helpers.disk import tmpfs
 
 if TYPE_CHECKING:
@@ -18,6 +21,59 @@ if TYPE_CHECKING:
     from gateway.tier2.s3 import S3Storage
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+class _ErrorRecords(logging.Handler):
+    """Keeps the ERROR (and worse) records logged while a test runs."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture(autouse=True)
+def check_error_logs(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test on an ERROR it did not expect (S3QL's and pyfuse3's checklogs).
+
+    In-process records and the logs of the daemons the test started
+    (tests/helpers/daemon.py) both count: a FUSE operation that logs an
+    exception and answers EIO fails the test that caused it, whatever the
+    test asserts. A test that provokes errors on purpose says which, by
+    message: ``@pytest.mark.expect_errors("regex", ...)``.
+    """
+    handler = _ErrorRecords()
+    root = logging.getLogger()
+    root.addHandler(handler)
+    daemon_helper.STARTED.clear()
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+    marker = request.node.get_closest_marker("expect_errors")
+    expected = [re.compile(p) for p in (marker.args if marker else ())]
+
+    def unexpected(text: str) -> bool:
+        return not any(p.search(text) for p in expected)
+
+    found = [
+        f"{r.levelname} {r.name}: {r.getMessage()}"
+        for r in handler.records
+        if unexpected(r.getMessage())
+    ]
+    for d in daemon_helper.STARTED:
+        found += [
+            f"daemon {d.data_dir.name}: {line}" for line in d.error_lines() if unexpected(line)
+        ]
+    daemon_helper.STARTED.clear()
+    if found:
+        pytest.fail(
+            "unexpected ERROR logs (declare expected ones with @pytest.mark.expect_errors):\n"
+            + "\n".join(found[:20]),
+            pytrace=False,
+        )
 
 
 def small_journal_config(**overrides: Any) -> JournalConfig:

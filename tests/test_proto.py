@@ -26,3 +26,18 @@ def test_generated_modules_are_current(tmp_path: pathlib.Path) -> None:
         )
     protos = sorted((ROOT / "gateway" / "protocol").glob("*.proto"))
     assert len(fresh) == 2 * len(protos)
+
+
+def test_segment_info_has_the_wire_fields() -> None:
+    """SegmentInfo.to_wire/from_wire map fields by name: the two must not drift apart."""
+    import dataclasses
+
+    from gateway.container.results import SegmentInfo
+    from gateway.protocol import wire_pb2
+
+    ours = [f.name for f in dataclasses.fields(SegmentInfo)]
+    theirs = [f.name for f in wire_pb2.SegmentInfo.DESCRIPTOR.fields]
+    assert sorted(ours) == sorted(theirs)
+    info = SegmentInfo(*(range(1, len(ours) + 1)))  # type: ignore[arg-type]
+    info = dataclasses.replace(info, name="a/b", sealed=True, sealed_in_storage=False)
+    assert SegmentInfo.from_wire(info.to_wire()) == info

@@ -6,7 +6,9 @@ or a Spark executor that only talks to a daemon loads none of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+from gateway.protocol import wire_pb2 as wire
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,20 @@ class SegmentInfo:
     event_count: int
     attribute_count: int
     chunk_count: int
+
+    def to_wire(self) -> wire.SegmentInfo:
+        """As the protocol's SegmentInfo message (the same fields, by name)."""
+        return wire.SegmentInfo(**{name: getattr(self, name) for name in _INFO_FIELDS})
+
+    @classmethod
+    def from_wire(cls, m: wire.SegmentInfo) -> SegmentInfo:
+        """From the protocol's SegmentInfo message."""
+        return cls(**{name: getattr(m, name) for name in _INFO_FIELDS})
+
+
+#: The fields of SegmentInfo, which wire.proto's SegmentInfo has too, by the
+#: same names (tests/test_proto.py keeps the two in step).
+_INFO_FIELDS = tuple(f.name for f in fields(SegmentInfo))
 
 
 @dataclass(frozen=True)

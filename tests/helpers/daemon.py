@@ -22,6 +22,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: Every Daemon made since the current test started (tests/conftest.py clears it).
+STARTED: list[Daemon] = []
+
+
 class Daemon:
     """One daemon process on a fixed port, so it can be killed and restarted in place."""
 
@@ -53,6 +57,9 @@ class Daemon:
         self.log_path = data_dir / "daemon.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        # Its log is checked for unexpected ERROR lines when the test ends
+        # (tests/conftest.py, check_error_logs).
+        STARTED.append(self)
 
     def start(self, timeout: float = 30.0, serve_args: tuple[str, ...] = ()) -> None:
         """Start and wait until it serves (its ready file appears).
@@ -108,6 +115,18 @@ class Daemon:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def error_lines(self) -> list[str]:
+        """The log's ERROR and CRITICAL lines, and the first line of each traceback."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return []
+        return [
+            line
+            for line in text.splitlines()
+            if " ERROR " in line or " CRITICAL " in line or line.startswith("Traceback")
+        ]
 
     def log(self) -> str:
         try:
