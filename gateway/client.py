@@ -35,7 +35,14 @@ from gateway import __version__
 from gateway.aio import service_nursery
 from gateway.config import parse_host_port
 from gateway.container import AppendResult, AttributeUpdate, ReadResult, SegmentInfo
-from gateway.errors import BY_WIRE_CODE, ConfigError, ConnectionLost, GatewayError, ProtocolError
+from gateway.errors import (
+    BY_WIRE_CODE,
+    ConfigError,
+    ConnectionLost,
+    GatewayError,
+    ProtocolError,
+    os_reason,
+)
 from gateway.protocol import wire_pb2 as wire
 from gateway.protocol.framing import MessageStream, close_now, encode_append_request
 from gateway.protocol.metadata_pb2 import MetadataSnapshot
@@ -119,22 +126,17 @@ def client_ssl_context(
         # With a cafile, create_default_context trusts that file alone.
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
     except (OSError, ssl.SSLError) as e:
-        errors.append(f"tls_ca {ca_file}: cannot load CA certificates: {_reason(e)}")
+        errors.append(f"tls_ca {ca_file}: cannot load CA certificates: {os_reason(e)}")
     if ctx is not None:
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         if cert_file or key_file:
             try:
                 ctx.load_cert_chain(cert_file or key_file or "", key_file)
             except (OSError, ssl.SSLError) as e:
-                errors.append(f"tls_cert {cert_file} / tls_key {key_file}: {_reason(e)}")
+                errors.append(f"tls_cert {cert_file} / tls_key {key_file}: {os_reason(e)}")
     if errors or ctx is None:
         raise ConfigError("the client's TLS settings", errors)
     return ctx
-
-
-def _reason(e: BaseException) -> str:
-    """The short reason of an OSError or SSLError."""
-    return str(getattr(e, "reason", None) or getattr(e, "strerror", None) or e)
 
 
 #: OpenSSL reasons and what usually causes them.
@@ -154,7 +156,7 @@ def describe_tls_failure(e: BaseException, server_hostname: str = "") -> str:
     """
     cause = e if isinstance(e, ssl.SSLError) else (e.__cause__ or e.__context__)
     if isinstance(cause, ssl.SSLCertVerificationError):
-        what = cause.verify_message or _reason(cause)
+        what = cause.verify_message or os_reason(cause)
         if "mismatch" in what.lower():
             return (
                 f"the server's certificate is not valid for {server_hostname!r}: {what} "
@@ -165,7 +167,7 @@ def describe_tls_failure(e: BaseException, server_hostname: str = "") -> str:
             "that signed the server's certificate?)"
         )
     if isinstance(cause, ssl.SSLError):
-        reason = _reason(cause)
+        reason = os_reason(cause)
         for marks, hint in _TLS_HINTS:
             if any(m in reason.upper() for m in marks):
                 return f"TLS failed: {reason} ({hint})"

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, os_reason
 
 DEFAULT_CONFIG_PATH = pathlib.Path("/etc/segment-gateway/gateway.toml")
 
@@ -334,7 +334,7 @@ def _server_ssl_context(c: ServerConfig) -> ssl.SSLContext | None:
     except (ssl.SSLError, OSError) as e:
         raise ValueError(
             f"server.tls_key: cannot use {c.tls_key} with the certificate in {c.tls_cert} "
-            f"(not its private key?): {_ssl_reason(e)}"
+            f"(not its private key?): {os_reason(e)}"
         ) from None
     if c.tls_client_ca:
         try:
@@ -342,7 +342,7 @@ def _server_ssl_context(c: ServerConfig) -> ssl.SSLContext | None:
         except (ssl.SSLError, OSError) as e:
             raise ValueError(
                 f"server.tls_client_ca: cannot load {c.tls_client_ca} "
-                f"(PEM CA certificates expected): {_ssl_reason(e)}"
+                f"(PEM CA certificates expected): {os_reason(e)}"
             ) from None
         ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
@@ -356,11 +356,6 @@ def _pem_has(path: str, label: str) -> bool:
     except OSError:
         return False
     return re.search(rb"-----BEGIN [A-Z0-9 ]*" + label.encode() + rb"-----", text) is not None
-
-
-def _ssl_reason(e: Exception) -> str:
-    """OpenSSL's short reason (``KEY_VALUES_MISMATCH``) or the message."""
-    return str(getattr(e, "reason", None) or getattr(e, "strerror", None) or e)
 
 
 def _tls_context(

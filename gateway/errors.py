@@ -299,3 +299,9 @@ BY_WIRE_CODE: dict[str, type[GatewayError]] = {
         LimitExceeded, Unavailable, BadRequest, ProtocolError, Unsupported, Tier2Error,
     )
 }  # fmt: skip
+
+
+def os_reason(e: BaseException) -> str:
+    """The short reason of an OSError or SSLError: OpenSSL's (``KEY_VALUES_MISMATCH``),
+    the errno text, or else the message."""
+    return str(getattr(e, "reason", None) or getattr(e, "strerror", None) or e)
