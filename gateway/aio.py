@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import crc32c
 import trio
+
+from gateway.buffers import Buffer
 
 
 @asynccontextmanager
@@ -25,3 +28,18 @@ async def service_nursery() -> AsyncIterator[trio.Nursery]:
         if len(group.exceptions) == 1:
             raise group.exceptions[0] from None
         raise
+
+
+#: A CRC over more than this runs in a worker thread.
+CRC_INLINE_BYTES = 1024 * 1024
+
+
+async def crc32c_of(data: Buffer, value: int = 0) -> int:
+    """CRC32C of ``data`` continued from ``value``, off the event loop when large.
+
+    crc32c releases the GIL on large buffers, so a worker thread frees the
+    loop; for small ones the thread's round trip would cost more than the CRC.
+    """
+    if len(data) <= CRC_INLINE_BYTES:
+        return int(crc32c.crc32c(data, value))
+    return int(await trio.to_thread.run_sync(crc32c.crc32c, data, value))

@@ -40,10 +40,10 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-import crc32c
 import trio
 
 from cache import CacheStore
+from gateway.aio import crc32c_of
 from gateway.config import Tier2Config
 from gateway.errors import ChunkNotFound, JournalCorrupt, Tier2Error
 from gateway.journal.files import list_files
@@ -556,7 +556,7 @@ async def _restore_from_cache(
             )
         pieces.append(block[:expected])
     data = b"".join(pieces)
-    if await _crc(data, 0) != c.crc32c:
+    if await crc32c_of(data) != c.crc32c:
         return False, "not repaired: the cached copy does not match the record's CRC32C either"
     assert layer is not None
     try:
@@ -646,13 +646,6 @@ async def check_chunks(target: Target, state: _State, run: CheckRun) -> None:
 # -- 4. chunk-data (--deep) ------------------------------------------------------------------
 
 
-async def _crc(data: bytes, value: int) -> int:
-    if len(data) <= BLOCK_SIZE:
-        return int(crc32c.crc32c(data, value))
-    # crc32c releases the GIL on large buffers: a worker thread frees the loop.
-    return int(await trio.to_thread.run_sync(crc32c.crc32c, data, value))
-
-
 def _cache_differs(store: CacheStore, key: str, start: int, data: bytes) -> list[int]:
     """Indexes of cached blocks of ``key`` within ``data`` (read at ``start``) that differ."""
     differ = []
@@ -705,7 +698,7 @@ async def check_chunk_data(target: Target, state: _State, run: CheckRun) -> None
                 if len(data) != want:
                     damaged.append((segment, c, f"read {len(data)} of {want} bytes at {pos}", True))
                     return
-                crc = await _crc(data, crc)
+                crc = await crc32c_of(data, crc)
                 if store is not None:
                     mismatched += _cache_differs(store, c.name, pos, data)
                 pos += want

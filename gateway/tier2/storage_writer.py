@@ -41,6 +41,7 @@ import trio
 
 import gateway
 from gateway import failpoints
+from gateway.aio import crc32c_of
 from gateway.buffers import Buffer
 from gateway.config import Tier2Config
 from gateway.container.container import SegmentContainer
@@ -57,8 +58,6 @@ log = logging.getLogger(__name__)
 MAX_RETRY_WAIT = 30.0
 #: Longest wait between attempts to journal an uploaded chunk the journal refused.
 MAX_RECORD_WAIT = 2.0
-#: A CRC over more than this runs in a worker thread (crc32c releases the GIL).
-_CRC_INLINE_BYTES = 1024 * 1024
 
 
 def _join_and_crc(pieces: list[Buffer], crc: int) -> tuple[bytes, int]:
@@ -325,11 +324,6 @@ class StorageWriter:
         if seg.sealed and not seg.sealed_in_storage and seg.storage_length >= seg.length:
             await self.container.prepare_storage_sealed(seg.id).wait()
 
-    async def _crc(self, data: bytes, value: int = 0) -> int:
-        if len(data) <= _CRC_INLINE_BYTES:
-            return int(crc32c.crc32c(data, value))
-        return int(await trio.to_thread.run_sync(crc32c.crc32c, data, value))
-
     async def _upload(
         self, seg: Segment, start: int, data: bytes, crc: int, extend: ChunkRecord | None
     ) -> None:
@@ -495,7 +489,7 @@ class StorageWriter:
             container=self.container.committed_snapshot(),
         ).SerializeToString()
         key = names.snapshot_key(self.node, at_ms, self.epoch)
-        crc = await self._crc(snapshot)
+        crc = await crc32c_of(snapshot)
         await self.layer.write(
             key,
             snapshot,
