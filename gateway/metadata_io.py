@@ -29,14 +29,12 @@ import pathlib
 import shutil
 import sys
 import tempfile
-import time
 from urllib.parse import urlsplit
 
 import crc32c
 import trio
 from google.protobuf import json_format
 
-import gateway
 from gateway.config import Config
 from gateway.container.replay import replay_metadata
 from gateway.errors import GatewayError, NodeNotEmpty, NothingToRecover, SnapshotInvalid
@@ -45,30 +43,17 @@ from gateway.journal.files import DirectoryLock, fsync_directory, list_files
 from gateway.protocol.metadata_pb2 import ContainerSnapshot, MetadataSnapshot
 from gateway.tier2.layer import ChunkLayer
 from gateway.tier2.recovery import (
-    SNAPSHOT_VERSION,
     RebuildReport,
-    check_snapshot,
     rebuild,
     recover_metadata,
 )
+from gateway.tier2.snapshots import build_snapshot, check_snapshot, object_metadata
 
 log = logging.getLogger(__name__)
 
 #: Where `install` writes the new journal before moving it into place. Its
 #: name is not a journal file name, so the journal ignores a leftover one.
 STAGING = "initial.tmp"
-
-
-def build_snapshot(container: ContainerSnapshot, node: str, epoch: int) -> MetadataSnapshot:
-    """``container`` as a MetadataSnapshot of ``node`` taken now by ``epoch``."""
-    return MetadataSnapshot(
-        version=SNAPSHOT_VERSION,
-        node=node,
-        epoch=epoch,
-        created_at_ms=int(time.time() * 1000),
-        software_version=gateway.__version__,
-        container=container,
-    )
 
 
 def encode(snapshot: MetadataSnapshot, as_json: bool = False) -> bytes:
@@ -132,11 +117,7 @@ async def write_location(location: str, data: bytes, config: Config) -> None:
         sys.stdout.buffer.flush()
     elif location.startswith("s3://"):
         layer, key = _s3_location(location, config)
-        metadata = {
-            "crc32c": f"{crc32c.crc32c(data):08x}",
-            "format-version": str(SNAPSHOT_VERSION),
-            "software-version": gateway.__version__,
-        }
+        metadata = object_metadata(crc32c.crc32c(data))
         try:
             await layer.write(key, data, metadata)
         finally:

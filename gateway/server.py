@@ -700,7 +700,7 @@ class Connection:
         async def produce() -> wire.Response:
             # Taken when its turn to answer comes: it includes everything
             # this connection asked for before.
-            from gateway.metadata_io import build_snapshot
+            from gateway.tier2.snapshots import build_snapshot
 
             journal = container.journal
             epoch = journal.epoch if journal is not None else 0

@@ -63,12 +63,10 @@ from gateway.protocol.metadata_pb2 import (
 )
 from gateway.tier2 import names
 from gateway.tier2.layer import ChunkLayer
+from gateway.tier2.snapshots import SNAPSHOT_VERSION, check_snapshot
 from gateway.tier2.storage import ObjectInfo
 
 log = logging.getLogger(__name__)
-
-#: The MetadataSnapshot and ContainerSnapshot versions this code reads.
-SNAPSHOT_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -182,21 +180,6 @@ class Rebuilt:
     def max_epoch(self) -> int:
         """The new node's journal must start above this epoch."""
         return self.report.max_epoch
-
-
-def check_snapshot(snap: MetadataSnapshot, what: str) -> MetadataSnapshot:
-    """``snap`` if this code can use it, else SnapshotInvalid naming ``what``."""
-    if snap.version != SNAPSHOT_VERSION:
-        raise SnapshotInvalid(what, f"format version {snap.version} is unknown")
-    if not snap.HasField("container") or snap.container.version != SNAPSHOT_VERSION:
-        raise SnapshotInvalid(what, f"container version {snap.container.version} is unknown")
-    for r in snap.container.segments:
-        end = r.start_offset
-        for c in r.chunks:
-            if c.start_offset > end:
-                raise SnapshotInvalid(what, f"segment {r.name!r} has no chunk at offset {end}")
-            end = max(end, c.start_offset + c.length)
-    return snap
 
 
 def _decode_chunk(key: str, info: ObjectInfo) -> FoundChunk | str:
@@ -317,7 +300,7 @@ async def rebuild(
     fails after retries.
     """
     report = report or RebuildReport()
-    container = base.container if base is not None else ContainerSnapshot(version=1)
+    container = base.container if base is not None else ContainerSnapshot(version=SNAPSHOT_VERSION)
     listing = await layer.list(names.chunks_prefix(node))
     objects: dict[str, tuple[int, int, int]] = {}
     sizes: dict[str, int] = {}

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 import crc32c
 import trio
 
-import gateway
 from gateway import failpoints
 from gateway.aio import crc32c_of
 from gateway.buffers import Buffer
@@ -47,10 +46,11 @@ from gateway.config import Tier2Config
 from gateway.container.container import SegmentContainer
 from gateway.container.segment import Segment
 from gateway.errors import GatewayError, Overloaded, SegmentNotFound, Tier2Error
-from gateway.protocol.metadata_pb2 import ChunkRecord, MetadataSnapshot
+from gateway.protocol.metadata_pb2 import ChunkRecord
 from gateway.tier2 import gc, names
 from gateway.tier2.layer import ChunkLayer
 from gateway.tier2.reader import ChunkReader
+from gateway.tier2.snapshots import build_snapshot, object_metadata
 
 log = logging.getLogger(__name__)
 
@@ -480,24 +480,15 @@ class StorageWriter:
     async def upload_snapshot(self) -> str:
         """Upload a metadata snapshot now and delete the oldest beyond ``snapshots_kept``."""
         at_ms = int(time.time() * 1000)
-        snapshot = MetadataSnapshot(
-            version=1,
-            node=self.node,
-            epoch=self.epoch,
-            created_at_ms=at_ms,
-            software_version=gateway.__version__,
-            container=self.container.committed_snapshot(),
+        snapshot = build_snapshot(
+            self.container.committed_snapshot(), self.node, self.epoch, at_ms
         ).SerializeToString()
         key = names.snapshot_key(self.node, at_ms, self.epoch)
         crc = await crc32c_of(snapshot)
         await self.layer.write(
             key,
             snapshot,
-            {
-                "crc32c": f"{crc:08x}",
-                "format-version": "1",
-                "software-version": gateway.__version__,
-            },
+            object_metadata(crc),
         )
         self.snapshots += 1
         kept = await self.layer.list(names.meta_prefix(self.node))

@@ -1,0 +1,66 @@
+"""Tier-2 metadata snapshots: the one place that builds and checks them.
+
+A `MetadataSnapshot` (metadata.proto) is a node's committed metadata as the
+storage writer uploads it to ``<prefix>/<node>/meta/``, as ``export-metadata``
+writes it, and as fsck, ``import-metadata`` and disaster recovery read it.
+It wraps the container's own checkpoint snapshot (`ContainerSnapshot`,
+`gateway.container.table.SNAPSHOT_VERSION`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import gateway
+from gateway.container.table import SNAPSHOT_VERSION
+from gateway.errors import SnapshotInvalid
+from gateway.protocol.metadata_pb2 import ContainerSnapshot, MetadataSnapshot
+
+#: The MetadataSnapshot format version this code writes and reads.
+METADATA_VERSION = 1
+
+__all__ = [
+    "METADATA_VERSION",
+    "SNAPSHOT_VERSION",
+    "build_snapshot",
+    "check_snapshot",
+    "object_metadata",
+]
+
+
+def build_snapshot(
+    container: ContainerSnapshot, node: str, epoch: int, at_ms: int | None = None
+) -> MetadataSnapshot:
+    """``container`` as a MetadataSnapshot of ``node`` taken by ``epoch`` (at ``at_ms``, or now)."""
+    return MetadataSnapshot(
+        version=METADATA_VERSION,
+        node=node,
+        epoch=epoch,
+        created_at_ms=int(time.time() * 1000) if at_ms is None else at_ms,
+        software_version=gateway.__version__,
+        container=container,
+    )
+
+
+def object_metadata(crc: int) -> dict[str, str]:
+    """The user metadata a snapshot object carries (for inspection with any S3 tool)."""
+    return {
+        "crc32c": f"{crc:08x}",
+        "format-version": str(METADATA_VERSION),
+        "software-version": gateway.__version__,
+    }
+
+
+def check_snapshot(snap: MetadataSnapshot, what: str) -> MetadataSnapshot:
+    """``snap`` if this code can use it, else SnapshotInvalid naming ``what``."""
+    if snap.version != METADATA_VERSION:
+        raise SnapshotInvalid(what, f"format version {snap.version} is unknown")
+    if not snap.HasField("container") or snap.container.version != SNAPSHOT_VERSION:
+        raise SnapshotInvalid(what, f"container version {snap.container.version} is unknown")
+    for r in snap.container.segments:
+        end = r.start_offset
+        for c in r.chunks:
+            if c.start_offset > end:
+                raise SnapshotInvalid(what, f"segment {r.name!r} has no chunk at offset {end}")
+            end = max(end, c.start_offset + c.length)
+    return snap
