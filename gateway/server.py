@@ -194,10 +194,6 @@ def _updates(updates: list[wire.AttributeUpdate]) -> list[AttributeUpdate]:
 #: Appends at least this large skip copying their data out of the message.
 _SPLIT_BYTES = 64 * 1024
 
-_MUTATING = frozenset({"create", "append", "seal", "truncate", "delete", "update_attributes"})
-#: Changes that free journal space: admitted while the journal's disk is full.
-_FREEING = frozenset({"truncate", "delete"})
-
 
 @dataclass(eq=False)
 class _Waiter:
@@ -555,14 +551,21 @@ class Connection:
 
     async def _prepare(self, req: wire.Request, nbytes: int) -> _Item:
         """Prepare one request, in arrival order: it enters the journal now."""
-        kind = req.WhichOneof("kind")
-        if kind == "read":
-            return self._read(req)
-        if kind == "fsck":
-            return self._fsck(req)
-        handler = getattr(self, "_" + str(kind))
+        kind = str(req.WhichOneof("kind"))
+        stream = STREAMED.get(kind)
+        if stream is not None:
+            return stream(self, req)
+        handler = HANDLERS.get(kind)
+        if handler is None:
+            return self._ready_error(
+                req.request_id, Unsupported(f"request kind {kind!r} is not served here")
+            )
         return await self._admit(
-            req.request_id, nbytes, kind in _MUTATING, lambda: handler(req), kind in _FREEING
+            req.request_id,
+            nbytes,
+            handler.changes,
+            lambda: handler.prepare(self, req),
+            handler.frees,
         )
 
     async def _admit(
@@ -846,6 +849,41 @@ class Connection:
         finally:
             self.reader_scope.cancel()
             close_now(self.transport)
+
+
+@dataclass(frozen=True)
+class Handler:
+    """How the server takes one kind of request."""
+
+    #: Prepares it now (in arrival order) and returns how to answer later.
+    prepare: Callable[[Connection, wire.Request], Producer]
+    #: Changes something: waits for room in the journal and the cache first.
+    changes: bool = False
+    #: Frees journal space (a deletion or truncation): admitted while the
+    #: journal's disk is full.
+    frees: bool = False
+
+
+#: Every request kind after Hello, by its name in wire.proto's Request.kind
+#: (tests/test_protocol.py checks that none is missing).
+HANDLERS: dict[str, Handler] = {
+    "create": Handler(Connection._create, changes=True),
+    "append": Handler(Connection._append, changes=True),
+    "seal": Handler(Connection._seal, changes=True),
+    "truncate": Handler(Connection._truncate, changes=True, frees=True),
+    "delete": Handler(Connection._delete, changes=True, frees=True),
+    "update_attributes": Handler(Connection._update_attributes, changes=True),
+    "flush": Handler(Connection._flush),
+    "export_metadata": Handler(Connection._export_metadata),
+    "get_info": Handler(Connection._get_info),
+    "list": Handler(Connection._list),
+    "get_attributes": Handler(Connection._get_attributes),
+}
+#: Kinds answered as a stream of responses, produced as they go.
+STREAMED: dict[str, Callable[[Connection, wire.Request], _Item]] = {
+    "read": Connection._read,
+    "fsck": Connection._fsck,
+}
 
 
 class Server:

@@ -450,3 +450,12 @@ def test_sync_client_round_trip(live_daemon: Daemon) -> None:
         c.delete(name)
         with pytest.raises(SegmentNotFound):
             c.info(name)
+
+
+def test_every_request_kind_has_a_handler() -> None:
+    """The server's handler table covers wire.proto's Request kinds, and nothing else."""
+    from gateway.server import HANDLERS, STREAMED
+
+    kinds = {f.name for f in wire.Request.DESCRIPTOR.oneofs_by_name["kind"].fields}
+    assert kinds - {"hello"} == set(HANDLERS) | set(STREAMED)
+    assert not set(HANDLERS) & set(STREAMED)
