@@ -216,7 +216,7 @@ async def run_daemon(
     ``load`` re-reads the configuration at SIGHUP (without it, SIGHUP only
     logs that there is nothing to reload). ``recover_from_tier2``: this node
     has lost its journal; rebuild its metadata from Tier 2 first
-    (`gateway.metadata_io.recover_node`; refused unless the journal
+    (`gateway.metadata_io.rebuild_node`; refused unless the journal
     directory is empty).
     """
     notifier = notifier or Notifier()
@@ -230,10 +230,10 @@ async def run_daemon(
         async with open_tier2(config) as tier2:
             await check_tier2(tier2, config)
             if recover_from_tier2:
-                from gateway.metadata_io import recover_node
+                from gateway.metadata_io import rebuild_node
 
                 notifier.status("recovering the metadata from Tier 2")
-                await recover_node(config, tier2)
+                await rebuild_node(config, tier2)
             async with open_node(config, tier2) as node:
                 container = node.container
                 server = Server(

@@ -5,11 +5,11 @@
   ``ExportMetadata``) or of a stopped node's journal (replayed read-only) to
   a file (atomically), to stdout, or to an S3 object.
 - **Import** reads one back (protobuf or its JSON view), checks it against
-  Tier 2 (`gateway.tier2.recovery.rebuild` without chunk replay: chunks
+  Tier 2 (`gateway.tier2.rebuild.rebuild` without chunk replay: chunks
   that are gone, lengths past the last chunk) and installs it on an empty
   node.
 - **Recovery** (``serve --recover-from-tier2``, ``import-metadata
-  --from-tier2``) installs what `gateway.tier2.recovery.recover_metadata`
+  --from-tier2``) installs what `gateway.tier2.rebuild.rebuild_metadata`
   rebuilds from the newest snapshot and the chunks written after it.
 
 Installing writes a new journal whose first operations are the epoch --
@@ -42,10 +42,10 @@ from gateway.journal import open_journal
 from gateway.journal.files import DirectoryLock, fsync_directory, list_files
 from gateway.protocol.metadata_pb2 import ContainerSnapshot, MetadataSnapshot
 from gateway.tier2.layer import ChunkLayer
-from gateway.tier2.recovery import (
+from gateway.tier2.rebuild import (
     RebuildReport,
     rebuild,
-    recover_metadata,
+    rebuild_metadata,
 )
 from gateway.tier2.snapshots import build_snapshot, check_snapshot, object_metadata
 
@@ -264,14 +264,14 @@ async def import_metadata(
     return rebuilt.report
 
 
-async def recover_node(config: Config, tier2: ChunkLayer, log_report: bool = True) -> RebuildReport:
-    """Disaster recovery of this empty node from Tier 2 alone; see `recover_metadata`.
+async def rebuild_node(config: Config, tier2: ChunkLayer, log_report: bool = True) -> RebuildReport:
+    """Disaster recovery of this empty node from Tier 2 alone; see `rebuild_metadata`.
 
     ``log_report=False``: the caller shows the report.
     """
     ensure_empty(config.journal_dir)
     log.info("recovering the metadata of node %r from Tier 2", config.node.id)
-    rebuilt = await recover_metadata(tier2, config.node.id)
+    rebuilt = await rebuild_metadata(tier2, config.node.id)
     if log_report:
         _log_report(rebuilt.report)
     await install(config, rebuilt.container, rebuilt.max_epoch + 1)
@@ -279,9 +279,9 @@ async def recover_node(config: Config, tier2: ChunkLayer, log_report: bool = Tru
 
 
 async def recover_from_tier2(config: Config, log_report: bool = True) -> RebuildReport:
-    """`recover_node` with Tier 2 opened here (``import-metadata --from-tier2``)."""
+    """`rebuild_node` with Tier 2 opened here (``import-metadata --from-tier2``)."""
     from gateway.tier2.bindings import open_tier2
 
     ensure_empty(config.journal_dir)
     async with open_tier2(config) as tier2:
-        return await recover_node(config, tier2, log_report)
+        return await rebuild_node(config, tier2, log_report)

@@ -116,7 +116,7 @@ async def _from_snapshot(config: Config, options: Options, sink: Sink, replay_er
     ``replay_error``: the journal reads but does not replay (a problem of
     the metadata check); "" if it is corrupt (the journal check said so).
     """
-    from gateway.tier2.recovery import RebuildReport, newest_snapshot
+    from gateway.tier2.rebuild import RebuildReport, newest_snapshot
 
     why = (
         "the journal does not replay" if replay_error else "the journal cannot be read"

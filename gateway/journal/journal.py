@@ -3,7 +3,7 @@
 ``await journal.append(op)`` returns the operation's sequence number only
 after the frame holding it has been written and fdatasync'd. Concurrent
 appenders share that work: operations collect in an open *group* while the
-previous group is being written and synced; one writer task then writes the
+previous group is being written and synced; one committer task then writes the
 whole group (split into frames of at most ``max_frame_bytes``) with one
 ``pwritev`` and one ``fdatasync`` in a worker thread, and wakes every
 appender of the group at once. An appender costs one list append and one
@@ -102,7 +102,7 @@ class _Group:
         #: Payload bytes (prefixes + operations).
         self.nbytes = 0
         self.done = trio.Event()
-        #: Set by the writer once the group is durable.
+        #: Set by the committer once the group is durable.
         self.first_sequence = 0
         self.error: JournalError | None = None
         #: trio clock time of the first operation (only tracked when lingering).
@@ -202,7 +202,7 @@ class Journal:
         self._admission = trio.Lock()
         self._wake = trio.Event()
         self._group_closed = trio.Event()
-        self._writer_idle = False
+        self._committer_idle = False
         self._closing = False
         self._error: JournalError | None = None
         #: How many times a group was refused without failing the journal
@@ -212,17 +212,17 @@ class Journal:
         self._reserve: ReserveFile | None = None
         self._reserve_base = config.reserve
         self._last_checkpoint_bytes = 0
-        #: See the module docstring. Set by the writer, cleared by `_keep_reserve`.
+        #: See the module docstring. Set by the committer, cleared by `_keep_reserve`.
         self.short_of_space = False
         self._space_lost = trio.Event()
         self._space_restored = trio.Event()
         self._space_restored.set()
         self._reserve_poke = trio.Event()
-        #: Set by the writer thread when a group took space from the reserve.
+        #: Set by the committer thread when a group took space from the reserve.
         self._used_reserve = False
         self._refusal_logged = -float("inf")
         self._refusals_unlogged = 0
-        # One thread at a time touches the files: the writer's groups and
+        # One thread at a time touches the files: the committer's groups and
         # truncation are serialized by this limiter.
         self._limiter = trio.CapacityLimiter(1)
 
@@ -231,7 +231,7 @@ class Journal:
         self._frames = 0
         self._groups = 0
         self._sync_seconds = 0.0
-        #: fdatasync latency and bytes per write group (written by the writer thread).
+        #: fdatasync latency and bytes per write group (written by the committer thread).
         self.sync_latency = Histogram(LATENCY_BUCKETS)
         self.group_bytes = Histogram(SIZE_BUCKETS)
         self._frames_since_checkpoint = 0
@@ -346,12 +346,12 @@ class Journal:
         group.count += 1
         group.nbytes += nbytes
         self._pending_bytes += nbytes
-        self._wake_writer()
+        self._wake_committer()
         return Ticket(group, index)
 
-    def _wake_writer(self) -> None:
-        if self._writer_idle:
-            self._writer_idle = False
+    def _wake_committer(self) -> None:
+        if self._committer_idle:
+            self._committer_idle = False
             self._wake.set()
 
     def _close_open_group(self) -> None:
@@ -467,9 +467,9 @@ class Journal:
             self._checkpoints = [c for c in self._checkpoints if c >= first]
         return len(doomed)
 
-    # -- the writer ------------------------------------------------------------
+    # -- the committer: group commit ------------------------------------------------------------
 
-    async def _run_writer(self) -> None:
+    async def _run_commits(self) -> None:
         try:
             while True:
                 group = await self._take_group()
@@ -488,7 +488,7 @@ class Journal:
                 if self._closing:
                     return None
                 self._wake = trio.Event()
-                self._writer_idle = True
+                self._committer_idle = True
                 await self._wake.wait()
             # Appenders made runnable together with us (say, by the previous
             # group's ack) get to join this group before it is cut.
@@ -740,7 +740,7 @@ class Journal:
         self._space_restored.set()
         self._space_lost.set()  # `_keep_reserve` ends
         self._reserve_poke.set()
-        self._wake_writer()
+        self._wake_committer()
 
     def _close_file(self) -> None:
         if self._file is not None:
@@ -808,7 +808,7 @@ async def open_journal(
         if not await trio.to_thread.run_sync(journal._open_reserve):
             journal._become_short_of_space()
         async with service_nursery() as nursery:
-            nursery.start_soon(journal._run_writer)
+            nursery.start_soon(journal._run_commits)
             nursery.start_soon(journal._keep_reserve)
             try:
                 await journal._start_epoch()

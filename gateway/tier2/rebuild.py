@@ -8,7 +8,7 @@ When a node's SSD is lost, Tier 2 still holds, under ``<node>/``:
   and epoch, and whose user metadata carries the segment name, offset,
   length, CRC32C and epoch (`gateway.tier2.names`).
 
-`recover_metadata` starts from the newest readable snapshot and replays the
+`rebuild_metadata` starts from the newest readable snapshot and replays the
 chunks written after it, the way Pravega's SystemJournal rebuilds storage
 metadata from the chunks themselves. Per segment, in offset order:
 
@@ -574,7 +574,7 @@ async def newest_snapshot(
     return None
 
 
-async def recover_metadata(layer: ChunkLayer, node: str) -> Rebuilt:
+async def rebuild_metadata(layer: ChunkLayer, node: str) -> Rebuilt:
     """Disaster recovery: ``node``'s metadata from its newest snapshot and newer chunks.
 
     Raises NothingToRecover when Tier 2 holds neither a snapshot nor a chunk

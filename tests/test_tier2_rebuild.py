@@ -1,4 +1,4 @@
-"""Rebuilding metadata from Tier 2 alone (`gateway.tier2.recovery`), object by object.
+"""Rebuilding metadata from Tier 2 alone (`gateway.tier2.rebuild`), object by object.
 
 Each test lays out the objects a node would have left in Tier 2 -- metadata
 snapshots and chunk objects with their user metadata -- in the in-memory
@@ -30,7 +30,7 @@ from gateway.protocol.metadata_pb2 import (
 from gateway.tier2 import names
 from gateway.tier2.layer import ChunkLayer
 from gateway.tier2.memory import MemoryStorage
-from gateway.tier2.recovery import Rebuilt, rebuild, recover_metadata
+from gateway.tier2.rebuild import Rebuilt, rebuild, rebuild_metadata
 
 from .helpers.segments import make_config
 
@@ -80,7 +80,7 @@ class Tier2:
         )
 
     async def recover(self) -> Rebuilt:
-        return await recover_metadata(self.layer, NODE)
+        return await rebuild_metadata(self.layer, NODE)
 
 
 def segment(segment_id: int, name: str, *chunks: ChunkRecord, **fields: object) -> SegmentRecord:
