@@ -314,6 +314,7 @@ async def test_restart_keeps_metadata_through_checkpoints_and_truncation(
         assert await snapshot_state(c) == before
 
 
+@pytest.mark.expect_errors("journal refused client operations")
 async def test_disk_full_refuses_and_resumes_without_holes(small_tmpfs: pathlib.Path) -> None:
     config = make_config(small_tmpfs, container={"overload_timeout": 0.5})
     filler = small_tmpfs / "filler"

@@ -43,6 +43,7 @@ def small_journal(tmp_path: pathlib.Path, small_tmpfs: pathlib.Path) -> str:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.expect_errors("journal refused client operations")
 def test_full_journal_disk_refuses_then_resumes(
     tmp_path: pathlib.Path, small_tmpfs: pathlib.Path
 ) -> None:
@@ -132,6 +133,7 @@ def error_lines(daemon: Daemon) -> list[str]:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.expect_errors("journal refused client operations")
 def test_flushed_full_journal_is_freed_by_a_checkpoint_and_restarts_full(
     tmp_path: pathlib.Path, small_tmpfs: pathlib.Path
 ) -> None:
@@ -205,6 +207,7 @@ def journal_tmpfs(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.expect_errors("journal refused client operations")
 def test_full_journal_while_tier2_is_stopped_flushes_its_way_out(
     tmp_path: pathlib.Path, journal_tmpfs: pathlib.Path
 ) -> None:
@@ -312,6 +315,7 @@ def test_full_journal_while_tier2_is_stopped_flushes_its_way_out(
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.expect_errors("journal refused client operations")
 def test_append_file_that_gives_up_says_where_to_resume(
     tmp_path: pathlib.Path, small_tmpfs: pathlib.Path
 ) -> None:

@@ -130,6 +130,7 @@ def test_ctrl_c_stops_the_node_in_about_the_time_the_flush_takes(tmp_path: pathl
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.expect_errors(r"embedded S3 server \(SeaweedFS, pid \d+\) exited")
 def test_a_killed_weed_is_reported_and_restarted_without_restarting_the_daemon(
     tmp_path: pathlib.Path,
 ) -> None:

@@ -504,6 +504,7 @@ def test_killing_the_daemon_with_the_mount_busy_hangs_nothing(s3_daemon: Mounted
             p.wait(10)
 
 
+@pytest.mark.expect_errors(r"read of 'lost/s' at offset \d+ \(\d+ bytes\) failed: Tier-2 object")
 def test_tier2_failure_is_eio_with_a_log_line(tmp_path: pathlib.Path) -> None:
     require_fuse()
     config = f'[tier2]\nurl = "file://{tmp_path}/tier2"\nflush_size = "256 KiB"\n'

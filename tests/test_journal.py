@@ -274,6 +274,7 @@ async def test_backpressure_bounds_pending_bytes(
     assert len(appends(replayed(tmp_path))) == 64 * 20
 
 
+@pytest.mark.expect_errors("journal failed and accepts no more appends")
 async def test_fdatasync_failure_is_fatal_and_loses_nothing_acked(
     tmp_path: pathlib.Path, journal_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -344,6 +345,7 @@ async def wait_for_room(j: Journal) -> None:
         await j.wait_room()
 
 
+@pytest.mark.expect_errors("journal refused client operations")
 async def test_disk_full_refuses_then_resumes(
     small_tmpfs: pathlib.Path, journal_config: ConfigFactory
 ) -> None:
@@ -602,6 +604,7 @@ async def test_submit_keeps_order_and_tickets_report_sequences(
     assert [ops[s][0] for s in seqs] == list(range(300))
 
 
+@pytest.mark.expect_errors("journal refused client operations")
 async def test_refused_group_refuses_everything_queued_behind_it(
     small_tmpfs: pathlib.Path, journal_config: ConfigFactory
 ) -> None:
@@ -643,6 +646,7 @@ async def test_truncate_keeps_files_still_needed(
         assert await j.truncate(cp) >= 1
 
 
+@pytest.mark.expect_errors("journal refused client operations")
 async def test_no_file_descriptor_for_a_new_file_is_a_refusal_not_a_failure(
     tmp_path: pathlib.Path, journal_config: ConfigFactory
 ) -> None:

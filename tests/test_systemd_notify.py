@@ -164,6 +164,7 @@ def test_a_stuck_event_loop_stops_the_watchdog(
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.expect_errors("reload: keeping the running configuration")
 def test_sighup_reloads_the_flush_interval_without_dropping_connections(
     tmp_path: pathlib.Path, systemd: FakeSystemd
 ) -> None:

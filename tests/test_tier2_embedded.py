@@ -454,6 +454,7 @@ async def wait_until(predicate: Callable[[], bool], seconds: float) -> None:
             await trio.sleep(0.01)
 
 
+@pytest.mark.expect_errors(r"embedded S3 server \(SeaweedFS, pid \d+\) exited")
 async def test_a_killed_server_fails_calls_fast_and_is_restarted(
     tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -499,6 +500,7 @@ async def test_a_killed_server_fails_calls_fast_and_is_restarted(
     assert server.state == "stopped" and weeds_serving(tmp_path / "s3") == []
 
 
+@pytest.mark.expect_errors(r"embedded S3 server \(SeaweedFS, pid \d+\) exited")
 async def test_restarts_back_off_while_they_fail(
     tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
 ) -> None:

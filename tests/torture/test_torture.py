@@ -374,6 +374,13 @@ async def verify(t: Torture) -> int:
 
 
 @pytest.mark.timeout(SECONDS + 240)
+# The faults' own log lines: a full journal disk, a killed S3 server, and
+# reads through the mount that meet S3 while it is down or failing.
+@pytest.mark.expect_errors(
+    "journal refused client operations",
+    r"embedded S3 server \(SeaweedFS, pid \d+\) exited",
+    r"read of '.*' at offset \d+ \(\d+ bytes\) failed: Tier.2",
+)
 async def test_torture(tmp_path: pathlib.Path) -> None:
     require_fuse()
     seed = int(os.environ.get("SEGMENT_GATEWAY_TORTURE_SEED", "20261122"))
