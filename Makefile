@@ -3,7 +3,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install run test proto lint bench deb clean torture
+.PHONY: install run test test-fast proto lint bench deb clean torture
 
 install:
 	@scripts/bootstrap.sh
@@ -18,6 +18,11 @@ run: install
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# A developer's loop: everything but the tests marked slow (daemons,
+# SeaweedFS, Spark, crash loops); `make test` (what CI runs) runs them all.
+test-fast: install
+	$(PY) -m pytest -m "not slow" -x $(PYTEST_ARGS)
 
 # The torture loop for longer than CI's short run (tests/torture): faults at
 # random against a real daemon, SeaweedFS and mount; prints a summary.

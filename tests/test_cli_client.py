@@ -15,6 +15,9 @@ from gateway.client import SyncClient
 from .conftest import ROOT
 from .helpers.daemon import Daemon
 
+# Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:

@@ -23,6 +23,9 @@ from gateway.tier2.s3 import S3Storage
 from tests.helpers.daemon import Daemon, run_cli
 from tests.helpers.disk import fill, tmpfs
 
+# Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
+pytestmark = pytest.mark.slow
+
 KiB = 1024
 MiB = 1024 * KiB
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -22,6 +22,9 @@ from gateway.tier2.embedded import EmbeddedS3
 from gateway.tier2.s3 import S3Storage
 from tests.helpers.daemon import ROOT, Daemon, free_port, scrape
 
+# Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
+pytestmark = pytest.mark.slow
+
 KiB = 1024
 MiB = 1024 * KiB
 

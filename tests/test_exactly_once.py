@@ -14,6 +14,9 @@ from gateway.writer import open_segment_writer
 from .helpers.daemon import Daemon
 from .helpers.proxy import DroppingProxy
 
+# Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
+pytestmark = pytest.mark.slow
+
 EVENTS = 100_000
 KILLS = 6
 

@@ -22,6 +22,9 @@ from gateway.client import SyncClient
 from tests.helpers.daemon import Daemon, run_cli
 from tests.helpers.mount import force_unmount, mount_entry, require_fuse
 
+# Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
+pytestmark = pytest.mark.slow
+
 CONFIG = """
 [tier2]
 url = "embedded"

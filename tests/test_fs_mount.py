@@ -28,6 +28,9 @@ from gateway.tier2.s3 import S3Storage
 from tests.helpers.daemon import ROOT
 from tests.helpers.mount import MountedDaemon, mount_entry, mounted_daemon, require_fuse, run
 
+# Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
+pytestmark = pytest.mark.slow
+
 KiB = 1024
 MiB = 1024 * KiB
 

@@ -18,6 +18,9 @@ from gateway.protocol.journal_pb2 import Operation
 from .conftest import ROOT
 from .helpers.journal_crasher import event_data
 
+# Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
+pytestmark = pytest.mark.slow
+
 HELPER = ROOT / "tests" / "helpers" / "journal_crasher.py"
 ROUNDS = 24
 

@@ -18,6 +18,9 @@ from tests.helpers.daemon import Daemon
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
+# Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
+pytestmark = pytest.mark.slow
+
 EMIT = """
 import logging, sys
 from gateway import logs

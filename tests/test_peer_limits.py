@@ -35,6 +35,9 @@ from .helpers.inprocess import Served, served
 from .helpers.peers import HELLO, frame, rss
 from .helpers.segments import make_config
 
+# Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
+pytestmark = pytest.mark.slow
+
 MiB = 1024 * 1024
 #: server.max_memory in these tests.
 MAX_MEMORY = 64 * MiB

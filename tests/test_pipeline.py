@@ -28,7 +28,8 @@ from tests.helpers.mount import MountedDaemon, mounted_daemon
 KiB = 1024
 MiB = 1024 * KiB
 
-pytestmark = pytest.mark.timeout(300)
+# Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,9 @@ import pytest
 
 from tests.helpers.mount import force_unmount, require_fuse
 
+# Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
+pytestmark = pytest.mark.slow
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 PRELUDE = """

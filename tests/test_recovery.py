@@ -35,6 +35,9 @@ from gateway.tier2.filesystem import FileStorage
 from gateway.tier2.s3 import S3Storage
 from tests.helpers.daemon import Daemon, run_cli
 
+# Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
+pytestmark = pytest.mark.slow
+
 if TYPE_CHECKING:
     from gateway.tier2.embedded import EmbeddedS3
     from gateway.tier2.storage import ChunkStorage

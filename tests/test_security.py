@@ -39,6 +39,9 @@ from .helpers.daemon import Daemon
 from .helpers.inprocess import Served, served
 from .helpers.segments import make_config
 
+# Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
+pytestmark = pytest.mark.slow
+
 TOKEN = "tok-5e8f1c2a9b7d4e6f"
 
 

@@ -23,6 +23,9 @@ from gateway.client import SyncClient
 from gateway.notify import Notifier
 from tests.helpers.mount import MountedDaemon, mount_entry, require_fuse
 
+# Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
+pytestmark = pytest.mark.slow
+
 KiB = 1024
 
 

@@ -6,11 +6,16 @@ import pathlib
 import random
 import time
 
+import pytest
+
 from gateway.client import SyncClient
 from gateway.protocol.metadata_pb2 import MetadataSnapshot
 from gateway.tier2 import names
 from gateway.tier2.filesystem import FileStorage
 from tests.helpers.daemon import Daemon
+
+# Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
+pytestmark = pytest.mark.slow
 
 KiB = 1024
 

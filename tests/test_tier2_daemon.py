@@ -13,6 +13,9 @@ import pytest
 from gateway.client import SyncClient
 from tests.helpers.daemon import Daemon
 
+# Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
+pytestmark = pytest.mark.slow
+
 KiB = 1024
 MiB = 1024 * KiB
 

@@ -42,6 +42,9 @@ from gateway.tier2.s3 import MIN_PART_SIZE, S3Storage
 
 from .conftest import ROOT
 
+# Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
+pytestmark = pytest.mark.slow
+
 
 def client_of(server: EmbeddedS3) -> S3Storage:
     return S3Storage(

@@ -23,6 +23,9 @@ from tests.helpers.s3proxy import S3FaultProxy
 from tests.helpers.segments import make_config
 from tests.test_tier2_writer import chunk_bytes, read_all, running
 
+# Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
+pytestmark = pytest.mark.slow
+
 KiB = 1024
 MiB = 1024 * KiB
 

@@ -59,6 +59,9 @@ from tests.helpers.mount import MountedDaemon, require_fuse
 from tests.helpers.peers import HostileLoad, hostile_load, rss
 from tests.helpers.s3proxy import S3FaultProxy
 
+# Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
+pytestmark = pytest.mark.slow
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 SECONDS = float(os.environ.get("SEGMENT_GATEWAY_TORTURE_SECONDS", "90"))
 WRITERS = 3
