@@ -7,7 +7,9 @@ Every change goes through the same steps (Pravega's operation processor):
    assign the offset, submit the journal operation, update the pending view;
 2. *wait*: the journal makes the operation durable (group commit);
 3. *apply*: operations are applied to the committed view strictly in
-   submission order, by whichever waiter runs first (`_settle`).
+   submission order, by whichever waiter runs first (`_settle`), through the
+   segment table (`gateway.container.table`), whose ``apply_*`` methods a
+   replay of the journal runs too.
 
 Because prepare never yields, operations enter the journal in exactly the
 order they were validated, and a caller that prepares requests in arrival

@@ -127,7 +127,8 @@ class ChunkReader:
         if read_ahead and self.read_ahead:
             policy = self._read_ahead.get(segment_id)
             if policy is None:
-                policy = self._read_ahead[segment_id] = ReadAhead(self.read_ahead * BLOCK_SIZE)
+                window = self.read_ahead * BLOCK_SIZE
+                policy = self._read_ahead[segment_id] = ReadAhead(window, window, top_up=True)
             ahead = policy.on_read(offset, length)
             if ahead is not None:
                 self.prefetch(chunks, *ahead)
