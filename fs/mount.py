@@ -20,11 +20,9 @@ import pyfuse3
 import trio
 
 from fs.operations import SegmentFS
-from fs.source import LocalSegments
+from fs.source import SegmentSource
 from gateway.config import Config
-from gateway.container.container import SegmentContainer
 from gateway.errors import MountError
-from gateway.tier2.reader import ChunkReader
 
 log = logging.getLogger(__name__)
 
@@ -160,16 +158,14 @@ def set_read_ahead(path: str, kib: int) -> None:
 
 
 async def serve_mount(
-    container: SegmentContainer,
+    source: SegmentSource,
     config: Config,
-    reader: ChunkReader | None,
     *,
     task_status: trio.TaskStatus[SegmentFS] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Mount at ``fuse.mountpoint`` and serve it until cancelled; then unmount."""
+    """Mount ``source``'s segments at ``fuse.mountpoint`` until cancelled; then unmount."""
     path = config.fuse.mountpoint  # absolute: the configuration insists
     await trio.to_thread.run_sync(prepare_mountpoint, path)
-    source = LocalSegments(container, reader)
     ops = SegmentFS(source, config.fuse, config.tier2.read_ahead * 1024 * 1024)
     try:
         pyfuse3.init(ops, path, mount_options(config))
@@ -185,7 +181,7 @@ async def serve_mount(
             # INIT has been answered (it set the kernel's read-ahead to its
             # default); now the bdi can take ours.
             await trio.to_thread.run_sync(set_read_ahead, path, config.fuse.read_ahead_kb)
-            log.info("mounted %d segment(s) at %s", container.segment_count, path)
+            log.info("mounted %d segment(s) at %s", len(source.segments()), path)
             task_status.started(ops)
             await trio.sleep_forever()
     finally:

@@ -14,9 +14,12 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from gateway.buffers import Buffer
+from gateway.cluster.remote import REMOTE_ID_BASE
+from gateway.cluster.view import ClusterView
 from gateway.container.container import SegmentContainer
 from gateway.container.interfaces import NamespaceWatcher
 from gateway.container.segment import Segment
+from gateway.errors import SegmentNotFound
 from gateway.protocol.metadata_pb2 import ChunkRecord
 from gateway.readindex import SegmentView
 from gateway.tier2.reader import ChunkReader
@@ -46,13 +49,19 @@ class SegmentSource(Protocol):
     def unwatch(self, watcher: NamespaceWatcher) -> None:
         """Stop telling ``watcher``."""
 
+    def owner(self, segment_id: int) -> tuple[str, bool]:
+        """(owning node id, whether bytes past the flushed length are readable)."""
+
 
 class LocalSegments:
     """This node's segments: its container, and Tier 2's chunk reader for read-ahead."""
 
-    def __init__(self, container: SegmentContainer, reader: ChunkReader | None) -> None:
+    def __init__(
+        self, container: SegmentContainer, reader: ChunkReader | None, node_id: str = ""
+    ) -> None:
         self.container = container
         self.reader = reader
+        self.node_id = node_id
 
     def segments(self) -> Sequence[Segment]:
         """Every live segment of the container."""
@@ -77,3 +86,59 @@ class LocalSegments:
     def unwatch(self, watcher: NamespaceWatcher) -> None:
         """Unregister from the container."""
         self.container.watchers.remove(watcher)
+
+    def owner(self, segment_id: int) -> tuple[str, bool]:
+        """This node's segments are its own, tails included."""
+        return self.node_id, True
+
+
+class ClusterSegments:
+    """Every segment of the cluster: this node's, then every other node's.
+
+    Other nodes' segments (`gateway.cluster.remote`) have ids of their own
+    on this node, from `REMOTE_ID_BASE` up, so one id names one segment.
+    """
+
+    def __init__(self, local: LocalSegments, cluster: ClusterView) -> None:
+        self.local = local
+        self.cluster = cluster
+
+    def segments(self) -> Sequence[Segment]:
+        """This node's live segments, then the other nodes'."""
+        return [*self.local.segments(), *self.cluster.segments()]
+
+    def segment_by_id(self, segment_id: int) -> Segment | None:
+        """A local or remote segment by its id on this node."""
+        if segment_id < REMOTE_ID_BASE:
+            return self.local.segment_by_id(segment_id)
+        return self.cluster.segment_by_id(segment_id)
+
+    async def read(self, seg: SegmentView, offset: int, size: int) -> Buffer:
+        """Local segments through the read index; remote ones from chunks and their owner."""
+        if seg.id < REMOTE_ID_BASE:
+            return await self.local.read(seg, offset, size)
+        node = self.cluster.node_of(seg.id)
+        if node is None:
+            raise SegmentNotFound(seg.name)
+        return await node.read(seg, offset, size)
+
+    def prefetch(self, chunks: Sequence[ChunkRecord], start: int, stop: int) -> int:
+        """Through the one chunk reader: chunk names say whose they are."""
+        return self.local.prefetch(chunks, start, stop)
+
+    def watch(self, watcher: NamespaceWatcher) -> None:
+        """Register with the container and the cluster view."""
+        self.local.watch(watcher)
+        self.cluster.watch(watcher)
+
+    def unwatch(self, watcher: NamespaceWatcher) -> None:
+        """Unregister from both."""
+        self.local.unwatch(watcher)
+        self.cluster.unwatch(watcher)
+
+    def owner(self, segment_id: int) -> tuple[str, bool]:
+        """(owning node id, whether bytes past the flushed length are readable)."""
+        node = self.cluster.node_of(segment_id)
+        if node is None:
+            return self.cluster.node_id, True
+        return node.node_id, node.tail_available

@@ -349,12 +349,20 @@ class SegmentVFS:
             namemax=255,
         )
 
-    def xattr_values(self, inode: int) -> dict[bytes, int]:
-        """The ``user.segment.*`` values by key (none for directories and ``.events``)."""
+    def xattr_values(self, inode: int) -> dict[bytes, int | str]:
+        """The ``user.segment.*`` values by key (none for directories and ``.events``).
+
+        ``node`` names the owner; ``tail_available`` is 0 when the owner does
+        not answer, so the file ends at its flushed length (``length`` then
+        says so too) and ``storage_length`` is all there is.
+        """
         if self.tree.is_dir(inode) or inode >= EVENTS_INODE_BASE:
             return {}
         seg = self.segment(inode)
+        owner, tail = self.source.owner(seg.id)
         return {
+            b"node": owner,
+            b"tail_available": int(tail),
             b"start_offset": seg.start_offset,
             b"length": seg.length,
             b"storage_length": seg.storage_length,

@@ -537,6 +537,32 @@ def _cmd_delete(args: argparse.Namespace) -> int:
     return _run_client(args, run)
 
 
+def _cmd_cluster(args: argparse.Namespace) -> int:
+    async def run(client: Any) -> int:
+        nodes = await client.cluster()
+        if args.json:
+            for n in nodes:
+                print(json.dumps({
+                    "id": n.id, "advertise": n.advertise, "state": n.state, "epoch": n.epoch,
+                    "version": n.version, "segments": n.segments,
+                    "unflushed_bytes": n.unflushed_bytes,
+                    "heartbeat_age_s": n.heartbeat_age_ms / 1000,
+                    "started_at_ms": n.started_at_ms, "self": n.self,
+                }))  # fmt: skip
+            return 0
+        print(f"{'NODE':<20} {'STATE':<8} {'ADDRESS':<22} {'SEGMENTS':>9} "
+              f"{'UNFLUSHED':>12} {'HEARTBEAT':>10}  EPOCH")  # fmt: skip
+        for n in nodes:
+            me = " *" if n.self else ""
+            age = n.heartbeat_age_ms / 1000
+            print(f"{n.id + me:<20} {n.state:<8} {n.advertise:<22} {n.segments:>9} "
+                  f"{n.unflushed_bytes:>12} {age:>9.1f}s  {n.epoch}")  # fmt: skip
+        down = [n.id for n in nodes if n.state == "down"]
+        return 1 if down else 0
+
+    return _run_client(args, run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (separate so docs and tests can inspect it)."""
     parser = argparse.ArgumentParser(
@@ -660,6 +686,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("offset", type=int)
     p = add("delete", _cmd_delete, "delete a segment", client=True)
     p.add_argument("segment")
+    p = add("cluster", _cmd_cluster, "list the nodes sharing this node's Tier 2: state, "
+            "segments, unflushed bytes, heartbeat age (exit 1 if one is down)",
+            client=True)  # fmt: skip
+    p.add_argument("--json", action="store_true", help="one JSON object per node")
     return parser
 
 

@@ -45,7 +45,7 @@ from gateway.errors import (
 )
 from gateway.protocol import wire_pb2 as wire
 from gateway.protocol.framing import MessageStream, close_now, encode_append_request
-from gateway.protocol.metadata_pb2 import MetadataSnapshot
+from gateway.protocol.metadata_pb2 import MetadataSnapshot, SegmentRecord
 
 T = TypeVar("T")
 DEFAULT_MAX_MESSAGE = 64 * 1024 * 1024
@@ -59,6 +59,9 @@ def error_from_wire(err: wire.Error) -> GatewayError:
         e.expected_offset = err.expected_offset  # type: ignore[attr-defined]
     if err.code == wire.CONDITIONAL_CHECK_FAILED:
         e.last_event_number = err.last_event_number  # type: ignore[attr-defined]
+    if err.owner:
+        e.owner = err.owner  # type: ignore[attr-defined]
+        e.owner_address = err.owner_address  # type: ignore[attr-defined]
     return e
 
 
@@ -423,6 +426,14 @@ class Client:
         """The committed metadata of every segment (chunk lists, attributes)."""
         response = await self._call(export_metadata=wire.ExportMetadataRequest())
         return MetadataSnapshot.FromString(response.metadata.snapshot)
+
+    async def record(self, segment: str) -> SegmentRecord:
+        """A segment's whole committed record: chunk list, attributes, event index."""
+        return (await self._call(get_record=wire.GetRecordRequest(segment=segment))).record
+
+    async def cluster(self) -> list[wire.NodeStatus]:
+        """The cluster's nodes as the connected node sees them in the registry."""
+        return list((await self._call(cluster=wire.ClusterRequest())).cluster.nodes)
 
     async def info(self, segment: str) -> SegmentInfo:
         """A segment's committed metadata."""

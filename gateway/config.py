@@ -184,10 +184,29 @@ def _choice(*choices: str) -> Parser:
     return parse
 
 
+#: Tier-2 prefix of the cluster's shared records (registry, names, fences): no node may use it.
+CLUSTER_PREFIX = "_cluster"
+
+
 def _node_id(value: Any) -> str:
     s = _string(value)
-    if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", s) or s in (".", ".."):
-        raise ValueError(f"must be 1-64 characters of A-Z a-z 0-9 . _ - (not . or ..); got {s!r}")
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", s) or s in (".", "..", CLUSTER_PREFIX):
+        raise ValueError(
+            f"must be 1-64 characters of A-Z a-z 0-9 . _ - (not ., .. or {CLUSTER_PREFIX}); "
+            f"got {s!r}"
+        )
+    return s
+
+
+def _advertise(value: Any) -> str:
+    s = _string(value)
+    if not s:
+        return s
+    host, port = parse_host_port(s)
+    if port == 0:
+        raise ValueError(f"must name the port other nodes connect to, not 0; got {s!r}")
+    if host in _ANY_HOST:
+        raise ValueError(f"must be an address other nodes can reach, not a wildcard; got {s!r}")
     return s
 
 
@@ -245,6 +264,9 @@ class NodeConfig:
     id: str = _key("node-1", _node_id, "names this node's prefix in Tier 2")
     data_dir: str = _key(
         "/var/lib/segment-gateway", _path, "journal/, cache/ and embedded S3 data live here"
+    )
+    advertise: str = _key(
+        "", _advertise, 'HOST:PORT other nodes and clients use; "" = the address listened on'
     )
 
 
@@ -534,6 +556,21 @@ class JournalConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """``[cluster]``: the nodes sharing one Tier-2 bucket and prefix."""
+
+    heartbeat_interval: float = _key(
+        2.0, _duration_in(0.1, 3600), "how often this node refreshes its registry record"
+    )
+    down_after: float = _key(
+        15.0, _duration_in(0.5, 86400), "a node whose heartbeat is older than this is down"
+    )
+    refresh_interval: float = _key(
+        0.5, _duration_in(0.05, 60), "how often other nodes' segments and lengths are polled"
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration file."""
 
@@ -546,6 +583,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     journal: JournalConfig = field(default_factory=JournalConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     @property
     def journal_dir(self) -> pathlib.Path:
@@ -665,6 +703,13 @@ def _cross_checks(c: Config, check_files: bool = True) -> list[str]:
             f"server.max_memory: {c.server.max_memory} is less than server.max_inflight_bytes "
             f"({c.server.max_inflight_bytes}) or server.max_message_bytes "
             f"({c.server.max_message_bytes})"
+        )
+    cl = c.cluster
+    if cl.down_after < 2 * cl.heartbeat_interval:
+        errors.append(
+            f"cluster.down_after: {cl.down_after:g}s is less than twice "
+            f"cluster.heartbeat_interval ({cl.heartbeat_interval:g}s): a live node would "
+            "look down between two heartbeats"
         )
     if c.metrics.listen and _same_listener(c.server.listen, c.metrics.listen):
         errors.append(f"metrics.listen: same address as server.listen ({c.server.listen})")

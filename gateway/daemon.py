@@ -27,8 +27,10 @@ import os
 import pathlib
 import resource
 import signal
+import socket
 import tempfile
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from functools import partial
 from typing import Any
 
@@ -36,6 +38,8 @@ import trio
 
 from gateway import failpoints
 from gateway.aio import service_nursery
+from gateway.client import Client, open_client
+from gateway.cluster.view import ClusterView
 from gateway.config import Config, Tier2Config
 from gateway.container.container import SegmentContainer
 from gateway.errors import GatewayError
@@ -113,6 +117,29 @@ def raise_fd_limit() -> int:
     return soft
 
 
+def advertise_address(config: Config, host: str, port: int) -> str:
+    """``node.advertise``, or the address the protocol listens on."""
+    if config.node.advertise:
+        return config.node.advertise
+    if host in ("0.0.0.0", "::"):
+        host = socket.gethostname()
+        log.warning("cluster: server.listen is a wildcard address and node.advertise is not "
+                    "set; other nodes are told %s:%d", host, port)  # fmt: skip
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _connect_node(config: Config, address: str) -> AbstractAsyncContextManager[Client]:
+    """A protocol connection to another node, with this cluster's token."""
+    return open_client(address, config.server.token, f"segment-gateway-node/{config.node.id}")
+
+
+def _progress(node: Node) -> tuple[int, int]:
+    """(segments, unflushed bytes) for the heartbeat."""
+    container = node.container
+    unflushed = sum(s.length - s.storage_length for s in container.segments())
+    return container.segment_count, unflushed
+
+
 async def check_tier2(tier2: ChunkLayer, config: Config) -> None:
     """Fail the start if Tier 2 does not answer (after the usual retries).
 
@@ -133,13 +160,19 @@ class _Lifecycle:
         self.mount_scope: trio.CancelScope | None = None
         self.mount_done = trio.Event()
 
-    async def run_mount(self, node: Node, *, task_status: trio.TaskStatus[Any]) -> None:
+    async def run_mount(
+        self, node: Node, cluster: ClusterView, *, task_status: trio.TaskStatus[Any]
+    ) -> None:
         from fs.mount import serve_mount  # pyfuse3 only when mounting
+        from fs.source import ClusterSegments, LocalSegments
 
+        local = LocalSegments(node.container, node.reader, self.config.node.id)
         try:
             with trio.CancelScope() as scope:
                 self.mount_scope = scope
-                await serve_mount(node.container, self.config, node.reader, task_status=task_status)
+                await serve_mount(
+                    ClusterSegments(local, cluster), self.config, task_status=task_status
+                )
         finally:
             self.mount_done.set()
 
@@ -236,6 +269,13 @@ async def run_daemon(
                 await rebuild_node(config, tier2)
             async with open_node(config, tier2) as node:
                 container = node.container
+                cluster = ClusterView(
+                    config,
+                    tier2,
+                    node.reader,
+                    partial(_connect_node, config),
+                    partial(_progress, node),
+                )
                 server = Server(
                     container,
                     config.server,
@@ -244,6 +284,7 @@ async def run_daemon(
                     fsck_target=partial(
                         live_target, container, node.store, node.storage_writer, node.reader
                     ),
+                    cluster_status=cluster.status,
                 )
                 async with service_nursery() as nursery:
                     collector = None
@@ -254,11 +295,14 @@ async def run_daemon(
                         metrics = MetricsServer(collector, config.metrics.listen)
                         await nursery.start(metrics.serve)
                     if config.fuse.mountpoint:
-                        fs = await nursery.start(life.run_mount, node)
+                        fs = await nursery.start(life.run_mount, node, cluster)
                         if collector is not None:
                             collector.fs = fs
                     addresses = await nursery.start(server.serve)
                     host, port = addresses[0]
+                    await nursery.start(
+                        cluster.run, advertise_address(config, host, port), node.journal.epoch
+                    )
                     log.info("ready: %d segment(s), listening on %s:%d",
                              container.segment_count, host, port)  # fmt: skip
                     if ready_file is not None:
@@ -275,15 +319,16 @@ async def run_daemon(
                         else:
                             life.reload(load, node)
                     notifier.stopping("stopping: draining connections")
-                    await _stop(life, server, container)
+                    await _stop(life, server, node)
                     nursery.cancel_scope.cancel()
     notifier.close()
     log.info("stopped")
 
 
-async def _stop(life: _Lifecycle, server: Server, container: SegmentContainer) -> None:
+async def _stop(life: _Lifecycle, server: Server, node: Node) -> None:
     """The ordered part of the stop; each step bounded, none able to lose data."""
     config = life.config
+    container = node.container
     server.stop_accepting()
     server.stop_reading()
     with trio.move_on_after(config.server.drain_timeout) as scope:
@@ -302,6 +347,10 @@ async def _stop(life: _Lifecycle, server: Server, container: SegmentContainer) -
         with trio.move_on_after(timeout) as scope:
             try:
                 await container.flush()
+                if node.storage_writer is not None:
+                    # Other nodes show a stopped node's segments from its
+                    # newest snapshot: make it name everything just flushed.
+                    await node.storage_writer.upload_snapshot()
             except GatewayError as e:
                 log.warning("stop: flush to Tier 2 failed (the journal keeps the data): %s", e)
         if scope.cancelled_caught:

@@ -236,6 +236,28 @@ class Unsupported(ProtocolError):
     wire_code = "UNSUPPORTED"
 
 
+class NotOwner(SegmentError):
+    """segment {!r} belongs to node {} at {}"""
+
+    exit_code = 12
+    wire_code = "NOT_OWNER"
+
+    def __init__(self, name: str, owner: str, owner_address: str) -> None:
+        super().__init__(name, owner, owner_address)
+        #: The owning node and where it listens: the client follows it there.
+        self.owner = owner
+        self.owner_address = owner_address
+
+
+class SegmentExistsElsewhere(SegmentExists):
+    """segment {!r} already exists on node {}"""
+
+    def __init__(self, name: str, owner: str, owner_address: str = "") -> None:
+        super().__init__(name, owner)
+        self.owner = owner
+        self.owner_address = owner_address
+
+
 class ConnectionLost(GatewayError):
     """connection to {} lost: {}"""
 
@@ -295,7 +317,7 @@ BY_WIRE_CODE: dict[str, type[GatewayError]] = {
     for cls in (
         GatewayError, TooLarge, SegmentNotFound, SegmentExists, SegmentSealed, BadOffset,
         ConditionalCheckFailed, BadAttributeUpdate, InvalidName, Overloaded, Unauthorized,
-        SegmentTruncated,
+        SegmentTruncated, NotOwner,
         LimitExceeded, Unavailable, BadRequest, ProtocolError, Unsupported, Tier2Error,
     )
 }  # fmt: skip

@@ -146,6 +146,10 @@ def error_response(request_id: int, e: GatewayError) -> wire.Response:
     last = getattr(e, "last_event_number", 0)
     if last:
         err.last_event_number = last
+    owner = getattr(e, "owner", "")
+    if owner:
+        err.owner = owner
+        err.owner_address = getattr(e, "owner_address", "")
     return wire.Response(request_id=request_id, error=err)
 
 
@@ -727,6 +731,19 @@ class Connection:
         )
         return _ready(response)
 
+    def _get_record(self, req: wire.Request) -> Producer:
+        response = wire.Response(
+            request_id=req.request_id,
+            record=self.server.container.record(req.get_record.segment),
+        )
+        return _ready(response)
+
+    def _cluster(self, req: wire.Request) -> Producer:
+        status = self.server.cluster_status
+        nodes = status() if status is not None else []
+        response = wire.Response(request_id=req.request_id, cluster=wire.ClusterStatus(nodes=nodes))
+        return _ready(response)
+
     def _list(self, req: wire.Request) -> Producer:
         r = req.list
         rid = req.request_id
@@ -876,6 +893,8 @@ HANDLERS: dict[str, Handler] = {
     "flush": Handler(Connection._flush),
     "export_metadata": Handler(Connection._export_metadata),
     "get_info": Handler(Connection._get_info),
+    "get_record": Handler(Connection._get_record),
+    "cluster": Handler(Connection._cluster),
     "list": Handler(Connection._list),
     "get_attributes": Handler(Connection._get_attributes),
 }
@@ -896,8 +915,11 @@ class Server:
         max_append: int,
         node: str = "",
         fsck_target: Callable[[], Target] | None = None,
+        cluster_status: Callable[[], list[wire.NodeStatus]] | None = None,
     ) -> None:
         self.container = container
+        #: The cluster's nodes as this node sees them (None: this node alone).
+        self.cluster_status = cluster_status
         self.config = config
         #: ``node.id``, named in exported metadata snapshots.
         self.node = node

@@ -79,6 +79,10 @@ class MemorySource:
     def unwatch(self, watcher: NamespaceWatcher) -> None:
         self.watchers.remove(watcher)
 
+    def owner(self, segment_id: int) -> tuple[str, bool]:
+        # Odd ids stand for another node's segments whose owner is down.
+        return ("node-x", False) if segment_id % 2 else ("node-1", True)
+
 
 def make(source: MemorySource) -> tuple[SegmentVFS, list[Invalidation]]:
     sent: list[Invalidation] = []
@@ -242,6 +246,8 @@ def test_xattrs_statfs() -> None:
     inode = SEGMENT_INODE_BASE + 1
     values = {n: vfs.getxattr(inode, n) for n in vfs.listxattr(inode)}
     assert values == {
+        XATTR_PREFIX + b"node": b"node-x",
+        XATTR_PREFIX + b"tail_available": b"0",
         XATTR_PREFIX + b"start_offset": b"0",
         XATTR_PREFIX + b"length": b"5000",
         XATTR_PREFIX + b"storage_length": b"4096",
@@ -250,6 +256,8 @@ def test_xattrs_statfs() -> None:
         XATTR_PREFIX + b"chunk_count": b"1",
         XATTR_PREFIX + b"writer_count": b"1",
     }
+    assert vfs.getxattr(SEGMENT_INODE_BASE + 2, XATTR_PREFIX + b"node") == b"node-1"
+    assert vfs.getxattr(SEGMENT_INODE_BASE + 2, XATTR_PREFIX + b"tail_available") == b"1"
     assert errno_of(vfs.getxattr, inode, b"user.other") == errno.ENODATA
     assert errno_of(vfs.getxattr, inode, XATTR_PREFIX + b"nope") == errno.ENODATA
     assert vfs.listxattr(ROOT_INODE) == []

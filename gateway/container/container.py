@@ -83,7 +83,12 @@ from gateway.protocol.journal_pb2 import (
     TruncateSegment,
     UpdateAttributes,
 )
-from gateway.protocol.metadata_pb2 import AttributeValue, ChunkRecord, ContainerSnapshot
+from gateway.protocol.metadata_pb2 import (
+    AttributeValue,
+    ChunkRecord,
+    ContainerSnapshot,
+    SegmentRecord,
+)
 from gateway.readindex import ReadIndex
 from gateway.stats import LATENCY_BUCKETS, Histogram
 
@@ -197,6 +202,10 @@ class SegmentContainer:
     def info(self, name: str) -> SegmentInfo:
         """Committed metadata of one segment."""
         return self._committed(name).info()
+
+    def record(self, name: str) -> SegmentRecord:
+        """One segment's whole committed record (chunks, attributes, event index)."""
+        return self._committed(name).committed_record()
 
     def list(self, prefix: str = "", start_after: str = "", limit: int = 0) -> list[SegmentInfo]:
         """Committed metadata of the segments whose names start with ``prefix``, sorted."""

@@ -1,0 +1,256 @@
+"""Three nodes on one SeaweedFS bucket: one namespace in every node's mount.
+
+Each node is a real daemon with its own data directory and mount; they share
+``s3://BUCKET/gw``. Segments are written on every node (sealed and flushed,
+flushed and active, only in the owner's journal), and every mount must show
+all of them with the owner's bytes, sizes and xattrs; a stopped or killed
+owner leaves its flushed bytes readable and says the tail is unavailable.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pathlib
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from gateway.client import SyncClient
+from gateway.tier2.embedded import EmbeddedS3
+from tests.helpers.daemon import run_cli
+from tests.helpers.mount import MountedDaemon, require_fuse
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+NODES = ("node-a", "node-b", "node-c")
+KiB = 1024
+MiB = 1024 * KiB
+
+
+def node_config(node: str, bucket: str, endpoint: str) -> str:
+    return f"""
+[node]
+id = "{node}"
+[tier2]
+url = "s3://{bucket}/gw"
+endpoint_url = "{endpoint}"
+flush_interval = "60s"
+snapshot_interval = 0
+retry_deadline = "5s"
+[cluster]
+heartbeat_interval = "0.5s"
+down_after = "3s"
+refresh_interval = "0.25s"
+[fuse]
+active_timeout = "0.2s"
+"""
+
+
+class Cluster:
+    """Three mounted daemons on one bucket."""
+
+    def __init__(self, root: pathlib.Path, s3: EmbeddedS3) -> None:
+        self.bucket = f"cl-{uuid.uuid4().hex[:12]}"
+        from gateway.tier2.s3 import S3Storage
+
+        storage = S3Storage(
+            self.bucket,
+            endpoint_url=s3.endpoint_url,
+            access_key=s3.access_key,
+            secret_key=s3.secret_key,
+        )
+        storage.create_bucket_if_missing()
+        storage.close()
+        self.env = {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key}
+        self.daemons = {
+            n: MountedDaemon(
+                root / n,
+                root / f"{n}-mnt",
+                config_text=node_config(n, self.bucket, s3.endpoint_url),
+                env=self.env,
+            )
+            for n in NODES
+        }
+
+    def start(self) -> None:
+        for d in self.daemons.values():
+            d.start(timeout=60)
+
+    def client(self, node: str) -> SyncClient:
+        return SyncClient(self.daemons[node].address)
+
+    def teardown(self) -> None:
+        for d in self.daemons.values():
+            d.teardown()
+
+
+@pytest.fixture(scope="module")
+def cluster(seaweedfs: EmbeddedS3, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    require_fuse()
+    c = Cluster(tmp_path_factory.mktemp("cluster"), seaweedfs)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.teardown()
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``check`` until it returns something true (other processes: no events)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except OSError as e:
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(0.05)
+    raise AssertionError(f"{what}: not within {timeout}s (last: {last!r})")
+
+
+def payload(name: str, size: int) -> bytes:
+    line = f"{name} ".encode()
+    return (line * (size // len(line) + 1))[:size]
+
+
+def test_every_mount_shows_every_segment_with_the_owners_bytes(cluster: Cluster) -> None:
+    written: dict[str, tuple[str, bytes]] = {}
+    for node in NODES:
+        with cluster.client(node) as c:
+            sealed = f"{node}/sealed"
+            c.create(sealed)
+            c.append(sealed, payload(sealed, 3 * MiB + 17))
+            c.seal(sealed)
+            c.flush(sealed)
+            flushed = f"{node}/flushed-active"
+            c.create(flushed)
+            c.append(flushed, payload(flushed, 2 * MiB))
+            c.flush(flushed)
+            c.append(flushed, payload(flushed, 100 * KiB))  # tail only in the journal
+            journal = f"{node}/journal-only"
+            c.create(journal)
+            c.append(journal, payload(journal, 300 * KiB + 5))
+            for name in (sealed, flushed, journal):
+                written[name] = (node, c.read(name, 0, 8 * MiB).data)
+    created = time.monotonic()
+    for reader in NODES:
+        mnt = cluster.daemons[reader].mnt
+
+        def all_there(mnt: pathlib.Path = mnt) -> bool:
+            return all(
+                (mnt / name).exists() and (mnt / name).stat().st_size == len(data)
+                for name, (_, data) in written.items()
+            )
+
+        wait_for(all_there, 5, f"every segment in {reader}'s mount")
+        for name, (owner, data) in written.items():
+            path = mnt / name
+            assert path.read_bytes() == data, f"{name} read on {reader}"
+            assert os.getxattr(path, "user.segment.node") == owner.encode()
+            assert os.getxattr(path, "user.segment.tail_available") == b"1"
+            assert os.getxattr(path, "user.segment.length") == str(len(data)).encode()
+        assert sorted(os.listdir(mnt)) == sorted(NODES)
+    # A new segment shows on the other nodes within the documented bound.
+    assert time.monotonic() - created < 10
+
+
+def test_remote_active_segment_grows_like_tail_f(cluster: Cluster) -> None:
+    name = "node-b/growing"
+    path = cluster.daemons["node-a"].mnt / name
+    with cluster.client("node-b") as c:
+        c.create(name)
+        c.append(name, b"first line\n")
+        wait_for(path.exists, 5, "the new segment on node-a")
+        with path.open("rb") as f:
+            assert f.read() == b"first line\n"
+            for i in range(3):
+                line = f"line {i}\n".encode()
+                c.append(name, line)
+                started = time.monotonic()
+                got = wait_for(lambda line=line: f.read() or b"", 2, "an append seen remotely")
+                assert got == line
+                assert time.monotonic() - started < 2
+
+
+def test_cluster_command_lists_every_node(cluster: Cluster) -> None:
+    r = run_cli("cluster", "--connect", cluster.daemons["node-a"].address, "--json")
+    assert r.returncode == 0, r.stderr
+    nodes = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [n["id"] for n in nodes] == list(NODES)
+    assert all(n["state"] == "up" for n in nodes)
+    assert [n["self"] for n in nodes] == [True, False, False]
+    assert all(n["advertise"] == cluster.daemons[n["id"]].address for n in nodes)
+    assert all(n["heartbeat_age_s"] < 3 for n in nodes)
+    r = run_cli("cluster", "--connect", cluster.daemons["node-b"].address)
+    assert r.returncode == 0, r.stderr
+    assert "node-b *" in r.stdout and "node-c" in r.stdout
+
+
+def test_a_deleted_remote_segment_goes_from_every_mount(cluster: Cluster) -> None:
+    name = "node-c/short-lived"
+    path = cluster.daemons["node-a"].mnt / name
+    with cluster.client("node-c") as c:
+        c.create(name)
+        c.append(name, b"x" * 1000)
+        wait_for(path.exists, 5, "the segment on node-a")
+        with path.open("rb") as held:
+            c.delete(name)
+            wait_for(lambda: not path.exists(), 5, "the segment gone from node-a")
+            with pytest.raises(OSError) as e:
+                os.fstat(held.fileno())
+                held.read()
+            assert e.value.errno == errno.ESTALE
+
+
+def test_a_killed_owner_leaves_its_flushed_bytes_readable(cluster: Cluster) -> None:
+    """Runs last in the module: node-c stays down."""
+    name = "node-c/dies"
+    data = payload(name, 2 * MiB)
+    tail = b"unflushed tail\n"
+    with cluster.client("node-c") as c:
+        c.create(name)
+        c.append(name, data)
+        c.flush(name)
+        c.append(name, tail)
+    path = cluster.daemons["node-a"].mnt / name
+    wait_for(lambda: path.exists() and path.stat().st_size == len(data) + len(tail), 5,
+             "the segment on node-a")  # fmt: skip
+    cluster.daemons["node-c"].kill()
+    # Within the documented bound the file ends at what Tier 2 proves.
+    wait_for(
+        lambda: (
+            os.getxattr(path, "user.segment.tail_available") == b"0"
+            and path.stat().st_size == len(data)
+        ),
+        10,
+        "the tail marked unavailable, the size cut back to the flushed length",
+    )
+    started = time.monotonic()
+    assert path.read_bytes() == data
+    assert time.monotonic() - started < 5
+    sealed = cluster.daemons["node-b"].mnt / "node-c/sealed"
+    assert sealed.stat().st_size == 3 * MiB + 17
+    assert sealed.read_bytes() == payload("node-c/sealed", 3 * MiB + 17)
+    r = run_cli("cluster", "--connect", cluster.daemons["node-a"].address, "--json")
+    states = {json.loads(line)["id"]: json.loads(line)["state"] for line in r.stdout.splitlines()}
+    wait_for(
+        lambda: (
+            json.loads(
+                run_cli(
+                    "cluster", "--connect", cluster.daemons["node-a"].address, "--json"
+                ).stdout.splitlines()[2]
+            )["state"]
+            == "down"
+        ),
+        10,
+        "node-c listed as down",
+    )
+    assert states["node-a"] == "up"
