@@ -21,6 +21,7 @@ a failure is a `ConnectionLost` saying why.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import ssl
 import threading
@@ -40,6 +41,7 @@ from gateway.errors import (
     ConfigError,
     ConnectionLost,
     GatewayError,
+    NotOwner,
     ProtocolError,
     os_reason,
 )
@@ -48,6 +50,7 @@ from gateway.protocol.framing import MessageStream, close_now, encode_append_req
 from gateway.protocol.metadata_pb2 import MetadataSnapshot, SegmentRecord
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 DEFAULT_MAX_MESSAGE = 64 * 1024 * 1024
 
 
@@ -197,6 +200,18 @@ class Client:
         self._broken: GatewayError | None = None
         #: The server's Hello answer (limits, version).
         self.server_hello: wire.HelloResponse | None = None
+        #: Opens a connection to another node with this one's settings (set by
+        #: `open_client`); None: NotOwner answers are not followed.
+        self._follow: Callable[[str], AbstractAsyncContextManager[Client]] | None = None
+        #: Connections to other nodes, by address, and where each segment
+        #: this client was sent away for lives.
+        self._peers: dict[str, tuple[Client, trio.CancelScope]] = {}
+        self._owners: dict[str, str] = {}
+        #: Where peer connections live (each in a task of its own).
+        self._nursery: trio.Nursery | None = None
+        self._peer_lock = trio.Lock()
+        #: NotOwner answers followed to the owner.
+        self.redirects = 0
 
     # -- plumbing ------------------------------------------------------------------
 
@@ -350,6 +365,53 @@ class Client:
 
         return await (await self.start(build)).wait()
 
+    async def _peer(self, address: str) -> Client:
+        """The connection to another node (opened the first time, or again once broken)."""
+        async with self._peer_lock:
+            held = self._peers.get(address)
+            if held is not None and held[0]._broken is None:
+                return held[0]
+            if held is not None:
+                held[1].cancel()
+            follow, nursery = self._follow, self._nursery
+            assert follow is not None and nursery is not None
+
+            async def hold(
+                *, task_status: trio.TaskStatus[tuple[Client, trio.CancelScope]]
+            ) -> None:
+                # Opened and closed in this task: its nursery must not change tasks.
+                with trio.CancelScope() as scope:
+                    async with follow(address) as peer:
+                        task_status.started((peer, scope))
+                        await trio.sleep_forever()
+
+            self._peers[address] = await nursery.start(hold)
+            return self._peers[address][0]
+
+    async def _routed(self, segment: str, call: Callable[[Client], Awaitable[T]]) -> T:
+        """``call`` on the node that owns ``segment``, following one NotOwner answer.
+
+        A request that gets NotOwner changed nothing, so sending it again to
+        the owner keeps exactly-once; the owner is remembered for later calls.
+        """
+        address = self._owners.get(segment)
+        if address is not None:
+            return await call(await self._peer(address))
+        try:
+            return await call(self)
+        except NotOwner as e:
+            if self._follow is None or not e.owner_address:
+                raise
+            self._owners[segment] = e.owner_address
+            self.redirects += 1
+            log.info("segment %r lives on node %s at %s: following", segment, e.owner,
+                     e.owner_address)  # fmt: skip
+            return await call(await self._peer(e.owner_address))
+
+    async def _segment_call(self, segment: str, **kind: Any) -> wire.Response:
+        """`_call` for a request about one segment, sent to its owner."""
+        return await self._routed(segment, lambda c: c._call(**kind))
+
     async def _hello(self, token: str, client_name: str) -> None:
         r = await self._call(
             hello=wire.Hello(
@@ -396,31 +458,46 @@ class Client:
         )
         if expected_offset is not None:
             req.expected_offset = expected_offset
-        return await self.start(partial(_append_parts, req, data))
+        address = self._owners.get(segment)
+        target = self if address is None else await self._peer(address)
+        return await target.start(partial(_append_parts, req, data))
 
     async def append(self, segment: str, data: bytes, **kwargs: Any) -> AppendResult:
-        """Append and wait for the acknowledgement (keywords as `start_append`)."""
-        r = await (await self.start_append(segment, data, **kwargs)).wait()
+        """Append and wait for the acknowledgement (keywords as `start_append`).
+
+        Sent to the segment's owner: a node that does not have it answers
+        NotOwner, and the append goes to the owner instead (once).
+        """
+
+        async def append(c: Client) -> wire.Response:
+            return await (await c.start_append(segment, data, **kwargs)).wait()
+
+        r = await self._routed(segment, append)
         return AppendResult(r.append.offset, r.append.length)
 
     async def seal(self, segment: str) -> SegmentInfo:
         """Seal a segment."""
         return SegmentInfo.from_wire(
-            (await self._call(seal=wire.SealRequest(segment=segment))).info
+            (await self._segment_call(segment, seal=wire.SealRequest(segment=segment))).info
         )
 
     async def truncate(self, segment: str, offset: int) -> SegmentInfo:
         """Drop the bytes below ``offset``."""
-        r = await self._call(truncate=wire.TruncateRequest(segment=segment, offset=offset))
+        r = await self._segment_call(
+            segment, truncate=wire.TruncateRequest(segment=segment, offset=offset)
+        )
         return SegmentInfo.from_wire(r.info)
 
     async def delete(self, segment: str) -> None:
         """Delete a segment."""
-        await self._call(delete=wire.DeleteRequest(segment=segment))
+        await self._segment_call(segment, delete=wire.DeleteRequest(segment=segment))
 
     async def flush(self, segment: str = "") -> None:
         """Flush a segment ("" = all) to Tier 2; returns once it is there."""
-        await self._call(flush=wire.FlushRequest(segment=segment))
+        if segment:
+            await self._segment_call(segment, flush=wire.FlushRequest(segment=segment))
+        else:
+            await self._call(flush=wire.FlushRequest(segment=segment))
 
     async def export_metadata(self) -> MetadataSnapshot:
         """The committed metadata of every segment (chunk lists, attributes)."""
@@ -441,13 +518,19 @@ class Client:
             (await self._call(get_info=wire.GetInfoRequest(segment=segment))).info
         )
 
-    async def list(self, prefix: str = "") -> list[SegmentInfo]:
-        """Every segment whose name starts with ``prefix`` (all pages), sorted by name."""
+    async def list(self, prefix: str = "", local_only: bool = False) -> list[SegmentInfo]:
+        """Every segment whose name starts with ``prefix`` (all pages), sorted by name.
+
+        Every node's segments, as the connected node knows them; with
+        ``local_only``, the connected node's own.
+        """
         out: list[SegmentInfo] = []
         start_after = ""
         while True:
             r = await self._call(
-                list=wire.ListSegmentsRequest(prefix=prefix, start_after=start_after)
+                list=wire.ListSegmentsRequest(
+                    prefix=prefix, start_after=start_after, local_only=local_only
+                )
             )
             out.extend(SegmentInfo.from_wire(m) for m in r.list.segments)
             if not r.list.truncated or not r.list.segments:
@@ -456,8 +539,8 @@ class Client:
 
     async def get_attributes(self, segment: str, ids: Iterable[bytes] = ()) -> dict[bytes, int]:
         """Attribute values (all, or those of ``ids`` that exist)."""
-        r = await self._call(
-            get_attributes=wire.GetAttributesRequest(segment=segment, ids=list(ids))
+        r = await self._segment_call(
+            segment, get_attributes=wire.GetAttributesRequest(segment=segment, ids=list(ids))
         )
         return {v.id: v.value for v in r.attributes.values}
 
@@ -465,10 +548,11 @@ class Client:
         self, segment: str, updates: Sequence[AttributeUpdate]
     ) -> SegmentInfo:
         """Update attributes atomically."""
-        r = await self._call(
+        r = await self._segment_call(
+            segment,
             update_attributes=wire.UpdateAttributesRequest(
                 segment=segment, updates=_wire_updates(updates)
-            )
+            ),
         )
         return SegmentInfo.from_wire(r.info)
 
@@ -541,8 +625,14 @@ async def open_client(
     if ssl_context is not None:
         stream = await _start_tls(tcp, address, ssl_context, server_hostname or host)
     client = Client(stream, address, transport=tcp)
+    # Connections to the nodes that own segments this client is sent away
+    # for: the same settings, and they never follow further themselves.
+    client._follow = partial(
+        _open_peer, token=token, client_name=client_name, ssl_context=ssl_context
+    )
     try:
         async with service_nursery() as nursery:
+            client._nursery = nursery
             nursery.start_soon(client._receive_loop)
             try:
                 await client._hello(token, client_name)
@@ -551,6 +641,15 @@ async def open_client(
                 nursery.cancel_scope.cancel()
     finally:
         await client.aclose()
+
+
+@asynccontextmanager
+async def _open_peer(
+    address: str, *, token: str, client_name: str, ssl_context: ssl.SSLContext | None
+) -> AsyncIterator[Client]:
+    async with open_client(address, token, client_name, ssl_context=ssl_context) as peer:
+        peer._follow = None
+        yield peer
 
 
 class SyncClient:

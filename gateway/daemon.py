@@ -39,6 +39,7 @@ import trio
 from gateway import failpoints
 from gateway.aio import service_nursery
 from gateway.client import Client, open_client
+from gateway.cluster.claims import NameClaims
 from gateway.cluster.view import ClusterView
 from gateway.config import Config, Tier2Config
 from gateway.container.container import SegmentContainer
@@ -131,6 +132,29 @@ def advertise_address(config: Config, host: str, port: int) -> str:
 def _connect_node(config: Config, address: str) -> AbstractAsyncContextManager[Client]:
     """A protocol connection to another node, with this cluster's token."""
     return open_client(address, config.server.token, f"segment-gateway-node/{config.node.id}")
+
+
+async def _maintain_claims(claims: NameClaims, container: SegmentContainer, config: Config) -> None:
+    """Claim segments made before names were claimed; retry failed releases."""
+    try:
+        conflicts = await claims.claim_existing(s.name for s in container.segments())
+    except GatewayError as e:
+        log.warning("cluster: cannot check the name claims of this node's segments: %s", e)
+    else:
+        for name, other in conflicts:
+            log.error("cluster: segment %r exists here, but node %s holds its name; "
+                      "rename or delete one of them", name, other)  # fmt: skip
+
+    def exists(name: str) -> bool:
+        try:
+            container.info(name)
+        except GatewayError:
+            return False
+        return True
+
+    while True:
+        await trio.sleep(config.cluster.heartbeat_interval)
+        await claims.retry_releases(exists)
 
 
 def _progress(node: Node) -> tuple[int, int]:
@@ -276,6 +300,16 @@ async def run_daemon(
                     partial(_connect_node, config),
                     partial(_progress, node),
                 )
+                claims = None
+                if config.tier2.url != "embedded":
+                    # An embedded Tier 2 is this node's alone: its names are too.
+                    claims = NameClaims(
+                        tier2,
+                        config.node.id,
+                        node.journal.epoch,
+                        address_of=cluster.address_of,
+                        deadline=min(config.tier2.retry_deadline, 10.0),
+                    )
                 server = Server(
                     container,
                     config.server,
@@ -284,7 +318,8 @@ async def run_daemon(
                     fsck_target=partial(
                         live_target, container, node.store, node.storage_writer, node.reader
                     ),
-                    cluster_status=cluster.status,
+                    cluster=cluster,
+                    claims=claims,
                 )
                 async with service_nursery() as nursery:
                     collector = None
@@ -308,6 +343,8 @@ async def run_daemon(
                     if ready_file is not None:
                         _write_ready_file(ready_file, f"{host}:{port}\n")
                     notifier.ready(status_line(container))
+                    if claims is not None:
+                        nursery.start_soon(_maintain_claims, claims, container, config)
                     nursery.start_soon(life.watchdog)
                     nursery.start_soon(life.report_status, container)
                     async for signum in signals:

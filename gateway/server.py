@@ -62,16 +62,21 @@ from google.protobuf.message import DecodeError
 
 from gateway import __version__
 from gateway.buffers import Buffer
+from gateway.cluster.remote import TAIL_READ_TIMEOUT
 from gateway.config import ServerConfig, parse_host_port
 from gateway.container import AppendResult, AttributeUpdate, Verb
 from gateway.container.container import PendingOperation, SegmentContainer
-from gateway.container.names import validate_prefix
+from gateway.container.names import validate_name, validate_prefix
+from gateway.container.results import ReadResult
+from gateway.container.segment import Segment
 from gateway.errors import (
     BadRequest,
     GatewayError,
     LimitExceeded,
+    NotOwner,
     Overloaded,
     ProtocolError,
+    SegmentNotFound,
     Unauthorized,
     Unsupported,
 )
@@ -86,6 +91,8 @@ from gateway.protocol.framing import (
 from gateway.protocol.metadata_pb2 import AttributeValue
 
 if TYPE_CHECKING:
+    from gateway.cluster.claims import NameClaims
+    from gateway.cluster.view import ClusterView
     from gateway.fsck.checks import Target
 
 log = logging.getLogger(__name__)
@@ -564,6 +571,15 @@ class Connection:
             return self._ready_error(
                 req.request_id, Unsupported(f"request kind {kind!r} is not served here")
             )
+        claims = self.server.claims
+        if kind == "create" and claims is not None:
+            # Claimed cluster-wide before it is created here; waiting here
+            # keeps this connection's changes in order.
+            try:
+                validate_name(req.create.segment)
+                await claims.claim(req.create.segment)
+            except GatewayError as e:
+                return self._ready_error(req.request_id, e)
         return await self._admit(
             req.request_id,
             nbytes,
@@ -589,6 +605,8 @@ class Connection:
             if mutating:
                 await self.server.container.wait_for_capacity(nbytes, reserved=frees)
             produce = prepare()
+        except SegmentNotFound as e:
+            return self._ready_error(rid, self.server.not_owner(e))
         except GatewayError as e:
             return self._ready_error(rid, e)
         return _Item(rid, nbytes, produce)
@@ -677,11 +695,15 @@ class Connection:
         )
 
     def _delete(self, req: wire.Request) -> Producer:
-        op = self.server.container.prepare_delete(req.delete.segment)
+        name = req.delete.segment
+        op = self.server.container.prepare_delete(name)
         rid = req.request_id
+        claims = self.server.claims
 
         async def produce() -> wire.Response:
             await op.wait()
+            if claims is not None:
+                await claims.release(name)  # the name is free for every node again
             return wire.Response(request_id=rid, done=wire.Done())
 
         return produce
@@ -725,13 +747,30 @@ class Connection:
         return self._pending_info(req.request_id, op)
 
     def _get_info(self, req: wire.Request) -> Producer:
-        response = wire.Response(
-            request_id=req.request_id,
-            info=self.server.container.info(req.get_info.segment).to_wire(),
-        )
-        return _ready(response)
+        name = req.get_info.segment
+        rid = req.request_id
+        server = self.server
+        try:
+            info = server.container.info(name)
+        except SegmentNotFound:
+            seg = server.remote_segment(name)
+            node = server.cluster.node_of(seg.id) if server.cluster is not None else None
+
+            async def produce() -> wire.Response:
+                # From the owner while it answers (as fresh as a local one),
+                # else what this node knows of it.
+                remote = seg.info()
+                client = node.client if node is not None else None
+                if client is not None:
+                    with trio.move_on_after(TAIL_READ_TIMEOUT), contextlib.suppress(GatewayError):
+                        remote = await client.info(name)
+                return wire.Response(request_id=rid, info=remote.to_wire())
+
+            return produce
+        return _ready(wire.Response(request_id=rid, info=info.to_wire()))
 
     def _get_record(self, req: wire.Request) -> Producer:
+        # This node's segments only: other nodes ask each owner.
         response = wire.Response(
             request_id=req.request_id,
             record=self.server.container.record(req.get_record.segment),
@@ -739,8 +778,8 @@ class Connection:
         return _ready(response)
 
     def _cluster(self, req: wire.Request) -> Producer:
-        status = self.server.cluster_status
-        nodes = status() if status is not None else []
+        cluster = self.server.cluster
+        nodes = cluster.status() if cluster is not None else []
         response = wire.Response(request_id=req.request_id, cluster=wire.ClusterStatus(nodes=nodes))
         return _ready(response)
 
@@ -756,6 +795,18 @@ class Connection:
             # queued answers would hold memory nobody may be reading. It
             # includes everything this connection asked for before.
             infos = container.list(r.prefix, r.start_after, limit + 1)
+            cluster = self.server.cluster
+            if cluster is not None and not r.local_only:
+                # Other nodes' segments too; a name held twice shows once.
+                names = {i.name for i in infos}
+                infos += [
+                    seg.info()
+                    for seg in cluster.segments()
+                    if seg.name.startswith(r.prefix)
+                    and seg.name > r.start_after
+                    and seg.name not in names
+                ]
+                infos = sorted(infos, key=lambda i: i.name)[: limit + 1]
             return wire.Response(
                 request_id=rid,
                 list=wire.SegmentList(
@@ -786,16 +837,26 @@ class Connection:
     def _read(self, req: wire.Request) -> _Item:
         r = req.read
         rid = req.request_id
-        container = self.server.container
+        server = self.server
+        container = server.container
+
+        async def read(name: str, offset: int, size: int, wait: float) -> ReadResult:
+            try:
+                return await container.read(name, offset, size, wait=wait)
+            except SegmentNotFound:
+                # Another node's segment: read it as this node's mount does.
+                seg = server.remote_segment(name)
+                node = server.cluster.node_of(seg.id) if server.cluster else None
+                if node is None:
+                    raise
+                return await node.read_result(seg, offset, size, wait)
 
         async def stream() -> AsyncGenerator[list[bytes], None]:
             offset = r.offset
             remaining = min(r.max_length, MAX_READ)
             wait = r.wait_ms / 1000
             while True:
-                result = await container.read(
-                    r.segment, offset, min(remaining, READ_PIECE), wait=wait
-                )
+                result = await read(r.segment, offset, min(remaining, READ_PIECE), wait)
                 wait = 0.0  # only the first piece waits at the tail
                 offset += len(result.data)
                 remaining -= len(result.data)
@@ -915,11 +976,14 @@ class Server:
         max_append: int,
         node: str = "",
         fsck_target: Callable[[], Target] | None = None,
-        cluster_status: Callable[[], list[wire.NodeStatus]] | None = None,
+        cluster: ClusterView | None = None,
+        claims: NameClaims | None = None,
     ) -> None:
         self.container = container
-        #: The cluster's nodes as this node sees them (None: this node alone).
-        self.cluster_status = cluster_status
+        #: Other nodes and their segments (None: this node alone).
+        self.cluster = cluster
+        #: Cluster-wide name claims (None: names are this node's alone).
+        self.claims = claims
         self.config = config
         #: ``node.id``, named in exported metadata snapshots.
         self.node = node
@@ -954,6 +1018,20 @@ class Server:
         self._accepting = trio.CancelScope()
         self._no_connections = trio.Event()
         self._no_connections.set()
+
+    def not_owner(self, e: SegmentNotFound) -> GatewayError:
+        """For a change to a segment this node does not have: NotOwner if another node has it."""
+        name = str(e.args[0]) if e.args else ""
+        owner = self.cluster.owner_of(name) if self.cluster is not None else None
+        return e if owner is None else NotOwner(name, *owner)
+
+    def remote_segment(self, name: str) -> Segment:
+        """Another node's segment with this name; SegmentNotFound if none has it."""
+        for node in self.cluster.nodes.values() if self.cluster is not None else ():
+            seg = node.by_name(name)
+            if seg is not None:
+                return seg
+        raise SegmentNotFound(name)
 
     async def serve(self, *, task_status: trio.TaskStatus[list[tuple[str, int]]]) -> None:
         """Listen on ``server.listen``; ``task_status.started`` gets the bound addresses."""

@@ -38,6 +38,7 @@ from gateway.errors import (
     ConditionalCheckFailed,
     ConnectionLost,
     GatewayError,
+    NotOwner,
     Overloaded,
     ProtocolError,
     Unavailable,
@@ -267,6 +268,7 @@ class SegmentWriter:
     async def _run(self, *, task_status: trio.TaskStatus[None]) -> None:
         first = True
         delay = 0.05
+        followed = False
         while True:
             try:
                 async with open_client(
@@ -287,6 +289,19 @@ class SegmentWriter:
                         first = False
                     delay = 0.05
                     await self._session(client)
+            except NotOwner as e:
+                # Another node owns the segment: write there (once; nothing
+                # was appended here, and the owner's stored event number
+                # decides what is resent).
+                if followed or not e.owner_address:
+                    self._fail(e)
+                    if first:
+                        raise
+                    return
+                followed = True
+                log.info("segment writer %s: the segment lives on node %s at %s; following",
+                         self.segment, e.owner, e.owner_address)  # fmt: skip
+                self.address = e.owner_address
             except (*RETRYABLE, _Resync) as e:
                 if first:
                     raise

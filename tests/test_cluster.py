@@ -13,80 +13,20 @@ import errno
 import json
 import os
 import pathlib
+import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
-from gateway.client import SyncClient
+from gateway.container.results import SegmentInfo
+from gateway.errors import GatewayError, SegmentExists, SegmentSealed
 from gateway.tier2.embedded import EmbeddedS3
+from tests.helpers.cluster import NODES, Cluster, KiB, MiB, wait_for
 from tests.helpers.daemon import run_cli
-from tests.helpers.mount import MountedDaemon, require_fuse
+from tests.helpers.mount import require_fuse
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
-
-NODES = ("node-a", "node-b", "node-c")
-KiB = 1024
-MiB = 1024 * KiB
-
-
-def node_config(node: str, bucket: str, endpoint: str) -> str:
-    return f"""
-[node]
-id = "{node}"
-[tier2]
-url = "s3://{bucket}/gw"
-endpoint_url = "{endpoint}"
-flush_interval = "60s"
-snapshot_interval = 0
-retry_deadline = "5s"
-[cluster]
-heartbeat_interval = "0.5s"
-down_after = "3s"
-refresh_interval = "0.25s"
-[fuse]
-active_timeout = "0.2s"
-"""
-
-
-class Cluster:
-    """Three mounted daemons on one bucket."""
-
-    def __init__(self, root: pathlib.Path, s3: EmbeddedS3) -> None:
-        self.bucket = f"cl-{uuid.uuid4().hex[:12]}"
-        from gateway.tier2.s3 import S3Storage
-
-        storage = S3Storage(
-            self.bucket,
-            endpoint_url=s3.endpoint_url,
-            access_key=s3.access_key,
-            secret_key=s3.secret_key,
-        )
-        storage.create_bucket_if_missing()
-        storage.close()
-        self.env = {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key}
-        self.daemons = {
-            n: MountedDaemon(
-                root / n,
-                root / f"{n}-mnt",
-                config_text=node_config(n, self.bucket, s3.endpoint_url),
-                env=self.env,
-            )
-            for n in NODES
-        }
-
-    def start(self) -> None:
-        for d in self.daemons.values():
-            d.start(timeout=60)
-
-    def client(self, node: str) -> SyncClient:
-        return SyncClient(self.daemons[node].address)
-
-    def teardown(self) -> None:
-        for d in self.daemons.values():
-            d.teardown()
 
 
 @pytest.fixture(scope="module")
@@ -98,22 +38,6 @@ def cluster(seaweedfs: EmbeddedS3, tmp_path_factory: pytest.TempPathFactory) -> 
         yield c
     finally:
         c.teardown()
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``check`` until it returns something true (other processes: no events)."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except OSError as e:
-            last = e
-        else:
-            if last:
-                return last
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout}s (last: {last!r})")
 
 
 def payload(name: str, size: int) -> bytes:
@@ -208,6 +132,64 @@ def test_a_deleted_remote_segment_goes_from_every_mount(cluster: Cluster) -> Non
                 os.fstat(held.fileno())
                 held.read()
             assert e.value.errno == errno.ESTALE
+
+
+def test_racing_creates_one_name_exactly_one_node_wins(cluster: Cluster) -> None:
+    name = "shared/contested"
+    results: dict[str, object] = {}
+
+    def create(node: str) -> None:
+        with cluster.client(node) as c:
+            try:
+                results[node] = c.create(name)
+            except GatewayError as e:
+                results[node] = e
+
+    threads = [threading.Thread(target=create, args=(n,)) for n in NODES]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    winners = [n for n, r in results.items() if isinstance(r, SegmentInfo)]
+    assert len(winners) == 1, results
+    owner = winners[0]
+    for node, r in results.items():
+        if node != owner:
+            assert isinstance(r, SegmentExists), r
+            assert f"already exists on node {owner}" in str(r)
+    # Deleted, the name is free for every node again.
+    other = next(n for n in NODES if n != owner)
+    with cluster.client(owner) as c:
+        c.delete(name)
+    with cluster.client(other) as c:
+        assert c.create(name).name == name
+        c.delete(name)
+
+
+def test_changes_sent_to_another_node_follow_the_owner(cluster: Cluster) -> None:
+    name = "node-b/followed"
+    with cluster.client("node-b") as c:
+        c.create(name)
+    wait_for(lambda: (cluster.daemons["node-a"].mnt / name).exists(), 5, "seen on node-a")
+    with cluster.client("node-a") as a:
+        # Appends, attributes, seal: through node-a, to node-b.
+        assert a.append(name, b"one\n").offset == 0
+        assert a.append(name, b"two\n").offset == 4
+        assert a.info(name).length == 8  # reads work from any node
+        assert a.read(name, 0, 100).data == b"one\ntwo\n"
+    # The CLI's exactly-once writer, pointed at the wrong node.
+    r = run_cli("append", name, "--connect", cluster.daemons["node-c"].address,
+                input_text="three\nfour\n")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    r = run_cli("cat", name, "--connect", cluster.daemons["node-c"].address)
+    assert r.stdout == "one\ntwo\nthree\nfour\n"
+    r = run_cli("ls", "node-b/", "--connect", cluster.daemons["node-a"].address)
+    assert name in r.stdout.split()
+    with cluster.client("node-b") as b:
+        assert b.read(name, 0, 100).data == b"one\ntwo\nthree\nfour\n"
+        b.seal(name)
+    with cluster.client("node-c") as c, pytest.raises(SegmentSealed):
+        c.append(name, b"late\n")
 
 
 def test_a_killed_owner_leaves_its_flushed_bytes_readable(cluster: Cluster) -> None:

@@ -28,9 +28,9 @@ import trio
 from gateway.buffers import Buffer
 from gateway.client import Client
 from gateway.container.interfaces import NamespaceWatcher
-from gateway.container.results import SegmentInfo
+from gateway.container.results import ReadResult, SegmentInfo
 from gateway.container.segment import Segment
-from gateway.errors import GatewayError, SegmentNotFound
+from gateway.errors import GatewayError, SegmentNotFound, SegmentTruncated
 from gateway.protocol.metadata_pb2 import SegmentRecord
 from gateway.readindex import SegmentView
 from gateway.tier2 import names
@@ -157,7 +157,7 @@ class RemoteNode:
 
     async def refresh_live(self, client: Client) -> None:
         """Bring the view up to date from the owner (a listing, then changed records)."""
-        infos = await client.list()
+        infos = await client.list(local_only=True)
         seen: set[int] = set()
         changed: list[SegmentInfo] = []
         for info in infos:
@@ -220,9 +220,42 @@ class RemoteNode:
 
     # -- reads --------------------------------------------------------------------------
 
+    async def read_result(self, seg: Segment, offset: int, size: int, wait: float) -> ReadResult:
+        """A protocol read on this node of the other node's segment.
+
+        From the owner while it answers (future reads included); without
+        it, the flushed bytes, and the segment ends where they end.
+        """
+        client = self.client
+        if client is not None:
+            with trio.move_on_after(TAIL_READ_TIMEOUT + wait):
+                return await client.read(seg.name, offset, size, wait)
+            raise TailUnavailable(seg.name, offset, self.node_id)
+        if offset < seg.start_offset:
+            raise SegmentTruncated(seg.name, offset, seg.start_offset)
+        if offset >= seg.length:
+            await trio.sleep(wait if not seg.sealed else 0)
+            return ReadResult(offset, b"", seg.length, seg.start_offset, seg.sealed)
+        data = await self.read(seg.view(), offset, size)
+        return ReadResult(offset, bytes(data), seg.length, seg.start_offset, seg.sealed)
+
     async def read(self, view: SegmentView, offset: int, size: int) -> Buffer:
-        """Committed bytes from ``offset``: zeros below the start, chunks, then the owner."""
+        """Committed bytes from ``offset``: zeros below the start, chunks, then the owner.
+
+        Whole, up to ``size`` or the end of the segment: a short answer would
+        read as the end of the file to the kernel.
+        """
         end = min(view.length, offset + size)
+        pieces: list[Buffer] = []
+        while offset < end:
+            piece = await self._read_piece(view, offset, end)
+            if not len(piece):
+                break  # the owner's segment is shorter than our view of it
+            pieces.append(piece)
+            offset += len(piece)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    async def _read_piece(self, view: SegmentView, offset: int, end: int) -> Buffer:
         if offset < view.start_offset:
             return bytes(min(end, view.start_offset) - offset)
         covered = min(view.storage_length, end)

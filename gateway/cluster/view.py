@@ -94,6 +94,11 @@ class ClusterView:
         node = self.node_of(mount_id)
         return None if node is None else node.segments.get(mount_id)
 
+    def address_of(self, node_id: str) -> str:
+        """Where ``node_id`` listens, as its registry record says ("" if unknown)."""
+        record = self.records.get(node_id)
+        return record.advertise if record is not None else ""
+
     def owner_of(self, name: str) -> tuple[str, str] | None:
         """(node id, address) of the other node that has ``name``, if one does."""
         for node in self.nodes.values():

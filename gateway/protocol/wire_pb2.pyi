@@ -220,14 +220,16 @@ class ClusterRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListSegmentsRequest(_message.Message):
-    __slots__ = ("prefix", "limit", "start_after")
+    __slots__ = ("prefix", "limit", "start_after", "local_only")
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     START_AFTER_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_ONLY_FIELD_NUMBER: _ClassVar[int]
     prefix: str
     limit: int
     start_after: str
-    def __init__(self, prefix: _Optional[str] = ..., limit: _Optional[int] = ..., start_after: _Optional[str] = ...) -> None: ...
+    local_only: bool
+    def __init__(self, prefix: _Optional[str] = ..., limit: _Optional[int] = ..., start_after: _Optional[str] = ..., local_only: _Optional[bool] = ...) -> None: ...
 
 class GetAttributesRequest(_message.Message):
     __slots__ = ("segment", "ids")

@@ -339,6 +339,31 @@ class FileStorage:
             raise self._conflict(key, e) from e
         self._write_meta(key, metadata)
 
+    def write_if_absent(self, key: str, data: Buffer, metadata: Mapping[str, str]) -> bool:
+        """Create ``key`` only if it does not exist (a hard link: atomic, also on NFS)."""
+        view = _byte_view(data)
+        path = self._path(key)
+        try:
+            fd, temp = self._create_temp(path.parent)
+            try:
+                try:
+                    _write_all(fd, view, 0)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                try:
+                    os.link(temp, path)
+                except FileExistsError:
+                    return False
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp)
+        except (NotADirectoryError, IsADirectoryError) as e:
+            raise self._conflict(key, e) from e
+        fsync_directory(path.parent)
+        self._write_meta(key, metadata)
+        return True
+
     def read(self, key: str, offset: int, length: int) -> bytes:
         """Bytes ``[offset, offset+length)`` of ``key``; shorter only at its end."""
         if offset < 0 or length < 0:

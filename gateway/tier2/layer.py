@@ -182,6 +182,31 @@ class ChunkLayer:
         )
         self._bytes_written += size
 
+    async def write_if_absent(
+        self,
+        key: str,
+        data: Buffer,
+        metadata: Mapping[str, str],
+        *,
+        deadline: float | None = None,
+    ) -> bool:
+        """Create ``key`` unless it exists; whether this call created it.
+
+        A retried attempt whose first try did create the object (the answer
+        was lost) sees it as existing: callers that must know tell their own
+        object apart by its content.
+        """
+        size = _nbytes(data)
+        created = await self._call(
+            "write",
+            f"create {key!r} ({size} bytes)",
+            deadline,
+            lambda: self.storage.write_if_absent(key, data, metadata),
+        )
+        if created:
+            self._bytes_written += size
+        return created
+
     async def read(
         self, key: str, offset: int, length: int, *, deadline: float | None = None
     ) -> bytes:

@@ -136,6 +136,17 @@ class MemoryStorage:
             self._objects[key] = _Object(bytes(data), dict(metadata), time.time())
             _raise_after(fault, "write")
 
+    def write_if_absent(self, key: str, data: Buffer, metadata: Mapping[str, str]) -> bool:
+        """Create ``key`` only if it does not exist."""
+        _check_key(key)
+        with self._lock:
+            fault = self._begin("write")
+            if key in self._objects:
+                return False
+            self._objects[key] = _Object(bytes(data), dict(metadata), time.time())
+            _raise_after(fault, "write")
+            return True
+
     def read(self, key: str, offset: int, length: int) -> bytes:
         """Bytes ``[offset, offset+length)`` of ``key``; shorter only at its end."""
         if offset < 0 or length < 0:

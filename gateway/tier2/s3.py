@@ -273,6 +273,26 @@ class S3Storage:
             Bucket=self.bucket, Key=self._key(key), Body=_body(data), Metadata=dict(metadata)
         )
 
+    def write_if_absent(self, key: str, data: Buffer, metadata: Mapping[str, str]) -> bool:
+        """PUT with ``If-None-Match: *``: False, and nothing written, if ``key`` exists.
+
+        Strongly consistent on AWS S3 and enforced by SeaweedFS: of several
+        writers racing for one key, exactly one gets True.
+        """
+        try:
+            self._client.put_object(
+                Bucket=self.bucket,
+                Key=self._key(key),
+                Body=_body(data),
+                Metadata=dict(metadata),
+                IfNoneMatch="*",
+            )
+        except ClientError as e:
+            if _error_code(e) == "PreconditionFailed":
+                return False
+            raise
+        return True
+
     def read(self, key: str, offset: int, length: int) -> bytes:
         """A ranged GET of ``[offset, offset+length)``; shorter only at the object's end."""
         if offset < 0 or length < 0:

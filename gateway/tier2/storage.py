@@ -7,8 +7,9 @@ block on the network or the disk: callers run them in worker threads
 policy). Bindings are thread-safe.
 
 Required operations (Pravega's CRWD): `write` (create or replace a whole
-object), ranged `read`, `delete`, `list`, `stat`. Optional ones, announced by
-the `supports_append` / `supports_concat` flags: `append` (the filesystem
+object), `write_if_absent` (create only: the cluster's claims), ranged
+`read`, `delete`, `list`, `stat`. Optional ones, announced by the
+`supports_append` / `supports_concat` flags: `append` (the filesystem
 binding) and `concat` (S3, through multipart UploadPartCopy).
 
 Errors: a missing object raises `ChunkNotFound`; a failure that may go away
@@ -60,6 +61,13 @@ class ChunkStorage(Protocol):
 
     def write(self, key: str, data: Buffer, metadata: Mapping[str, str]) -> None:
         """Create or replace the object ``key`` with ``data`` and user ``metadata``."""
+
+    def write_if_absent(self, key: str, data: Buffer, metadata: Mapping[str, str]) -> bool:
+        """Create ``key`` only if no object has it; False (nothing written) if one does.
+
+        Of several callers racing for one key, exactly one gets True (S3's
+        ``If-None-Match: *``): the cluster's name claims and fences rest on it.
+        """
 
     def read(self, key: str, offset: int, length: int) -> bytes:
         """Bytes ``[offset, offset+length)`` of ``key``; shorter only at the object's end.

@@ -151,11 +151,15 @@ def scrape(port: int) -> dict[str, float]:
 
 
 def run_cli(
-    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+    *args: str,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
+    input_text: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``segment-gateway ARGS...`` from this checkout, as text, output captured."""
     return subprocess.run(
         [sys.executable, "-m", "gateway.cli", *args],
+        input=input_text,
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -1,0 +1,94 @@
+"""Several gateway nodes on one SeaweedFS bucket, each a real daemon with its own mount."""
+
+from __future__ import annotations
+
+import pathlib
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from gateway.client import SyncClient
+from gateway.tier2.embedded import EmbeddedS3
+from tests.helpers.mount import MountedDaemon
+
+NODES = ("node-a", "node-b", "node-c")
+KiB = 1024
+MiB = 1024 * KiB
+
+
+def node_config(node: str, bucket: str, endpoint: str) -> str:
+    """A node of the test cluster: short heartbeats and refreshes, flushes only when asked."""
+    return f"""
+[node]
+id = "{node}"
+[tier2]
+url = "s3://{bucket}/gw"
+endpoint_url = "{endpoint}"
+flush_interval = "60s"
+snapshot_interval = 0
+retry_deadline = "5s"
+[cluster]
+heartbeat_interval = "0.5s"
+down_after = "3s"
+refresh_interval = "0.25s"
+[fuse]
+active_timeout = "0.2s"
+"""
+
+
+class Cluster:
+    """Three mounted daemons on one bucket."""
+
+    def __init__(self, root: pathlib.Path, s3: EmbeddedS3, nodes: tuple[str, ...] = NODES) -> None:
+        self.bucket = f"cl-{uuid.uuid4().hex[:12]}"
+        from gateway.tier2.s3 import S3Storage
+
+        storage = S3Storage(
+            self.bucket,
+            endpoint_url=s3.endpoint_url,
+            access_key=s3.access_key,
+            secret_key=s3.secret_key,
+        )
+        storage.create_bucket_if_missing()
+        storage.close()
+        self.env = {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key}
+        self.daemons = {
+            n: MountedDaemon(
+                root / n,
+                root / f"{n}-mnt",
+                config_text=node_config(n, self.bucket, s3.endpoint_url),
+                env=self.env,
+            )
+            for n in nodes
+        }
+
+    def start(self) -> None:
+        """Start every node (each ready with its mount)."""
+        for d in self.daemons.values():
+            d.start(timeout=60)
+
+    def client(self, node: str) -> SyncClient:
+        """A protocol client connected to ``node``."""
+        return SyncClient(self.daemons[node].address)
+
+    def teardown(self) -> None:
+        """Stop every node and remove its mount, whatever state it is in."""
+        for d in self.daemons.values():
+            d.teardown()
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``check`` until it returns something true (other processes: no events)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except OSError as e:
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(0.05)
+    raise AssertionError(f"{what}: not within {timeout}s (last: {last!r})")
