@@ -40,6 +40,7 @@ from gateway import failpoints
 from gateway.aio import service_nursery
 from gateway.client import Client, open_client
 from gateway.cluster.claims import NameClaims
+from gateway.cluster.fence import register_epoch
 from gateway.cluster.view import ClusterView
 from gateway.config import Config, Tier2Config
 from gateway.container.container import SegmentContainer
@@ -132,6 +133,15 @@ def advertise_address(config: Config, host: str, port: int) -> str:
 def _connect_node(config: Config, address: str) -> AbstractAsyncContextManager[Client]:
     """A protocol connection to another node, with this cluster's token."""
     return open_client(address, config.server.token, f"segment-gateway-node/{config.node.id}")
+
+
+def _fenced(node: Node, error: GatewayError) -> None:
+    """Another process took this node id over: stop changing anything anyone trusts."""
+    log.error("cluster: %s. This process accepts no more changes and uploads nothing to "
+              "Tier 2; stop it", error)  # fmt: skip
+    node.container.fence(error)
+    if node.storage_writer is not None:
+        node.storage_writer.fence(error)
 
 
 async def _maintain_claims(claims: NameClaims, container: SegmentContainer, config: Config) -> None:
@@ -293,12 +303,15 @@ async def run_daemon(
                 await rebuild_node(config, tier2)
             async with open_node(config, tier2) as node:
                 container = node.container
+                # Refused if this node id was taken over (a higher epoch).
+                await register_epoch(tier2, config.node.id, node.journal.epoch)
                 cluster = ClusterView(
                     config,
                     tier2,
                     node.reader,
                     partial(_connect_node, config),
                     partial(_progress, node),
+                    partial(_fenced, node),
                 )
                 claims = None
                 if config.tier2.url != "embedded":

@@ -35,6 +35,7 @@ import crc32c
 import trio
 from google.protobuf import json_format
 
+from gateway.cluster.fence import current_epoch
 from gateway.config import Config
 from gateway.container.replay import replay_metadata
 from gateway.errors import GatewayError, NodeNotEmpty, NothingToRecover, SnapshotInvalid
@@ -247,6 +248,7 @@ async def import_metadata(
 
     async with open_tier2(config) as tier2:
         rebuilt = await rebuild(tier2, node, snapshot, replay_chunks=False)
+        fenced = await current_epoch(tier2, node)
     named = sum(len(r.chunks) for r in snapshot.container.segments)
     if named and len(rebuilt.report.missing_chunks) == named:
         # Not one chunk where the export says: this Tier 2 is not the
@@ -260,7 +262,8 @@ async def import_metadata(
     rebuilt.report.snapshot_created_ms = snapshot.created_at_ms
     if log_report:
         _log_report(rebuilt.report)
-    await install(config, rebuilt.container, rebuilt.max_epoch + 1)
+    # Above every epoch this node id ever ran with: the old process is fenced.
+    await install(config, rebuilt.container, max(rebuilt.max_epoch, fenced) + 1)
     return rebuilt.report
 
 
@@ -274,7 +277,10 @@ async def rebuild_node(config: Config, tier2: ChunkLayer, log_report: bool = Tru
     rebuilt = await rebuild_metadata(tier2, config.node.id)
     if log_report:
         _log_report(rebuilt.report)
-    await install(config, rebuilt.container, rebuilt.max_epoch + 1)
+    # Above every epoch this node id ever ran with: a process still running
+    # with it (a zombie) is fenced (gateway/cluster/fence.py).
+    fenced = await current_epoch(tier2, config.node.id)
+    await install(config, rebuilt.container, max(rebuilt.max_epoch, fenced) + 1)
     return rebuilt.report
 
 

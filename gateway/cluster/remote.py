@@ -192,7 +192,11 @@ class RemoteNode:
         snapshot nor known with flushed bytes is not shown.
         """
         listing = await self.layer.list(names.meta_prefix(self.node_id))
-        keys = sorted(o.key for o in listing if names.parse_snapshot_key(o.key) is not None)
+        # The newest epoch's newest snapshot: a fenced zombie's are of an older epoch.
+        keys = sorted(
+            (o.key for o in listing if names.parse_snapshot_key(o.key) is not None),
+            key=lambda k: tuple(reversed(names.parse_snapshot_key(k) or (0, 0))),
+        )
         if keys and keys[-1] != self._snapshot_key:
             from gateway.metadata_io import decode
 

@@ -21,6 +21,7 @@ import trio
 
 import gateway
 from gateway.client import Client
+from gateway.cluster.fence import NodeFenced, current_epoch
 from gateway.cluster.registry import (
     DOWN,
     UP,
@@ -55,6 +56,7 @@ class ClusterView:
         reader: ChunkReader | None,
         connect: Connector,
         progress: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        on_fenced: Callable[[GatewayError], None] = lambda e: None,
     ) -> None:
         self.config = config
         self.layer = layer
@@ -62,6 +64,12 @@ class ClusterView:
         self.connect = connect
         #: (segment count, unflushed bytes) of this node, for its heartbeat.
         self.progress = progress
+        #: Called once if another process takes this node id over.
+        self.on_fenced = on_fenced
+        #: Set once this node is fenced (`gateway.cluster.fence`).
+        self.fenced: GatewayError | None = None
+        #: Highest epoch seen per node id: lower ones are a fenced zombie's.
+        self._epochs: dict[str, int] = {}
         self.node_id = config.node.id
         self.ids = MountIds()
         #: Registry records by node id (this node's included), as last read.
@@ -165,8 +173,16 @@ class ClusterView:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(run_heartbeat, self.layer, self.own, interval, self._beat)
+                nursery.start_soon(
+                    run_heartbeat,
+                    self.layer,
+                    self.own,
+                    interval,
+                    self._beat,
+                    lambda: self.fenced is None,
+                )
                 nursery.start_soon(self._follow_registry)
+                nursery.start_soon(self._watch_fence)
                 # Ready once every node that was up has been listed (bounded:
                 # a node that does not answer shows its proven part later).
                 with trio.move_on_after(max(5.0, 2 * interval)):
@@ -175,10 +191,25 @@ class ClusterView:
                         await node.first_refresh.wait()
                 task_status.started()
         finally:
-            if self.own is not None:
+            if self.own is not None and self.fenced is None:
                 segments, unflushed = self.progress()
                 with trio.CancelScope(shield=True):
                     await write_stopped(self.layer, self.own, segments, unflushed)
+
+    async def _watch_fence(self) -> None:
+        """Once a higher epoch of this node id is registered, stop: this process is a zombie."""
+        assert self.own is not None
+        interval = self.config.cluster.heartbeat_interval
+        while True:
+            await trio.sleep(interval)
+            try:
+                current = await current_epoch(self.layer, self.node_id, deadline=interval)
+            except GatewayError:
+                continue  # Tier 2 unreachable: nothing this node uploads lands either
+            if current > self.own.epoch:
+                self.fenced = NodeFenced(self.node_id, self.own.epoch, current)
+                self.on_fenced(self.fenced)
+                return
 
     def _beat(self) -> tuple[int, int]:
         segments, unflushed = self.progress()
@@ -200,7 +231,16 @@ class ClusterView:
                     log.warning("cluster: cannot read the node registry: %s", e)
                 failing = True
                 records = list(self.records.values())
-            self.records = {r.id: r for r in records}
+            fresh = {}
+            for r in records:
+                # A record below an epoch already seen is a fenced zombie's.
+                if r.epoch < self._epochs.get(r.id, 0) and r.id in self.records:
+                    fresh[r.id] = self.records[r.id]
+                    continue
+                self._epochs[r.id] = r.epoch
+                fresh[r.id] = r
+            self.records = fresh
+            records = list(fresh.values())
             for record in records:
                 if record.id != self.node_id and record.id not in self.nodes:
                     node = RemoteNode(record.id, self.layer, self.reader, self.ids)

@@ -174,6 +174,8 @@ class SegmentContainer:
         self._dirty: set[Segment] = set()
         self._maintenance = trio.Event()
         self._closing = False
+        #: Set when another process took this node id over (`fence`): no more changes.
+        self.fenced: GatewayError | None = None
         #: The storage writer, once Tier 2 runs.
         self.storage: StorageListener | None = None
         #: Told about creates, seals, truncations and deletes (the mount).
@@ -307,6 +309,12 @@ class SegmentContainer:
             raise Unavailable("the daemon is shutting down")
         if self._journal.failed is not None:
             raise Unavailable(str(self._journal.failed))
+        if self.fenced is not None:
+            raise Unavailable(str(self.fenced))
+
+    def fence(self, error: GatewayError) -> None:
+        """Another process took this node id over: refuse every change from now on."""
+        self.fenced = error
 
     def prepare_create(
         self, name: str, attributes: Sequence[AttributeUpdate] = ()

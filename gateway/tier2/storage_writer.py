@@ -139,6 +139,8 @@ class StorageWriter:
         self.delete_failures = 0
         self.snapshots = 0
         self.snapshot_failures = 0
+        #: Set when this node id was taken over: nothing is uploaded any more.
+        self.fenced: GatewayError | None = None
         self.gc_passes = 0
         self.gc_deleted = 0
         self.gc_failures = 0
@@ -209,6 +211,22 @@ class StorageWriter:
                 with trio.move_on_at(next_due):
                     await self._wake.wait()
                 self._wake = trio.Event()
+
+    def fence(self, error: GatewayError) -> None:
+        """This node id was taken over (a higher epoch): upload, delete and collect nothing more.
+
+        The objects under the node's prefix are the new owner's now; this
+        process's flushes, snapshots, deletions and GC all stop, and later
+        requests for them raise ``error``.
+        """
+        self.fenced = error
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+        self._progress.set()
+
+    def _check_fence(self) -> None:
+        if self.fenced is not None:
+            raise self.fenced
 
     def _needs_flush(self, seg: Segment) -> bool:
         return seg.storage_length < seg.length or (seg.sealed and not seg.sealed_in_storage)
@@ -339,6 +357,7 @@ class StorageWriter:
         metadata = names.chunk_metadata(
             seg.name, record.start_offset, record.length, record.crc32c, self.epoch
         )
+        self._check_fence()
         self.uploading.add(key)
         try:
             if extend is not None:
@@ -399,6 +418,7 @@ class StorageWriter:
         ``None`` flushes every segment. Raises the error of a flush attempt
         that failed after the call (the caller may retry).
         """
+        self._check_fence()
         if segment_ids is None:
             segment_ids = [s.id for s in self.container.segments() if self._needs_flush(s)]
         targets: dict[int, int] = {}
@@ -430,6 +450,7 @@ class StorageWriter:
                     raise Tier2Error(f"flush of {seg.name!r} failed: {failure.error}")
             if targets:
                 await self._progress.wait()
+                self._check_fence()
 
     # -- background deletion -------------------------------------------------------------
 
@@ -479,6 +500,7 @@ class StorageWriter:
 
     async def upload_snapshot(self) -> str:
         """Upload a metadata snapshot now and delete the oldest beyond ``snapshots_kept``."""
+        self._check_fence()
         at_ms = int(time.time() * 1000)
         snapshot = build_snapshot(
             self.container.committed_snapshot(), self.node, self.epoch, at_ms
