@@ -145,15 +145,27 @@ def _fenced(node: Node, error: GatewayError) -> None:
 
 
 async def _maintain_claims(claims: NameClaims, container: SegmentContainer, config: Config) -> None:
-    """Claim segments made before names were claimed; retry failed releases."""
+    """Claim segments made before names were claimed (once); retry failed releases.
+
+    Every create since claims its name first, so once the node's segments
+    have been claimed (``<data_dir>/cluster-claims`` names the Tier 2 they
+    were claimed in) a start has nothing to claim.
+    """
+    marker = pathlib.Path(config.node.data_dir) / "cluster-claims"
     try:
-        conflicts = await claims.claim_existing(s.name for s in container.segments())
-    except GatewayError as e:
-        log.warning("cluster: cannot check the name claims of this node's segments: %s", e)
-    else:
-        for name, other in conflicts:
-            log.error("cluster: segment %r exists here, but node %s holds its name; "
-                      "rename or delete one of them", name, other)  # fmt: skip
+        done = marker.read_text().strip() == config.tier2.url
+    except OSError:
+        done = False
+    if not done:
+        try:
+            conflicts = await claims.claim_existing([s.name for s in container.segments()])
+        except GatewayError as e:
+            log.warning("cluster: cannot claim the names of this node's segments: %s", e)
+        else:
+            for name, other in conflicts:
+                log.error("cluster: segment %r exists here, but node %s holds its name; "
+                          "rename or delete one of them", name, other)  # fmt: skip
+            marker.write_text(config.tier2.url + "\n")
 
     def exists(name: str) -> bool:
         try:

@@ -239,7 +239,7 @@ class Unsupported(ProtocolError):
 class NotOwner(SegmentError):
     """segment {!r} belongs to node {} at {}"""
 
-    exit_code = 12
+    exit_code = 32
     wire_code = "NOT_OWNER"
 
     def __init__(self, name: str, owner: str, owner_address: str) -> None:

@@ -365,6 +365,15 @@ class Connection:
         self._space = trio.Event()
         self.reader_scope = trio.CancelScope()
         self.greeted = False
+        #: Where name claims run (started when a create is read, so that the
+        #: claims of pipelined creates overlap).
+        self._nursery: trio.Nursery | None = None
+        #: Creates read but not yet prepared (their claims in flight), and an
+        #: event set when there are none: any other request waits for it, so
+        #: every request is still prepared in arrival order.
+        self._creates_pending = 0
+        self._creates_idle = trio.Event()
+        self._creates_idle.set()
 
     @property
     def inflight_bytes(self) -> int:
@@ -375,6 +384,7 @@ class Connection:
         send, receive = trio.open_memory_channel[_Item](math.inf)
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 nursery.start_soon(self._respond, receive)
                 async with send:
                     with self.reader_scope:
@@ -475,6 +485,10 @@ class Connection:
             await budget.acquire(extra)
         self.charge += extra
         cost = reserved + extra
+        creating = isinstance(decoded, wire.Request) and decoded.WhichOneof("kind") == "create"
+        if self._creates_pending and not creating:
+            # A create before it is still waiting for its name claim.
+            await self._creates_idle.wait()
         if split is not None:
             item = await self._prepare_split_append(*split, nbytes)
         elif isinstance(decoded, _Item):
@@ -571,15 +585,8 @@ class Connection:
             return self._ready_error(
                 req.request_id, Unsupported(f"request kind {kind!r} is not served here")
             )
-        claims = self.server.claims
-        if kind == "create" and claims is not None:
-            # Claimed cluster-wide before it is created here; waiting here
-            # keeps this connection's changes in order.
-            try:
-                validate_name(req.create.segment)
-                await claims.claim(req.create.segment)
-            except GatewayError as e:
-                return self._ready_error(req.request_id, e)
+        if kind == "create" and self.server.claims is not None:
+            return self._claimed_create(req, nbytes)
         return await self._admit(
             req.request_id,
             nbytes,
@@ -653,6 +660,51 @@ class Connection:
             return wire.Response(request_id=rid, info=(await op.wait()).to_wire())
 
         return produce
+
+    def _claimed_create(self, req: wire.Request, nbytes: int) -> _Item:
+        """A create in a cluster: its name claimed in Tier 2 first, then created here.
+
+        The claim starts now; the create is prepared when its answer's turn
+        comes and its claim is done. Requests read after it wait for that
+        (`_admit_message`), except further creates, whose claims overlap.
+        """
+        claims = self.server.claims
+        assert claims is not None and self._nursery is not None
+        name = req.create.segment
+        rid = req.request_id
+        container = self.server.container
+        claimed = trio.Event()
+        failure: list[GatewayError] = []
+
+        async def claim() -> None:
+            try:
+                validate_name(name)
+                await claims.claim(name)
+            except GatewayError as e:
+                failure.append(e)
+            finally:
+                claimed.set()
+
+        self._creates_pending += 1
+        self._creates_idle = trio.Event()
+        self._nursery.start_soon(claim)
+
+        async def produce() -> wire.Response:
+            try:
+                await claimed.wait()
+                if failure:
+                    raise failure[0]
+                await container.wait_for_capacity(nbytes)
+                op = container.prepare_create(name, _updates(list(req.create.attributes)))
+            except GatewayError as e:
+                return error_response(rid, e)
+            finally:
+                self._creates_pending -= 1
+                if not self._creates_pending:
+                    self._creates_idle.set()
+            return wire.Response(request_id=rid, info=(await op.wait()).to_wire())
+
+        return _Item(rid, nbytes, produce)
 
     def _create(self, req: wire.Request) -> Producer:
         op = self.server.container.prepare_create(

@@ -295,3 +295,14 @@ def test_retry_after() -> None:
     assert retry_after(client_error(503, "SlowDown", {"retry-after": "soon"})) is None
     assert retry_after(client_error(503, "SlowDown")) is None
     assert retry_after(ConnectionResetError()) is None
+
+
+def test_write_if_absent_is_enforced_by_the_server(s3_storage: S3Storage) -> None:
+    # If-None-Match: * -- the cluster's name claims and epoch fences rest on it.
+    assert s3_storage.write_if_absent("claims/k", b"first", {"node": "a"})
+    assert not s3_storage.write_if_absent("claims/k", b"second", {"node": "b"})
+    assert s3_storage.read("claims/k", 0, 100) == b"first"
+    assert s3_storage.stat("claims/k").metadata == {"node": "a"}
+    s3_storage.delete("claims/k")
+    assert s3_storage.write_if_absent("claims/k", b"third", {})
+    assert s3_storage.read("claims/k", 0, 100) == b"third"

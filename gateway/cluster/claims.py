@@ -9,7 +9,7 @@ its claim, so the name is free again.
 
 The key is a hash so that any segment name (up to 1024 bytes, with ``/``)
 makes one flat, fixed-length key on every binding; the name itself is in the
-claim's body (docs/FORMATS.md, "Name claims").
+claim's body (docs/FORMATS.md, "Cluster records in Tier 2").
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable, Iterable
+
+import trio
 
 from gateway.config import CLUSTER_PREFIX
 from gateway.errors import ChunkNotFound, GatewayError, SegmentExistsElsewhere
@@ -113,18 +115,23 @@ class NameClaims:
                 await self.release(name)
 
     async def claim_existing(self, names: Iterable[str]) -> list[tuple[str, str]]:
-        """At start: claim this node's segments that hold no claim yet (made before claims).
+        """Claim segments made before names were claimed (once per node: the caller
+        remembers it did); names this node holds already are fine.
 
         Returns (name, other node) for every segment whose name another node
         holds: a conflict from before names were unique, for an operator.
         """
-        held = {obj.key for obj in await self.layer.list(NAMES_PREFIX)}
-        conflicts = []
-        for name in names:
-            if claim_key(name) in held:
-                continue
-            try:
-                await self.claim(name)
-            except SegmentExistsElsewhere as e:
-                conflicts.append((name, e.owner))
-        return conflicts
+        conflicts: list[tuple[str, str]] = []
+        limiter = trio.CapacityLimiter(8)
+
+        async def one(name: str) -> None:
+            async with limiter:
+                try:
+                    await self.claim(name)
+                except SegmentExistsElsewhere as e:
+                    conflicts.append((name, e.owner))
+
+        async with trio.open_nursery() as nursery:
+            for name in names:
+                nursery.start_soon(one, name)
+        return sorted(conflicts)

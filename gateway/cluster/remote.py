@@ -24,18 +24,20 @@ import contextlib
 import logging
 
 import trio
+from google.protobuf.message import DecodeError
 
 from gateway.buffers import Buffer
 from gateway.client import Client
 from gateway.container.interfaces import NamespaceWatcher
 from gateway.container.results import ReadResult, SegmentInfo
 from gateway.container.segment import Segment
-from gateway.errors import GatewayError, SegmentNotFound, SegmentTruncated
-from gateway.protocol.metadata_pb2 import SegmentRecord
+from gateway.errors import GatewayError, SegmentNotFound, SegmentTruncated, SnapshotInvalid
+from gateway.protocol.metadata_pb2 import MetadataSnapshot, SegmentRecord
 from gateway.readindex import SegmentView
 from gateway.tier2 import names
 from gateway.tier2.layer import ChunkLayer
 from gateway.tier2.reader import ChunkReader
+from gateway.tier2.snapshots import check_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -198,11 +200,13 @@ class RemoteNode:
             key=lambda k: tuple(reversed(names.parse_snapshot_key(k) or (0, 0))),
         )
         if keys and keys[-1] != self._snapshot_key:
-            from gateway.metadata_io import decode
-
             key = keys[-1]
             size = next(o.size for o in listing if o.key == key)
-            snap = decode(await self.layer.read(key, 0, size), key)
+            try:
+                snap = MetadataSnapshot.FromString(await self.layer.read(key, 0, size))
+            except DecodeError as e:
+                raise SnapshotInvalid(key, f"does not decode: {e}") from e
+            check_snapshot(snap, key)
             self._snapshot = {r.name: r for r in snap.container.segments}
             self._snapshot_key = key
         records: dict[str, SegmentRecord] = dict(self._snapshot)
