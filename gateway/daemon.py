@@ -352,6 +352,8 @@ async def run_daemon(
                         from gateway.metrics import GatewayCollector, MetricsServer
 
                         collector = GatewayCollector(node)
+                        collector.cluster = cluster
+                        collector.claims = claims
                         metrics = MetricsServer(collector, config.metrics.listen)
                         await nursery.start(metrics.serve)
                     if config.fuse.mountpoint:

@@ -29,6 +29,8 @@ from gateway.stats import Histogram
 
 if TYPE_CHECKING:
     from fs.operations import SegmentFS
+    from gateway.cluster.claims import NameClaims
+    from gateway.cluster.view import ClusterView
     from gateway.node import Node
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,10 @@ class GatewayCollector(Collector):
         self.node = node
         #: The mount, once it is up (None without one).
         self.fs: SegmentFS | None = None
+        #: This node's view of the cluster (None: not started yet).
+        self.cluster: ClusterView | None = None
+        #: Cluster-wide name claims (None with an embedded Tier 2).
+        self.claims: NameClaims | None = None
 
     def collect(self) -> Iterator[Metric]:
         """One scrape."""
@@ -109,6 +115,7 @@ class GatewayCollector(Collector):
         yield from self._tier2()
         yield from self._embedded_s3()
         yield from self._fuse()
+        yield from self._cluster()
 
     def _tier2(self) -> Iterator[Metric]:
         writer = self.node.storage_writer
@@ -185,6 +192,42 @@ class GatewayCollector(Collector):
                 f"{name}_last_exit_status",
                 "Status of its last unasked-for exit (negative: killed by that signal)",
                 value=s.last_exit_status,
+            )
+
+    def _cluster(self) -> Iterator[Metric]:
+        view = self.cluster
+        if view is None:
+            return
+        nodes = GaugeMetricFamily(
+            f"{PREFIX}_cluster_nodes", "Nodes in the registry by state", labels=["state"]
+        )
+        states = [n.state for n in view.status()]
+        for state in ("up", "down", "stopped"):
+            nodes.add_metric([state], states.count(state))
+        yield nodes
+        remote = GaugeMetricFamily(
+            f"{PREFIX}_cluster_remote_segments",
+            "Other nodes' segments this node shows, and whether their tails can be read",
+            labels=["node", "tail_available"],
+        )
+        for node in view.nodes.values():
+            remote.add_metric([node.node_id, str(int(node.tail_available))], len(node.segments))
+        yield remote
+        yield GaugeMetricFamily(
+            f"{PREFIX}_cluster_fenced",
+            "1 once another process took this node id over",
+            value=int(view.fenced is not None),
+        )
+        if self.claims is not None:
+            yield CounterMetricFamily(
+                f"{PREFIX}_name_claims",
+                "Segment names claimed in Tier 2",
+                value=self.claims.claimed,
+            )
+            yield CounterMetricFamily(
+                f"{PREFIX}_name_claims_refused",
+                "Creates refused: another node holds the name",
+                value=self.claims.refused,
             )
 
     def _fuse(self) -> Iterator[Metric]:

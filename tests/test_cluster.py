@@ -23,7 +23,7 @@ from gateway.container.results import SegmentInfo
 from gateway.errors import GatewayError, SegmentExists, SegmentSealed
 from gateway.tier2.embedded import EmbeddedS3
 from tests.helpers.cluster import NODES, Cluster, KiB, MiB, wait_for
-from tests.helpers.daemon import run_cli
+from tests.helpers.daemon import run_cli, scrape
 from tests.helpers.mount import require_fuse
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -116,6 +116,12 @@ def test_cluster_command_lists_every_node(cluster: Cluster) -> None:
     r = run_cli("cluster", "--connect", cluster.daemons["node-b"].address)
     assert r.returncode == 0, r.stderr
     assert "node-b *" in r.stdout and "node-c" in r.stdout
+    metrics = scrape(cluster.daemons["node-a"].metrics_port)
+    assert metrics['segment_gateway_cluster_nodes{state="up"}'] == 3
+    assert metrics["segment_gateway_cluster_fenced"] == 0
+    assert metrics["segment_gateway_name_claims_total"] >= 3
+    remote = metrics['segment_gateway_cluster_remote_segments{node="node-b",tail_available="1"}']
+    assert remote >= 3
 
 
 def test_a_deleted_remote_segment_goes_from_every_mount(cluster: Cluster) -> None:
