@@ -71,6 +71,15 @@ checkpoint_every_frames = 100
     [
         ("[node]\nid = 'a b'\n", "node.id: must be 1-64 characters"),
         ("[node]\nnope = 1\n", "node.nope: unknown key"),
+        ("[node]\nid = '_cluster'\n", "node.id: must be 1-64 characters"),
+        ("[node]\nadvertise = '0.0.0.0:9410'\n", "node.advertise: must be an address other nodes"),
+        ("[node]\nadvertise = '10.0.0.1:0'\n", "node.advertise: must name the port"),
+        ("[node]\nadvertise = 'host'\n", "node.advertise: expected HOST:PORT"),
+        ("[cluster]\nrefresh_interval = '5min'\n", "cluster.refresh_interval: must be between"),
+        (
+            "[cluster]\nheartbeat_interval = '10s'\n",
+            "cluster.down_after: 15s is less than twice cluster.heartbeat_interval (10s)",
+        ),
         ("[nope]\nx = 1\n", "nope: unknown section"),
         ("node = 3\n", "node: must be a table"),
         ("[server]\nlisten = 'localhost'\n", "server.listen: expected HOST:PORT"),
