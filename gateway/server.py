@@ -613,7 +613,7 @@ class Connection:
                 await self.server.container.wait_for_capacity(nbytes, reserved=frees)
             produce = prepare()
         except SegmentNotFound as e:
-            return self._ready_error(rid, self.server.not_owner(e))
+            return self._ready_error(rid, await self.server.not_owner(e))
         except GatewayError as e:
             return self._ready_error(rid, e)
         return _Item(rid, nbytes, produce)
@@ -1071,10 +1071,22 @@ class Server:
         self._no_connections = trio.Event()
         self._no_connections.set()
 
-    def not_owner(self, e: SegmentNotFound) -> GatewayError:
-        """For a change to a segment this node does not have: NotOwner if another node has it."""
+    async def not_owner(self, e: SegmentNotFound) -> GatewayError:
+        """For a request about a segment this node does not have: NotOwner if another has it.
+
+        Known from following the other nodes, or -- for a segment created
+        since the last poll -- from its name claim in Tier 2.
+        """
         name = str(e.args[0]) if e.args else ""
-        owner = self.cluster.owner_of(name) if self.cluster is not None else None
+        cluster, claims = self.cluster, self.claims
+        owner = cluster.owner_of(name) if cluster is not None else None
+        if owner is None and claims is not None and name:
+            try:
+                holder = await claims.owner(name)
+            except GatewayError:
+                holder = None
+            if holder is not None and holder != claims.node_id:
+                owner = (holder, cluster.address_of(holder) if cluster is not None else "")
         return e if owner is None else NotOwner(name, *owner)
 
     def remote_segment(self, name: str) -> Segment:

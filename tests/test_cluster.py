@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 
 from gateway.container.results import SegmentInfo
-from gateway.errors import GatewayError, SegmentExists, SegmentSealed
+from gateway.errors import GatewayError, SegmentExists, SegmentNotFound, SegmentSealed
 from gateway.tier2.embedded import EmbeddedS3
 from tests.helpers.cluster import NODES, Cluster, KiB, MiB, wait_for
 from tests.helpers.daemon import run_cli, scrape
@@ -196,6 +196,19 @@ def test_changes_sent_to_another_node_follow_the_owner(cluster: Cluster) -> None
         b.seal(name)
     with cluster.client("node-c") as c, pytest.raises(SegmentSealed):
         c.append(name, b"late\n")
+
+
+def test_a_segment_just_created_elsewhere_is_found_by_its_claim(cluster: Cluster) -> None:
+    # Sent to node-c before node-c has polled node-a: its name claim says where it lives.
+    with cluster.client("node-a") as a, cluster.client("node-c") as c:
+        for i in range(5):
+            name = f"node-a/fresh-{i}"
+            a.create(name)
+            assert c.append(name, b"first\n").offset == 0
+            assert a.read(name, 0, 100).data == b"first\n"
+    # A name nobody holds is simply not found.
+    with cluster.client("node-c") as c, pytest.raises(SegmentNotFound):
+        c.append("nobody/has-this", b"x")
 
 
 def test_a_killed_owner_leaves_its_flushed_bytes_readable(cluster: Cluster) -> None:
