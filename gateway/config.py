@@ -568,6 +568,11 @@ class ClusterConfig:
     refresh_interval: float = _key(
         0.5, _duration_in(0.05, 60), "how often other nodes' segments and lengths are polled"
     )
+    tls_ca: str = _key(
+        "",
+        _abs_path_or_empty,
+        'CA (PEM) other nodes\' certificates are checked against; "" = server.tls_client_ca',
+    )
 
 
 @dataclass(frozen=True)
@@ -705,6 +710,9 @@ def _cross_checks(c: Config, check_files: bool = True) -> list[str]:
             f"({c.server.max_message_bytes})"
         )
     cl = c.cluster
+    if cl.tls_ca and not c.server.tls_cert:
+        errors.append("cluster.tls_ca: set without server.tls_cert (nodes speak TLS only "
+                      "when they serve it)")  # fmt: skip
     if cl.down_after < 2 * cl.heartbeat_interval:
         errors.append(
             f"cluster.down_after: {cl.down_after:g}s is less than twice "

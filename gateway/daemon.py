@@ -28,6 +28,7 @@ import pathlib
 import resource
 import signal
 import socket
+import ssl
 import tempfile
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -38,7 +39,7 @@ import trio
 
 from gateway import failpoints
 from gateway.aio import service_nursery
-from gateway.client import Client, open_client
+from gateway.client import Client, client_ssl_context, open_client
 from gateway.cluster.claims import NameClaims
 from gateway.cluster.fence import register_epoch
 from gateway.cluster.view import ClusterView
@@ -130,9 +131,32 @@ def advertise_address(config: Config, host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _connect_node(config: Config, address: str) -> AbstractAsyncContextManager[Client]:
-    """A protocol connection to another node, with this cluster's token."""
-    return open_client(address, config.server.token, f"segment-gateway-node/{config.node.id}")
+def node_ssl_context(config: Config) -> ssl.SSLContext | None:
+    """TLS to the other nodes when this one serves TLS (a cluster speaks one way).
+
+    Their certificates are checked against ``cluster.tls_ca`` (else
+    ``server.tls_client_ca``, else the system's CAs) and must name the host
+    of their ``node.advertise``; this node's own certificate goes along, for
+    nodes that ask for one (``server.tls_client_ca``).
+    """
+    s = config.server
+    if not s.tls_cert:
+        return None
+    return client_ssl_context(
+        config.cluster.tls_ca or s.tls_client_ca or None, cert_file=s.tls_cert, key_file=s.tls_key
+    )
+
+
+def _connect_node(
+    config: Config, ssl_context: ssl.SSLContext | None, address: str
+) -> AbstractAsyncContextManager[Client]:
+    """A protocol connection to another node, with this cluster's token (and TLS)."""
+    return open_client(
+        address,
+        config.server.token,
+        f"segment-gateway-node/{config.node.id}",
+        ssl_context=ssl_context,
+    )
 
 
 def _fenced(node: Node, error: GatewayError) -> None:
@@ -321,7 +345,7 @@ async def run_daemon(
                     config,
                     tier2,
                     node.reader,
-                    partial(_connect_node, config),
+                    partial(_connect_node, config, node_ssl_context(config)),
                     partial(_progress, node),
                     partial(_fenced, node),
                 )

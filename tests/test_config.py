@@ -76,6 +76,8 @@ checkpoint_every_frames = 100
         ("[node]\nadvertise = '10.0.0.1:0'\n", "node.advertise: must name the port"),
         ("[node]\nadvertise = 'host'\n", "node.advertise: expected HOST:PORT"),
         ("[cluster]\nrefresh_interval = '5min'\n", "cluster.refresh_interval: must be between"),
+        ("[cluster]\ntls_ca = '/etc/ca.pem'\n", "cluster.tls_ca: set without server.tls_cert"),
+        ("[cluster]\ntls_ca = 'ca.pem'\n", "cluster.tls_ca: must be an absolute path"),
         (
             "[cluster]\nheartbeat_interval = '10s'\n",
             "cluster.down_after: 15s is less than twice cluster.heartbeat_interval (10s)",

@@ -13,6 +13,7 @@ import pathlib
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ from gateway.writer import open_segment_writer
 from .conftest import ROOT
 from .helpers.daemon import Daemon
 from .helpers.inprocess import Served, served
+from .helpers.mount import MountedDaemon, require_fuse
 from .helpers.segments import make_config
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
@@ -563,3 +565,37 @@ def test_client_commands_need_not_read_the_daemons_key(
     with pytest.raises(ConfigError, match=r"server\.tls_key: cannot read"):
         Config.load(config)
     assert Config.load(config, check_files=False).server.token == TOKEN
+
+
+def test_nodes_of_a_tls_cluster_talk_tls_to_each_other(tmp_path: pathlib.Path, pki: Pki) -> None:
+    """Two TLS nodes on one Tier 2: each mount shows the other's tail, read over TLS."""
+    require_fuse()
+    shared = tmp_path / "tier2"
+    config = (
+        _daemon_config(pki)
+        + f'[tier2]\nurl = "file://{shared}"\n'
+        + f'[cluster]\nheartbeat_interval = "0.5s"\ndown_after = "3s"\ntls_ca = "{pki.ca}"\n'
+    )
+    a = MountedDaemon(tmp_path / "a", tmp_path / "a-mnt", config_text=config.replace(
+        "[tier2]", '[node]\nid = "tls-a"\n[tier2]'))  # fmt: skip
+    b = MountedDaemon(tmp_path / "b", tmp_path / "b-mnt", config_text=config.replace(
+        "[tier2]", '[node]\nid = "tls-b"\n[tier2]'))  # fmt: skip
+    try:
+        a.start(timeout=60)
+        b.start(timeout=60)
+        with SyncClient(a.address, TOKEN, tls_ca=str(pki.ca)) as c:
+            c.create("tls/seg")
+            c.append("tls/seg", b"only in a's journal\n")
+        seen = b.mnt / "tls/seg"
+        deadline = time.monotonic() + 10
+        while not (seen.exists() and os.getxattr(seen, "user.segment.tail_available") == b"1"):
+            assert time.monotonic() < deadline, b.log()
+            time.sleep(0.05)
+        assert seen.read_bytes() == b"only in a's journal\n"
+        # Changes sent to b follow to a, over TLS.
+        with SyncClient(b.address, TOKEN, tls_ca=str(pki.ca)) as c:
+            assert c.append("tls/seg", b"via b\n").offset == 20
+        assert "does not answer" not in b.log()
+    finally:
+        b.teardown()
+        a.teardown()
