@@ -7,7 +7,9 @@ names free again after a release, a fenced epoch refused.
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
+from typing import Any
 
 import pytest
 import trio
@@ -23,10 +25,17 @@ from gateway.cluster.registry import (
     write_record,
     write_stopped,
 )
-from gateway.errors import SegmentExistsElsewhere, Tier2Error
+from gateway.cluster.remote import MountIds, RemoteNode
+from gateway.container.results import SegmentInfo
+from gateway.container.segment import Segment
+from gateway.container.table import SNAPSHOT_VERSION
+from gateway.errors import GatewayError, SegmentExistsElsewhere, SegmentNotFound, Tier2Error
+from gateway.protocol.metadata_pb2 import ChunkRecord, ContainerSnapshot, SegmentRecord
 from gateway.tier2.filesystem import FileStorage
 from gateway.tier2.layer import ChunkLayer
 from gateway.tier2.memory import MemoryStorage
+from gateway.tier2.names import snapshot_key
+from gateway.tier2.snapshots import build_snapshot
 
 
 @pytest.fixture(params=["memory", "file"])
@@ -127,3 +136,113 @@ async def test_a_higher_epoch_fences_a_node_id(layer: ChunkLayer) -> None:
     with pytest.raises(NodeFenced, match=r"node n \(epoch 4\) has been taken over by epoch 5"):
         await register_epoch(layer, "n", 4)
     assert await current_epoch(layer, "other") == 0
+
+
+class FakeOwner:
+    """Another node as `RemoteNode.refresh_live` sees it: a listing and records."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, SegmentRecord] = {}
+        self.next_id = 1
+
+    def create(self, name: str, length: int = 0, sealed: bool = False) -> SegmentRecord:
+        r = SegmentRecord(id=self.next_id, name=name, length=length, sealed=sealed)
+        self.next_id += 1
+        self.records[name] = r
+        return r
+
+    async def list(self, prefix: str = "", local_only: bool = False) -> list[SegmentInfo]:
+        assert local_only
+        return [Segment.from_record(r).info() for r in self.records.values()]
+
+    async def record(self, name: str) -> SegmentRecord:
+        if name not in self.records:
+            raise SegmentNotFound(name)
+        return self.records[name]
+
+
+class Events:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def on_created(self, seg: Segment) -> None:
+        self.seen.append(("created", seg.name))
+
+    def on_sealed(self, seg: Segment) -> None:
+        self.seen.append(("sealed", seg.name))
+
+    def on_truncated(self, seg: Segment) -> None:
+        self.seen.append(("truncated", seg.name))
+
+    def on_deleted(self, seg: Segment) -> None:
+        self.seen.append(("deleted", seg.name))
+
+
+async def test_a_remote_view_follows_churn_and_stays_bounded() -> None:
+    layer = ChunkLayer(MemoryStorage(), retry_deadline=1.0)
+    ids = MountIds()
+    node = RemoteNode("other", layer, None, ids)
+    events = Events()
+    node.watchers.append(events)
+    owner = FakeOwner()
+    client: Any = owner
+    keep = owner.create("keep", length=10)
+    for round_ in range(50):
+        for i in range(20):
+            owner.create(f"churn/{round_}/{i}", length=i)
+        await node.refresh_live(client)
+        for i in range(20):
+            del owner.records[f"churn/{round_}/{i}"]
+        await node.refresh_live(client)
+    assert [s.name for s in node.segments.values()] == ["keep"]
+    assert len(ids._ids) == 1  # what a month of churn leaves behind: the live ones
+    assert events.seen.count(("created", "keep")) == 1
+    assert len([e for e in events.seen if e[0] == "created"]) == 1 + 50 * 20
+    assert len([e for e in events.seen if e[0] == "deleted"]) == 50 * 20
+    # A deleted name created again is a new file (a new id), never its old self.
+    mount_id = node.by_name("keep").id  # type: ignore[union-attr]
+    del owner.records["keep"]
+    owner.create("keep", length=3)
+    await node.refresh_live(client)
+    again = node.by_name("keep")
+    assert again is not None and again.id != mount_id and again.length == 3
+    assert keep.id != owner.records["keep"].id
+
+
+async def test_without_the_owner_files_end_at_their_flushed_length() -> None:
+    layer = ChunkLayer(MemoryStorage(), retry_deadline=1.0)
+    node = RemoteNode("other", layer, None, MountIds())
+    events = Events()
+    node.watchers.append(events)
+
+    def record(rid: int, name: str, length: int, flushed: int, sealed: bool) -> SegmentRecord:
+        chunks = [ChunkRecord(name=f"other/chunks/{rid}/x", start_offset=0, length=flushed)]
+        return SegmentRecord(id=rid, name=name, length=length, storage_length=flushed,
+                             sealed=sealed, sealed_in_storage=sealed and flushed == length,
+                             chunks=chunks if flushed else [])  # fmt: skip
+
+    container = ContainerSnapshot(
+        version=SNAPSHOT_VERSION,
+        next_segment_id=4,
+        segments=[
+            record(1, "whole", 100, 100, True),
+            record(2, "tail", 100, 60, False),
+            record(3, "sealed-not-flushed", 100, 40, True),
+        ],
+    )
+    for epoch, at in ((2, 1000), (1, 5000)):  # the newer key of an older epoch: a zombie's
+        snap = build_snapshot(container, "other", epoch, at)
+        if epoch == 1:
+            del snap.container.segments[:]
+        key = snapshot_key("other", at, epoch)
+        await layer.write(key, snap.SerializeToString(), {})
+    await node.refresh_proven()
+    got = {s.name: (s.length, s.sealed) for s in node.segments.values()}
+    assert got == {"whole": (100, True), "tail": (60, False), "sealed-not-flushed": (40, False)}
+    assert not node.tail_available
+    tail = node.by_name("tail")
+    assert tail is not None
+    assert await node.read(tail.view(), 60, 10) == b""  # the end of the file as shown
+    # A reader still holding the owner's longer view: refused at once, never a hang.
+    with pytest.raises(GatewayError, match="only on node other, which does not answer"):
+        await node.read(dataclasses.replace(tail.view(), length=100), 60, 10)

@@ -61,6 +61,10 @@ class MountIds:
         self._ids: dict[tuple[str, int], int] = {}
         self._next = REMOTE_ID_BASE
 
+    def forget(self, node: str, remote_id: int) -> None:
+        """The segment is gone: drop its entry (its id is never given out again)."""
+        self._ids.pop((node, remote_id), None)
+
     def get(self, node: str, remote_id: int) -> int:
         """The local id of segment ``remote_id`` of ``node`` (a new one the first time)."""
         key = (node, remote_id)
@@ -151,7 +155,10 @@ class RemoteNode:
 
     def _remove(self, mount_id: int) -> None:
         seg = self.segments.pop(mount_id)
-        del self._remote_ids[mount_id]
+        # Forgotten, so that a node that churns through segments for months
+        # does not grow this map; should the segment come back (an older
+        # snapshot), it gets a new id, and so a new inode.
+        self.ids.forget(self.node_id, self._remote_ids.pop(mount_id))
         if self._by_name.get(seg.name) == mount_id:
             del self._by_name[seg.name]
         for w in list(self.watchers):
@@ -185,6 +192,8 @@ class RemoteNode:
             record = records.get(info.name)
             if record is not None:
                 self._put(record, proven_only=False)
+            elif self.ids.get(self.node_id, info.id) not in self.segments:
+                self.ids.forget(self.node_id, info.id)  # deleted before we saw it
         self.refreshes += 1
 
     async def refresh_proven(self) -> None:
