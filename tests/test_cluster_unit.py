@@ -29,7 +29,13 @@ from gateway.cluster.remote import MountIds, RemoteNode
 from gateway.container.results import SegmentInfo
 from gateway.container.segment import Segment
 from gateway.container.table import SNAPSHOT_VERSION
-from gateway.errors import GatewayError, SegmentExistsElsewhere, SegmentNotFound, Tier2Error
+from gateway.errors import (
+    ConnectionLost,
+    GatewayError,
+    SegmentExistsElsewhere,
+    SegmentNotFound,
+    Tier2Error,
+)
 from gateway.protocol.metadata_pb2 import ChunkRecord, ContainerSnapshot, SegmentRecord
 from gateway.tier2.filesystem import FileStorage
 from gateway.tier2.layer import ChunkLayer
@@ -246,3 +252,27 @@ async def test_without_the_owner_files_end_at_their_flushed_length() -> None:
     # A reader still holding the owner's longer view: refused at once, never a hang.
     with pytest.raises(GatewayError, match="only on node other, which does not answer"):
         await node.read(dataclasses.replace(tail.view(), length=100), 60, 10)
+
+
+async def test_a_connection_lost_mid_refresh_is_raised_as_itself() -> None:
+    # Not as an exception group: the follower catches GatewayError and falls
+    # back to Tier 2 (a group would have ended the daemon).
+    node = RemoteNode("other", ChunkLayer(MemoryStorage(), retry_deadline=1.0), None, MountIds())
+    owner = FakeOwner()
+    for i in range(3):
+        owner.create(f"s{i}", length=i)
+
+    async def lost(name: str) -> SegmentRecord:
+        raise ConnectionLost("127.0.0.1:1", "reset by peer")
+
+    owner.record = lost  # type: ignore[method-assign]
+    with pytest.raises(ConnectionLost):
+        await node.refresh_live(owner)  # type: ignore[arg-type]
+
+
+async def test_claiming_older_segments_raises_a_tier2_failure_as_itself() -> None:
+    storage = MemoryStorage()
+    claims = NameClaims(ChunkLayer(storage, retry_deadline=0.1), "a", 1, deadline=0.1)
+    storage.fail_next(1, Tier2Error("injected"), ops={"write"})
+    with pytest.raises(Tier2Error, match="injected"):
+        await claims.claim_existing(["x", "y"])

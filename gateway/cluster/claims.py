@@ -122,6 +122,7 @@ class NameClaims:
         holds: a conflict from before names were unique, for an operator.
         """
         conflicts: list[tuple[str, str]] = []
+        failures: list[GatewayError] = []
         limiter = trio.CapacityLimiter(8)
 
         async def one(name: str) -> None:
@@ -130,8 +131,12 @@ class NameClaims:
                     await self.claim(name)
                 except SegmentExistsElsewhere as e:
                     conflicts.append((name, e.owner))
+                except GatewayError as e:
+                    failures.append(e)  # raised below as itself, not in a group
 
         async with trio.open_nursery() as nursery:
             for name in names:
                 nursery.start_soon(one, name)
+        if failures:
+            raise failures[0]
         return sorted(conflicts)

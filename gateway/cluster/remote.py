@@ -20,7 +20,6 @@ never reused while the daemon runs), so their inodes never meet local ones.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 import trio
@@ -176,15 +175,21 @@ class RemoteNode:
             if seg is None or not _same(seg, info):
                 changed.append(info)
         records: dict[str, SegmentRecord] = {}
+        failures: list[GatewayError] = []
 
         async def fetch(name: str) -> None:
-            # Deleted since the listing: the next one drops it.
-            with contextlib.suppress(SegmentNotFound):
+            try:
                 records[name] = await client.record(name)
+            except SegmentNotFound:
+                pass  # deleted since the listing: the next one drops it
+            except GatewayError as e:
+                failures.append(e)  # raised below as itself, not in a group
 
         async with trio.open_nursery() as nursery:
             for info in changed:
                 nursery.start_soon(fetch, info.name)
+        if failures:
+            raise failures[0]
         # Removals first: a name deleted and created again must not meet its old self.
         for mount_id in [m for m in self.segments if m not in seen]:
             self._remove(mount_id)

@@ -253,6 +253,16 @@ class ClusterView:
             await trio.sleep(interval)
 
     async def _follow_node(self, node: RemoteNode) -> None:
+        """Follow ``node`` for good: a bug here shows in the log, not as a dead daemon."""
+        while True:
+            try:
+                await self._follow_node_once(node)
+            except Exception:
+                log.exception("cluster: following node %s failed; starting again", node.node_id)
+                node.client = None
+                await trio.sleep(self.config.cluster.heartbeat_interval)
+
+    async def _follow_node_once(self, node: RemoteNode) -> None:
         """Keep ``node``'s view fresh: live from the owner, else what Tier 2 proves."""
         refresh = self.config.cluster.refresh_interval
         down_after = self.config.cluster.down_after
