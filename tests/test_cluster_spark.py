@@ -149,6 +149,11 @@ def test_spark_cluster_counts_every_event_of_every_node(setup: Any) -> None:
 def test_a_dead_node_leaves_its_flushed_events_counted(setup: Any) -> None:
     """Runs last: node-c stays down."""
     gateways, spark_cluster, spark, fixed, counts = setup
+    # What this test is about: node-c still holds tails only in its journal.
+    seen = gateways.daemons["node-a"].mnt / "events/node-c"
+    for name in ("active", "journal"):
+        stored = int(os.getxattr(seen / name, "user.segment.storage_length"))
+        assert stored < (seen / name).stat().st_size, f"{name} was flushed meanwhile"
     # The storage node's host dies: its gateway and its Spark worker with it.
     gateways.daemons["node-c"].kill()
     spark_cluster.kill_worker(NODES.index("node-c"))
@@ -159,7 +164,20 @@ def test_a_dead_node_leaves_its_flushed_events_counted(setup: Any) -> None:
     expected = total_without_tail = sum(counts.values()) - counts["node-c/unflushed"]
     uri = f"file://{fixed}/events/*/*"
     df = spark.read.json(uri)
-    assert df.count() == expected
+    got = df.count()
+    if got != expected:
+        views = {
+            node: {
+                name: (
+                    (gateways.daemons[node].mnt / "events/node-c" / name).stat().st_size,
+                    (gateways.daemons[node].mnt / "events/node-c" / name).read_bytes().count(b"\n"),
+                )
+                for name in ("active", "journal", "sealed")
+            }
+            for node in ("node-a", "node-b")
+        }
+        by_node = {r["node"]: r["count"] for r in df.groupBy("node").count().collect()}
+        raise AssertionError(f"{got} != {expected}: {by_node}, mounts now: {views}, {counts}")
     # Whole lines only: the file ends at an append boundary, nothing half-read.
     assert "_corrupt_record" not in df.columns
     per_node = {r["node"]: r["count"] for r in df.groupBy("node").count().collect()}

@@ -25,7 +25,7 @@ id = "{node}"
 [tier2]
 url = "s3://{bucket}/gw"
 endpoint_url = "{endpoint}"
-flush_interval = "60s"
+flush_interval = "24h"
 snapshot_interval = 0
 retry_deadline = "5s"
 [cluster]
