@@ -92,6 +92,7 @@ from gateway.protocol.metadata_pb2 import AttributeValue
 
 if TYPE_CHECKING:
     from gateway.cluster.claims import NameClaims
+    from gateway.cluster.remote import RemoteNode
     from gateway.cluster.view import ClusterView
     from gateway.fsck.checks import Target
 
@@ -805,14 +806,13 @@ class Connection:
         try:
             info = server.container.info(name)
         except SegmentNotFound:
-            seg = server.remote_segment(name)
-            node = server.cluster.node_of(seg.id) if server.cluster is not None else None
+            node, seg = server.remote_segment(name)
 
             async def produce() -> wire.Response:
                 # From the owner while it answers (as fresh as a local one),
                 # else what this node knows of it.
                 remote = seg.info()
-                client = node.client if node is not None else None
+                client = node.client
                 if client is not None:
                     with trio.move_on_after(TAIL_READ_TIMEOUT), contextlib.suppress(GatewayError):
                         remote = await client.info(name)
@@ -897,10 +897,7 @@ class Connection:
                 return await container.read(name, offset, size, wait=wait)
             except SegmentNotFound:
                 # Another node's segment: read it as this node's mount does.
-                seg = server.remote_segment(name)
-                node = server.cluster.node_of(seg.id) if server.cluster else None
-                if node is None:
-                    raise
+                node, seg = server.remote_segment(name)
                 return await node.read_result(seg, offset, size, wait)
 
         async def stream() -> AsyncGenerator[list[bytes], None]:
@@ -1089,13 +1086,12 @@ class Server:
                 owner = (holder, cluster.address_of(holder) if cluster is not None else "")
         return e if owner is None else NotOwner(name, *owner)
 
-    def remote_segment(self, name: str) -> Segment:
-        """Another node's segment with this name; SegmentNotFound if none has it."""
-        for node in self.cluster.nodes.values() if self.cluster is not None else ():
-            seg = node.by_name(name)
-            if seg is not None:
-                return seg
-        raise SegmentNotFound(name)
+    def remote_segment(self, name: str) -> tuple[RemoteNode, Segment]:
+        """Another node's segment with this name, and that node; SegmentNotFound if none."""
+        found = self.cluster.find(name) if self.cluster is not None else None
+        if found is None:
+            raise SegmentNotFound(name)
+        return found
 
     async def serve(self, *, task_status: trio.TaskStatus[list[tuple[str, int]]]) -> None:
         """Listen on ``server.listen``; ``task_status.started`` gets the bound addresses."""

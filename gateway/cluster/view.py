@@ -107,13 +107,18 @@ class ClusterView:
         record = self.records.get(node_id)
         return record.advertise if record is not None else ""
 
+    def find(self, name: str) -> tuple[RemoteNode, Segment] | None:
+        """The other node that has a segment called ``name``, and the segment."""
+        for node in self.nodes.values():
+            seg = node.by_name(name)
+            if seg is not None:
+                return node, seg
+        return None
+
     def owner_of(self, name: str) -> tuple[str, str] | None:
         """(node id, address) of the other node that has ``name``, if one does."""
-        for node in self.nodes.values():
-            if node.by_name(name) is not None:
-                record = self.records.get(node.node_id)
-                return node.node_id, record.advertise if record else ""
-        return None
+        found = self.find(name)
+        return None if found is None else (found[0].node_id, self.address_of(found[0].node_id))
 
     def watch(self, watcher: NamespaceWatcher) -> None:
         """Tell ``watcher`` about other nodes' creates, seals, truncations and deletes."""
