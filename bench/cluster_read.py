@@ -48,7 +48,7 @@ import crc32c
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, replace_table
+from bench.common import ROOT, drop_page_cache, replace_table
 from gateway import __version__
 from gateway.tier2.embedded import EmbeddedS3
 from gateway.tier2.s3 import S3Storage
@@ -63,14 +63,6 @@ TABLE_END = "<!-- bench/cluster_read.py:end -->"
 
 def log(msg: str) -> None:
     print(f"cluster_read: {msg}", file=sys.stderr, flush=True)
-
-
-def drop_page_cache() -> None:
-    subprocess.run(["sync"], check=False)
-    try:
-        pathlib.Path("/proc/sys/vm/drop_caches").write_text("3")
-    except OSError as e:
-        log(f"cannot drop the page cache ({e}); cold runs are warmer than they should be")
 
 
 def dd(paths: list[pathlib.Path]) -> float:
@@ -162,7 +154,7 @@ def mount_reads(
         for label, node in order:
             restart_cold(cluster, node, names, per)
             paths = [cluster.daemons[node].mnt / n for n in names]
-            drop_page_cache()
+            drop_page_cache(log)
             cold = dd(paths)
             warm = statistics.median(dd(paths) for _ in range(3))
             results[f"{label}_cold"].append(size / cold / 1e9)
@@ -206,7 +198,7 @@ def spark_counts(
             for r in range(rounds):
                 order = ["mount", "local"] if r % 2 == 0 else ["local", "mount"]
                 for where in order:
-                    drop_page_cache()
+                    drop_page_cache(log)
                     started = time.monotonic()
                     n = query(uris[where])
                     took = time.monotonic() - started

@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 READY_TIMEOUT = 60.0
@@ -76,6 +76,15 @@ def run_fio(fio: str, directory: pathlib.Path, bs: str, size: str) -> dict[str, 
         shutil.rmtree(work, ignore_errors=True)
     job = json.loads(out)["jobs"][0]["write"]
     return {"MBps": job["bw_bytes"] / 1e6, "iops": job["iops"]}
+
+
+def drop_page_cache(warn: Callable[[str], None]) -> None:
+    """Write back dirty pages and drop the page cache; without root, ``warn`` and go on."""
+    subprocess.run(["sync"], check=False)
+    try:
+        pathlib.Path("/proc/sys/vm/drop_caches").write_text("3")
+    except OSError as e:
+        warn(f"cannot drop the page cache ({e}); cold runs are warmer than they should be")
 
 
 def median_of(runs: list[dict[str, float]]) -> dict[str, float]:

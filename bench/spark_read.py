@@ -31,7 +31,6 @@ import pathlib
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, replace_table, running_daemon
+from bench.common import ROOT, drop_page_cache, replace_table, running_daemon
 from gateway import __version__
 from gateway.client import SyncClient
 
@@ -55,14 +54,6 @@ CONFIG = '[tier2]\nurl = "embedded"\n[logging]\nlevel = "warning"\n'
 
 def log(msg: str) -> None:
     print(f"spark_read: {msg}", file=sys.stderr, flush=True)
-
-
-def drop_page_cache() -> None:
-    subprocess.run(["sync"], check=False)
-    try:
-        pathlib.Path("/proc/sys/vm/drop_caches").write_text("3")
-    except OSError as e:
-        log(f"cannot drop the page cache ({e}); cold runs are warmer than they should be")
 
 
 def event_block(segment: int) -> tuple[bytes, int]:
@@ -142,7 +133,7 @@ def main() -> int:
             shutil.rmtree(data_dir / "cache", ignore_errors=True)
             with running_daemon(work, CONFIG, data_dir, mnt):
                 for name, df in queries(mnt / "bench/events", True).items():
-                    drop_page_cache()
+                    drop_page_cache(log)
                     took, count = timed(df.count)
                     assert count == events, (name, count, events)
                     results.setdefault(f"mount_cold_{name}", []).append(took)
@@ -151,7 +142,7 @@ def main() -> int:
                     results.setdefault(f"mount_warm_{name}", []).append(took)
                     partitions[f"mount_{name}"] = df.rdd.getNumPartitions()
             for name, df in queries(local, False).items():
-                drop_page_cache()
+                drop_page_cache(log)
                 took, count = timed(df.count)
                 assert count == events, (name, count, events)
                 results.setdefault(f"local_cold_{name}", []).append(took)
