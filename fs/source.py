@@ -64,8 +64,8 @@ class LocalSegments:
         self.node_id = node_id
 
     def segments(self) -> Sequence[Segment]:
-        """Every live segment of the container."""
-        return self.container.segments()
+        """Every live segment of the container but transactions (not in the mount)."""
+        return [s for s in self.container.segments() if not s.hidden]
 
     def segment_by_id(self, segment_id: int) -> Segment | None:
         """The container's live segment with this id."""

@@ -27,7 +27,7 @@ import trio
 
 from gateway import __version__, logs
 from gateway.config import DEFAULT_CONFIG_PATH, Config
-from gateway.errors import GatewayError
+from gateway.errors import BadRequest, GatewayError
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -563,6 +563,92 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
     return _run_client(args, run)
 
 
+#: ``stream`` options -> (policy field, parser of the value, unit per policy unit).
+_STREAM_OPTIONS = {
+    "roll_size": ("roll_size", "size"),
+    "roll_age": ("roll_age_ms", "duration"),
+    "retain_size": ("retain_size", "size"),
+    "retain_age": ("retain_age_ms", "duration"),
+}
+
+
+def _stream_policy(args: argparse.Namespace) -> dict[str, int | None]:
+    """The policy options given: a size, a duration, or "default" to follow [streams]."""
+    from gateway.config import parse_duration, parse_size
+
+    policy: dict[str, int | None] = {}
+    for option, (field, kind) in _STREAM_OPTIONS.items():
+        value = getattr(args, option)
+        if value is None:
+            continue
+        if value == "default":
+            policy[field] = None
+            continue
+        number: Any = int(value) if value.isdigit() else value
+        try:
+            policy[field] = (
+                parse_size(number) if kind == "size" else round(parse_duration(number) * 1000)
+            )
+        except ValueError as e:
+            raise BadRequest(f"--{option.replace('_', '-')}: {e}") from None
+    return policy
+
+
+def _stream_dict(info: Any) -> dict[str, Any]:
+    doc = dataclasses.asdict(info)
+    doc["segments"] = [s["name"] for s in doc["segments"]]
+    doc["length"] = sum(s.length - s.start_offset for s in info.segments)
+    return doc
+
+
+def _cmd_stream(args: argparse.Namespace) -> int:
+    async def run(client: Any) -> int:
+        action = args.action
+        if action == "list":
+            for info in await client.list_streams():
+                print(json.dumps(_stream_dict(info)))
+            return 0
+        if not args.name:
+            raise BadRequest(f"stream {action} needs a NAME")
+        if action == "delete":
+            await client.delete_stream(args.name)
+            print(f"deleted stream {args.name} and its segments")
+            return 0
+        if action == "create":
+            info = await client.create_stream(args.name, _stream_policy(args))
+        elif action == "set":
+            info = await client.set_stream(args.name, _stream_policy(args))
+        elif action == "roll":
+            info = await client.roll_stream(args.name)
+        else:
+            info = await client.stream(args.name)
+        print(json.dumps(_stream_dict(info), indent=2))
+        return 0
+
+    return _run_client(args, run)
+
+
+def _cmd_txn(args: argparse.Namespace) -> int:
+    if args.action == "append":
+        args.segment = args.name
+        args.create = False
+        return _cmd_append(args)
+
+    async def run(client: Any) -> int:
+        if args.action == "begin":
+            info = await client.begin_transaction(args.name, args.txn_timeout)
+            print(info.name)
+        elif args.action == "commit":
+            info = await client.commit_transaction(args.name)
+            print(json.dumps(dataclasses.asdict(info)))
+        else:
+            await client.abort_transaction(args.name)
+            print(f"aborted {args.name}")
+        return 0
+
+    return _run_client(args, run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (separate so docs and tests can inspect it)."""
     parser = argparse.ArgumentParser(
@@ -690,6 +776,33 @@ def build_parser() -> argparse.ArgumentParser:
             "segments, unflushed bytes, heartbeat age (exit 1 if one is down)",
             client=True)  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object per node")
+    p = add("stream", _cmd_stream, "create, change, show, roll or delete a stream (a directory "
+            "of segments that rolls and expires)", client=True)  # fmt: skip
+    p.add_argument("action", choices=["create", "set", "show", "list", "roll", "delete"])
+    p.add_argument("name", nargs="?", default="", metavar="NAME")
+    p.add_argument("--roll-size", metavar="SIZE", help="seal the current segment at this "
+                   "size, e.g. 64MiB (0: never; default: follow [streams])")  # fmt: skip
+    p.add_argument("--roll-age", metavar="DURATION", help="... or when its first byte is "
+                   "this old, e.g. 1h")  # fmt: skip
+    p.add_argument("--retain-size", metavar="SIZE", help="delete the oldest data while the "
+                   "newer bytes alone are at least this many (0: keep all)")  # fmt: skip
+    p.add_argument("--retain-age", metavar="DURATION", help="delete sealed segments last "
+                   "changed longer ago than this, e.g. 7d (0: keep all)")  # fmt: skip
+    p = add("txn", _cmd_txn, "transactions: begin (prints the name), append (stdin, like "
+            "append), commit, abort", client=True)  # fmt: skip
+    p.add_argument("action", choices=["begin", "append", "commit", "abort"])
+    p.add_argument("name", metavar="NAME", help="begin: the parent segment or stream; "
+                   "otherwise the transaction's name")  # fmt: skip
+    p.add_argument("--txn-timeout", type=float, default=0.0, metavar="SECONDS",
+                   help="begin: abort unless committed within this long (default: "
+                   "streams.txn_timeout)")  # fmt: skip
+    p.add_argument("--file", help="append: read this file instead of stdin")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--framed", action="store_true", help="append: framed events")
+    fmt.add_argument("--raw", action="store_true", help="append: the input bytes as they are")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="append: give up once the daemon is unreachable this long")  # fmt: skip
+    p.add_argument("--writer-id", metavar="UUID", help="append: continue an exactly-once writer")
     return parser
 
 

@@ -20,12 +20,13 @@ a failure is a `ConnectionLost` saying why.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import logging
 import math
 import ssl
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
 from typing import Any, TypeVar
@@ -36,6 +37,7 @@ from gateway import __version__
 from gateway.aio import service_nursery
 from gateway.config import parse_host_port
 from gateway.container import AppendResult, AttributeUpdate, ReadResult, SegmentInfo
+from gateway.container.results import StreamInfo, TransactionInfo
 from gateway.errors import (
     BY_WIRE_CODE,
     ConfigError,
@@ -473,7 +475,7 @@ class Client:
             return await (await c.start_append(segment, data, **kwargs)).wait()
 
         r = await self._routed(segment, append)
-        return AppendResult(r.append.offset, r.append.length)
+        return AppendResult(r.append.offset, r.append.length, r.append.segment or segment)
 
     async def seal(self, segment: str) -> SegmentInfo:
         """Seal a segment."""
@@ -555,6 +557,73 @@ class Client:
             ),
         )
         return SegmentInfo.from_wire(r.info)
+
+    # -- streams -----------------------------------------------------------------------
+
+    async def _stream_call(
+        self, action: int, name: str = "", policy: Mapping[str, int | None] | None = None
+    ) -> wire.Response:
+        p = wire.StreamPolicy()
+        for key, value in (policy or {}).items():
+            if value is None:
+                p.reset.append(key)
+            else:
+                setattr(p, key, value)
+        return await self._call(stream=wire.StreamRequest(action=action, name=name, policy=p))  # type: ignore[arg-type]
+
+    async def create_stream(
+        self, name: str, policy: Mapping[str, int | None] | None = None
+    ) -> StreamInfo:
+        """Create a stream; ``policy``: roll_size, roll_age_ms, retain_size, retain_age_ms
+        (unset ones follow the daemon's ``[streams]`` defaults, 0 turns one off)."""
+        return StreamInfo.from_wire(
+            (await self._stream_call(wire.STREAM_CREATE, name, policy)).stream
+        )
+
+    async def set_stream(self, name: str, policy: Mapping[str, int | None]) -> StreamInfo:
+        """Change a stream's policies (a None value: back to the default)."""
+        return StreamInfo.from_wire((await self._stream_call(wire.STREAM_SET, name, policy)).stream)
+
+    async def stream(self, name: str) -> StreamInfo:
+        """A stream's policies and segments."""
+        return StreamInfo.from_wire((await self._stream_call(wire.STREAM_GET, name)).stream)
+
+    async def list_streams(self) -> builtins.list[StreamInfo]:
+        """Every stream of the connected node."""
+        r = await self._stream_call(wire.STREAM_LIST)
+        return [StreamInfo.from_wire(m) for m in r.streams.streams]
+
+    async def roll_stream(self, name: str) -> StreamInfo:
+        """Seal a stream's current segment now."""
+        return StreamInfo.from_wire((await self._stream_call(wire.STREAM_ROLL, name)).stream)
+
+    async def delete_stream(self, name: str) -> None:
+        """Delete a stream and all its segments."""
+        await self._stream_call(wire.STREAM_DELETE, name)
+
+    # -- transactions ----------------------------------------------------------------------
+
+    async def begin_transaction(self, parent: str, txn_timeout: float = 0.0) -> TransactionInfo:
+        """Start a transaction on a segment or stream; append to the returned name.
+
+        Aborted by the daemon unless committed within ``txn_timeout`` seconds
+        (0: its ``streams.txn_timeout``).
+        """
+        r = await self._call(
+            transaction=wire.TransactionRequest(
+                action=wire.TXN_BEGIN, parent=parent, timeout_ms=int(txn_timeout * 1000)
+            )
+        )
+        return TransactionInfo.from_wire(r.transaction)
+
+    async def commit_transaction(self, name: str) -> TransactionInfo:
+        """Merge a transaction into its parent atomically; where its bytes landed."""
+        r = await self._call(transaction=wire.TransactionRequest(action=wire.TXN_COMMIT, name=name))
+        return TransactionInfo.from_wire(r.transaction)
+
+    async def abort_transaction(self, name: str) -> None:
+        """Drop a transaction."""
+        await self._call(transaction=wire.TransactionRequest(action=wire.TXN_ABORT, name=name))
 
 
 def _append_parts(req: wire.AppendRequest, data: bytes, rid: int) -> Sequence[bytes]:

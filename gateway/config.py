@@ -46,7 +46,9 @@ _SIZE_UNITS = {
     "gib": GiB,
     "tib": 1024 * GiB,
 }
-_DURATION_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "min": 60.0, "h": 3600.0}
+_DURATION_UNITS = {
+    "": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "min": 60.0, "h": 3600.0, "d": 86400.0
+}  # fmt: skip
 _NUMBER_WITH_UNIT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 Parser = Callable[[Any], Any]
@@ -576,6 +578,45 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class StreamsConfig:
+    """``[streams]``: stream policy defaults (rolling, retention) and transactions."""
+
+    roll_size: int = _key(
+        1 * GiB, _size_in(0, 1 << 50), "seal a stream's current segment at this size (0 = never)"
+    )
+    roll_age: float = _key(
+        3600.0,
+        _duration_in(0.0, 10 * 365 * 86400.0),
+        "seal a stream's current segment when its first byte is this old (0 = never)",
+    )
+    retain_size: int = _key(
+        0,
+        _size_in(0, 1 << 60),
+        "delete a stream's oldest data while the newer bytes alone are at least this many "
+        "(0 = keep all)",
+    )
+    retain_age: float = _key(
+        0.0,
+        _duration_in(0.0, 100 * 365 * 86400.0),
+        "delete a stream's sealed segments last changed longer ago than this (0 = keep all)",
+    )
+    retain_unflushed: bool = _key(
+        False, _bool, "whether retention may delete bytes that are not yet in Tier 2"
+    )
+    interval: float = _key(
+        10.0,
+        _duration_in(0.01, 86400.0),
+        "how often rolling by age, retention and transaction timeouts are applied",
+    )
+    txn_timeout: float = _key(
+        60.0, _duration_in(0.01, 7 * 86400.0), "a transaction not committed in this long is aborted"
+    )
+    max_txn_timeout: float = _key(
+        86400.0, _duration_in(0.01, 30 * 86400.0), "the longest timeout a client may ask for"
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration file."""
 
@@ -589,6 +630,7 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     journal: JournalConfig = field(default_factory=JournalConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    streams: StreamsConfig = field(default_factory=StreamsConfig)
 
     @property
     def journal_dir(self) -> pathlib.Path:

@@ -27,6 +27,10 @@ KNOWN = {
     "after_chunk_upload": "a chunk is in Tier 2, its ChunkAdded not yet journaled",
     "watchdog_ping_5": "the fifth systemd watchdog ping has been sent",
     "journal_sync": "the journal writer thread is about to fdatasync a group",
+    "txn_commit_sealed": "a committing transaction's seal is durable (its merge may not be)",
+    "txn_commit_merged": "a transaction's merge is durable, nothing moved in Tier 2",
+    "before_merge_completed": "a merge's bytes are all in Tier 2, MergeCompleted not journaled",
+    "after_merge_completed": "MergeCompleted is durable (the source's chunks are the target's)",
 }
 ACTIONS = ("kill", "stall")
 

@@ -104,7 +104,7 @@ async def _open_parts(
         config.journal_dir, config.journal, replayer.replay, replayer.on_file
     ) as journal:
         replayer.finish()
-        container = SegmentContainer(config.container, table, journal)
+        container = SegmentContainer(config.container, table, journal, config.streams)
         log.info(
             "container: recovered %d segment(s) in %.2fs",
             container.segment_count,
@@ -112,6 +112,7 @@ async def _open_parts(
         )
         async with service_nursery() as nursery:
             nursery.start_soon(container.run_maintenance)
+            nursery.start_soon(container.run_streams)
             nursery.start_soon(read_index.run_store_queue)
             writer = None
             if tier2 is not None and reader is not None:

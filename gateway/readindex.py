@@ -102,6 +102,11 @@ class SegmentView:
     #: Bytes [0, storage_length) are in Tier 2, in ``chunks`` (sorted by offset).
     storage_length: int = 0
     chunks: Sequence[ChunkRecord] = ()
+    #: Merged segments whose bytes are not in this segment's chunks yet:
+    #: (offset here, the source's view); reads of [offset, offset + source
+    #: length) go to the source. Sorted by offset, all at or above the
+    #: storage length.
+    merged: Sequence[tuple[int, SegmentView]] = ()
 
 
 class ReadIndex:
@@ -285,10 +290,20 @@ class ReadIndex:
         idx.changed = trio.Event()
 
     def coverage_gap(self, seg: SegmentView) -> str | None:
-        """Why the segment's bytes above Tier 2 are not all indexed; None if they are."""
+        """Why the segment's bytes above Tier 2 are not all indexed; None if they are.
+
+        Merged ranges count as covered (their source is checked on its own).
+        """
         idx = self._segments.get(seg.id)
         starts = idx.starts if idx else []
         ends = idx.ends if idx else []
+        if seg.merged:
+            ranges = sorted(
+                [*zip(starts, ends, strict=True)]
+                + [(off, off + src.length) for off, src in seg.merged if src.length]
+            )
+            starts = [a for a, _ in ranges]
+            ends = [b for _, b in ranges]
         need = max(seg.start_offset, seg.storage_length)
         if seg.length > need:
             k = bisect.bisect_right(ends, need)
@@ -378,6 +393,18 @@ class ReadIndex:
             ends = idx.ends if idx is not None else []
             k = bisect.bisect_right(starts, offset) - 1
             while offset < end:
+                merged = _merged_at(seg, offset)
+                if merged is not None:
+                    # A merged transaction not yet in this segment's chunks:
+                    # its bytes are still the source segment's.
+                    at, src = merged
+                    stop = min(end, at + src.length)
+                    pieces.extend(
+                        await self.read_pieces(src, offset - at, stop - offset, read_ahead)
+                    )
+                    offset = stop
+                    k = bisect.bisect_right(starts, offset) - 1
+                    continue
                 if 0 <= k < len(starts) and starts[k] <= offset < ends[k]:
                     entry_start, entry_end = starts[k], ends[k]
                     data = self._entry(seg, entry_start)
@@ -408,3 +435,11 @@ class ReadIndex:
         self.reads += 1
         self.bytes_read += total
         return pieces
+
+
+def _merged_at(seg: SegmentView, offset: int) -> tuple[int, SegmentView] | None:
+    """The merged source holding ``offset`` of ``seg``, if any."""
+    for at, src in seg.merged:
+        if at <= offset < at + src.length:
+            return at, src
+    return None

@@ -69,6 +69,7 @@ from gateway.container.container import PendingOperation, SegmentContainer
 from gateway.container.names import validate_name, validate_prefix
 from gateway.container.results import ReadResult
 from gateway.container.segment import Segment
+from gateway.container.streams import POLICY_FIELDS
 from gateway.errors import (
     BadRequest,
     GatewayError,
@@ -731,7 +732,8 @@ class Connection:
         async def produce() -> wire.Response:
             r: AppendResult = await op.wait()
             return wire.Response(
-                request_id=rid, append=wire.AppendResponse(offset=r.offset, length=r.length)
+                request_id=rid,
+                append=wire.AppendResponse(offset=r.offset, length=r.length, segment=r.segment),
             )
 
         return produce
@@ -978,6 +980,85 @@ class Connection:
             close_now(self.transport)
 
 
+def _policy(p: wire.StreamPolicy) -> dict[str, int | None]:
+    """A request's stream policy: set fields, and None for fields to reset."""
+    policy: dict[str, int | None] = {f: getattr(p, f) for f in POLICY_FIELDS if p.HasField(f)}
+    for f in p.reset:
+        if f not in POLICY_FIELDS:
+            raise BadRequest(f"unknown stream policy {f!r} to reset")
+        policy[f] = None
+    return policy
+
+
+def _stream(conn: Connection, req: wire.Request) -> Producer:
+    """Streams: create, change, roll, delete, show, list."""
+    c = conn.server.container
+    r = req.stream
+    rid = req.request_id
+    action = r.action
+    if action == wire.STREAM_LIST:
+        streams = c.list_streams()
+
+        async def listed() -> wire.Response:
+            return wire.Response(
+                request_id=rid, streams=wire.StreamList(streams=[s.to_wire() for s in streams])
+            )
+
+        return listed
+    if action == wire.STREAM_GET:
+        info = c.stream_info(r.name)
+
+        async def shown() -> wire.Response:
+            return wire.Response(request_id=rid, stream=info.to_wire())
+
+        return shown
+    if action == wire.STREAM_DELETE:
+        op = c.prepare_delete_stream(r.name)
+
+        async def deleted() -> wire.Response:
+            await op.wait()
+            return wire.Response(request_id=rid, done=wire.Done())
+
+        return deleted
+    if action == wire.STREAM_ROLL:
+        op = c.prepare_roll(r.name)
+    elif action in (wire.STREAM_CREATE, wire.STREAM_SET):
+        op = c.prepare_set_stream(r.name, _policy(r.policy), create=action == wire.STREAM_CREATE)
+    else:
+        raise BadRequest(f"unknown stream action {action}")
+
+    async def changed() -> wire.Response:
+        return wire.Response(request_id=rid, stream=(await op.wait()).to_wire())
+
+    return changed
+
+
+def _transaction(conn: Connection, req: wire.Request) -> Producer:
+    """Transactions: begin, commit, abort."""
+    c = conn.server.container
+    t = req.transaction
+    rid = req.request_id
+    if t.action == wire.TXN_BEGIN:
+        op = c.prepare_begin(t.parent, t.timeout_ms / 1000)
+    elif t.action == wire.TXN_COMMIT:
+        op = c.prepare_commit(t.name)
+    elif t.action == wire.TXN_ABORT:
+        op = c.prepare_abort(t.name)
+
+        async def aborted() -> wire.Response:
+            await op.wait()
+            return wire.Response(request_id=rid, done=wire.Done())
+
+        return aborted
+    else:
+        raise BadRequest(f"unknown transaction action {t.action}")
+
+    async def answered() -> wire.Response:
+        return wire.Response(request_id=rid, transaction=(await op.wait()).to_wire())
+
+    return answered
+
+
 @dataclass(frozen=True)
 class Handler:
     """How the server takes one kind of request."""
@@ -1007,6 +1088,8 @@ HANDLERS: dict[str, Handler] = {
     "cluster": Handler(Connection._cluster),
     "list": Handler(Connection._list),
     "get_attributes": Handler(Connection._get_attributes),
+    "stream": Handler(_stream, changes=True),
+    "transaction": Handler(_transaction, changes=True),
 }
 #: Kinds answered as a stream of responses, produced as they go.
 STREAMED: dict[str, Callable[[Connection, wire.Request], _Item]] = {

@@ -26,7 +26,7 @@ import struct
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ import trio
 
 from gateway.aio import service_nursery
 from gateway.client import Client, ResponseFuture, open_client
+from gateway.container.results import TransactionInfo
 from gateway.errors import (
     ConditionalCheckFailed,
     ConnectionLost,
@@ -401,3 +402,72 @@ async def open_segment_writer(
             await writer.flush()
         finally:
             nursery.cancel_scope.cancel()
+
+
+class Transaction:
+    """A transaction from `open_transaction`: events written now appear in its
+    parent all at once at `commit`, or never (`abort`, an error, the timeout)."""
+
+    def __init__(self, client: Client, info: TransactionInfo, writer: SegmentWriter) -> None:
+        self._client = client
+        self.info = info
+        self.writer = writer
+        #: Where the events landed, once committed.
+        self.committed: TransactionInfo | None = None
+        self.aborted = False
+
+    @property
+    def name(self) -> str:
+        """The transaction segment's name (hidden; appends go there)."""
+        return self.info.name
+
+    async def write(self, event: bytes) -> None:
+        """Queue one event (exactly once, as `SegmentWriter.write`)."""
+        await self.writer.write(event)
+
+    async def commit(self) -> TransactionInfo:
+        """Flush every event written, then merge them into the parent atomically."""
+        if self.aborted:
+            raise WriterFailed("the transaction was aborted")
+        if self.committed is None:
+            await self.writer.flush()
+            self.committed = await self._client.commit_transaction(self.name)
+        return self.committed
+
+    async def abort(self) -> None:
+        """Drop the transaction: none of its events ever appear."""
+        if self.committed is not None:
+            raise WriterFailed("the transaction is committed already")
+        if not self.aborted:
+            self.aborted = True
+            await self._client.abort_transaction(self.name)
+
+
+@asynccontextmanager
+async def open_transaction(
+    address: str, parent: str, *, txn_timeout: float = 0.0, **kwargs: Any
+) -> AsyncIterator[Transaction]:
+    """Begin a transaction on a segment or stream and yield it; commit on a normal exit.
+
+    An exception in the block aborts it. Events are written by an exactly-
+    once `SegmentWriter` (keywords as there), so a broken connection inside
+    the block loses and duplicates nothing. The daemon aborts a transaction
+    that is not committed within ``txn_timeout`` seconds (0: its
+    ``streams.txn_timeout``).
+    """
+    connect = {k: kwargs[k] for k in ("token", "ssl_context", "server_hostname") if k in kwargs}
+    async with open_client(address, **connect) as client:
+        info = await client.begin_transaction(parent, txn_timeout)
+        writer_cm = open_segment_writer(address, info.name, **kwargs)
+        txn: Transaction | None = None
+        try:
+            async with writer_cm as writer:
+                txn = Transaction(client, info, writer)
+                yield txn
+            if not txn.aborted:
+                await txn.commit()
+        except BaseException:
+            if txn is None or (txn.committed is None and not txn.aborted):
+                with trio.CancelScope(shield=True), suppress(GatewayError):
+                    await client.abort_transaction(info.name)
+            raise

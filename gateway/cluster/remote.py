@@ -221,7 +221,8 @@ class RemoteNode:
             except DecodeError as e:
                 raise SnapshotInvalid(key, f"does not decode: {e}") from e
             check_snapshot(snap, key)
-            self._snapshot = {r.name: r for r in snap.container.segments}
+            # Transactions are the owner's private business until committed.
+            self._snapshot = {r.name: r for r in snap.container.segments if not r.txn_parent}
             self._snapshot_key = key
         records: dict[str, SegmentRecord] = dict(self._snapshot)
         for seg in self.segments.values():

@@ -27,21 +27,26 @@ length), its segment was deleted, or it was truncated away.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
+from functools import partial
 from typing import Any
 
 import trio
 
+from gateway import failpoints
 from gateway.buffers import Buffer
-from gateway.config import ContainerConfig
+from gateway.config import ContainerConfig, StreamsConfig
 from gateway.container.attributes import (
     EVENT_COUNT,
     AttributeUpdate,
     check_id,
+    is_core,
     resolve,
 )
 from gateway.container.interfaces import (
@@ -51,14 +56,33 @@ from gateway.container.interfaces import (
     StorageListener,
 )
 from gateway.container.names import validate_name, validate_prefix
-from gateway.container.results import AppendResult, ReadResult, SegmentInfo
+from gateway.container.results import (
+    AppendResult,
+    ReadResult,
+    SegmentInfo,
+    StreamInfo,
+    TransactionInfo,
+)
 from gateway.container.segment import Segment
+from gateway.container.streams import (
+    POLICY_FIELDS,
+    TXN_DIR,
+    Stream,
+    is_hidden,
+    plan_retention,
+    roll_due_by_age,
+    roll_due_by_size,
+    segment_name,
+    split_member,
+)
 from gateway.container.table import SegmentTable
 from gateway.errors import (
     BadAttributeUpdate,
     BadOffset,
+    BadRequest,
     ConditionalCheckFailed,
     GatewayError,
+    InvalidName,
     JournalClosed,
     JournalError,
     JournalRefused,
@@ -77,8 +101,12 @@ from gateway.protocol.journal_pb2 import (
     ChunkAdded,
     CreateSegment,
     DeleteSegment,
+    DeleteStream,
+    MergeCompleted,
+    MergeSegment,
     Operation,
     SealSegment,
+    SetStream,
     StorageSealed,
     TruncateSegment,
     UpdateAttributes,
@@ -88,6 +116,7 @@ from gateway.protocol.metadata_pb2 import (
     ChunkRecord,
     ContainerSnapshot,
     SegmentRecord,
+    StreamRecord,
 )
 from gateway.readindex import ReadIndex
 from gateway.stats import LATENCY_BUCKETS, Histogram
@@ -161,9 +190,16 @@ class SegmentContainer:
     """
 
     def __init__(
-        self, config: ContainerConfig, table: SegmentTable, journal: OperationJournal
+        self,
+        config: ContainerConfig,
+        table: SegmentTable,
+        journal: OperationJournal,
+        streams: StreamsConfig | None = None,
     ) -> None:
         self._cfg = config
+        self.streams_config = streams or StreamsConfig()
+        #: Wall-clock Unix milliseconds (a test may set its own clock).
+        self.now_ms: Callable[[], int] = _now_ms
         self._table = table
         self._journal = journal
         #: Append bytes submitted but not yet applied (and so not yet cached).
@@ -186,6 +222,15 @@ class SegmentContainer:
         self.appends = 0
         self.append_bytes = 0
         self.append_latency = Histogram(LATENCY_BUCKETS)
+        #: Streams and transactions.
+        self.rolls = 0
+        self.txn_begun = 0
+        self.txn_committed = 0
+        self.txn_aborted = 0
+        self.txn_timed_out = 0
+        self.retention_deleted_segments = 0
+        self.retention_deleted_bytes = 0
+        self.retention_truncated_bytes = 0
 
     @property
     def read_index(self) -> ReadIndex:
@@ -196,7 +241,7 @@ class SegmentContainer:
 
     def _committed(self, name: str) -> Segment:
         seg = self._table.by_name.get(name)
-        if seg is None or not seg.durable:
+        if seg is None or not seg.durable or seg.gone:
             validate_name(name)
             raise SegmentNotFound(name)
         return seg
@@ -215,7 +260,7 @@ class SegmentContainer:
         names = sorted(
             n
             for n, s in self._table.by_name.items()
-            if s.durable and n.startswith(prefix) and n > start_after
+            if s.durable and not s.hidden and n.startswith(prefix) and n > start_after
         )
         if limit:
             names = names[:limit]
@@ -229,7 +274,15 @@ class SegmentContainer:
         outcome of all its earlier appends.
         """
         await self.wait_settled()
-        seg = self._committed(name)
+        stream = self._table.streams.get(name)
+        if stream is not None and stream.durable:
+            # A stream's writers: the newest segment carries their event numbers.
+            members = stream.committed_members()
+            if not members:
+                return {}
+            seg = members[-1]
+        else:
+            seg = self._committed(name)
         wanted = list(ids)
         for i in wanted:
             check_id(name, i, client=False)
@@ -266,7 +319,7 @@ class SegmentContainer:
 
     def _pending(self, name: str) -> Segment:
         seg = self._table.by_name.get(name)
-        if seg is None or seg.p_deleted:
+        if seg is None or seg.p_deleted or seg.p_merged:
             validate_name(name)
             raise SegmentNotFound(name)
         return seg
@@ -322,15 +375,41 @@ class SegmentContainer:
         """Create a segment (result: its SegmentInfo)."""
         self._start()
         validate_name(name)
-        if name in self._table.by_name:
+        if is_hidden(name):
+            raise InvalidName(name, f"{TXN_DIR}/ is where transactions live (txn begin)")
+        if name in self._table.streams:
             raise SegmentExists(name)
-        if len(self._table.by_name) >= self._cfg.max_segments:
-            raise LimitExceeded(f"{self._cfg.max_segments} segments exist (container.max_segments)")
+        parent = name.rpartition("/")[0]
+        if parent and self._stream_above(parent) is not None:
+            raise InvalidName(
+                name, "it is inside a stream, whose segments the stream itself creates"
+            )
         values: dict[bytes, int] = {}
         resolve(name, {}, attributes, values)
         if len(values) > self._cfg.max_attributes:
             raise LimitExceeded(f"more than {self._cfg.max_attributes} attributes")
-        seg = Segment(self._table.next_id, name, _now_ms())
+        return self._prepare_create(name, values)
+
+    def _stream_above(self, path: str) -> Stream | None:
+        """The stream at ``path`` or at one of its parent directories, if any."""
+        while path:
+            stream = self._table.streams.get(path)
+            if stream is not None and not stream.p_deleted:
+                return stream
+            path = path.rpartition("/")[0]
+        return None
+
+    def _prepare_create(
+        self, name: str, values: dict[bytes, int], txn_parent: str = "", txn_deadline_ms: int = 0
+    ) -> PendingOperation:
+        """Create a segment with resolved attribute values (streams and transactions too)."""
+        if name in self._table.by_name:
+            raise SegmentExists(name)
+        if len(self._table.by_name) >= self._cfg.max_segments:
+            raise LimitExceeded(f"{self._cfg.max_segments} segments exist (container.max_segments)")
+        seg = Segment(self._table.next_id, name, self.now_ms())
+        seg.txn_parent = txn_parent
+        seg.txn_deadline_ms = txn_deadline_ms
         self._table.next_id += 1
         op = Operation(
             create_segment=CreateSegment(
@@ -338,6 +417,8 @@ class SegmentContainer:
                 name=name,
                 created_at_ms=seg.created_at_ms,
                 attributes=[AttributeValue(id=k, value=v) for k, v in values.items()],
+                txn_parent=txn_parent,
+                txn_deadline_ms=txn_deadline_ms,
             )
         )
         ticket = self._submit((op.SerializeToString(),))
@@ -346,8 +427,9 @@ class SegmentContainer:
 
         def apply(seq: int) -> None:
             self._table.apply_create(seg, values)
-            for w in self.watchers:
-                w.on_created(seg)
+            if not seg.hidden:
+                for w in self.watchers:
+                    w.on_created(seg)
 
         return self._track(ticket, None, apply, seg)._with_result(lambda: seg.info())
 
@@ -366,7 +448,7 @@ class SegmentContainer:
         self._start()
         if len(data) > self._cfg.max_append_bytes:
             raise TooLarge("append", len(data), self._cfg.max_append_bytes)
-        seg = self._pending(name)
+        seg = self._append_target(name)
         if seg.p_sealed:
             raise SegmentSealed(name)
         current = seg.pending_attributes()
@@ -389,7 +471,7 @@ class SegmentContainer:
         offset = seg.p_length
         if expected_offset is not None and expected_offset != offset:
             raise BadOffset(name, f"append expected at offset {expected_offset}", offset)
-        at_ms = _now_ms()
+        at_ms = self.now_ms()
         prepared = time.monotonic()
         ticket = self._submit(
             encode_append(seg.id, offset, data, encode_attribute_values(values, 3), at_ms)
@@ -408,7 +490,7 @@ class SegmentContainer:
             if self.storage is not None:
                 self.storage.on_append(seg)
 
-        return self._track(ticket, AppendResult(offset, end), apply, seg)
+        return self._track(ticket, AppendResult(offset, end, seg.name), apply, seg)
 
     def _writer_condition_failed(
         self, seg: Segment, writer_id: bytes, previous: int
@@ -444,17 +526,20 @@ class SegmentContainer:
         seg = self._pending(name)
         if seg.p_sealed:
             raise SegmentSealed(name)
-        at_ms = _now_ms()
+        at_ms = self.now_ms()
         op = Operation(seal_segment=SealSegment(segment_id=seg.id, at_ms=at_ms))
         ticket = self._submit((op.SerializeToString(),))
         seg.p_sealed = True
 
         def apply(seq: int) -> None:
             self._table.apply_seal(seg, at_ms)
+            if seg.hidden:
+                failpoints.hit("txn_commit_sealed")
             if self.storage is not None:
                 self.storage.on_seal(seg)
-            for w in self.watchers:
-                w.on_sealed(seg)
+            if not seg.hidden:
+                for w in self.watchers:
+                    w.on_sealed(seg)
 
         return self._track(ticket, None, apply, seg)._with_result(lambda: seg.info())
 
@@ -468,7 +553,7 @@ class SegmentContainer:
                 f"truncate offset {offset} is outside [{seg.p_start_offset}, {seg.p_length}]",
                 seg.p_length,
             )
-        at_ms = _now_ms()
+        at_ms = self.now_ms()
         op = Operation(
             truncate_segment=TruncateSegment(segment_id=seg.id, offset=offset, at_ms=at_ms)
         )
@@ -497,12 +582,13 @@ class SegmentContainer:
         seg.p_deleted = True
 
         def apply(seq: int) -> None:
-            self._table.apply_delete(seg)
+            for gone in self._table.apply_delete(seg):
+                if self.storage is not None:
+                    self.storage.on_dropped(gone, list(gone.chunks), deleted=True)
             self._signal_pinned_freed()
-            if self.storage is not None:
-                self.storage.on_dropped(seg, list(seg.chunks), deleted=True)
-            for w in self.watchers:
-                w.on_deleted(seg)
+            if not seg.hidden:
+                for w in self.watchers:
+                    w.on_deleted(seg)
 
         return self._track(ticket, None, apply, seg)
 
@@ -511,14 +597,14 @@ class SegmentContainer:
     ) -> PendingOperation:
         """Update attributes atomically (result: SegmentInfo)."""
         self._start()
-        seg = self._pending(name)
+        seg = self._append_target(name)
         if seg.p_sealed:
             raise SegmentSealed(name)
         current = seg.pending_attributes()
         values: dict[bytes, int] = {}
         resolve(name, current, updates, values)
         self._check_attribute_room(name, current, values)
-        at_ms = _now_ms()
+        at_ms = self.now_ms()
         op = Operation(
             update_attributes=UpdateAttributes(
                 segment_id=seg.id,
@@ -533,6 +619,371 @@ class SegmentContainer:
             self._table.apply_attributes(seg, values, at_ms)
 
         return self._track(ticket, None, apply, seg)._with_result(lambda: seg.info())
+
+    # -- streams -------------------------------------------------------------------
+
+    def _append_target(self, name: str) -> Segment:
+        """The segment an append to ``name`` goes to: itself, or a stream's current one."""
+        stream = self._table.streams.get(name)
+        if stream is None or stream.p_deleted:
+            return self._pending(name)
+        return self._current(stream)
+
+    def _current(self, stream: Stream) -> Segment:
+        """The stream's current segment (pending view), rolling or starting it as due.
+
+        Synchronous, like every prepare: the seal of the old segment, the
+        create of its successor and the append that follows enter the
+        journal in that order, so no event lands in a sealed segment and
+        readers see the old segment's final length before the next event.
+        """
+        cur = stream.pending_current()
+        if cur is not None and roll_due_by_size(cur, stream.policy(self.streams_config)):
+            self._roll(cur)
+            cur = None
+        if cur is None:
+            cur = self._start_successor(stream)
+        return cur
+
+    def _roll(self, seg: Segment) -> None:
+        """Seal a stream's current segment (its successor starts with the next append)."""
+        self.prepare_seal(seg.name)
+        self.rolls += 1
+        log.info("stream segment %s rolled at %d bytes", seg.name, seg.p_length)
+
+    def _start_successor(self, stream: Stream) -> Segment:
+        """Create the stream's next segment, carrying its writers' event numbers."""
+        values: dict[bytes, int] = {}
+        if stream.members:
+            # Exactly-once writers go on from the event number they reached.
+            last = stream.members[-1]
+            values = {k: v for k, v in last.pending_attributes().items() if not is_core(k)}
+        name = segment_name(stream.name, stream.p_next_number)
+        stream.p_next_number += 1
+        self._prepare_create(name, values)
+        return self._table.by_name[name]
+
+    def _stream_record(
+        self, name: str, policy: Mapping[str, int | None], base: StreamRecord
+    ) -> StreamRecord:
+        record = StreamRecord()
+        record.CopyFrom(base)
+        record.name = name
+        for key, value in policy.items():
+            if key not in POLICY_FIELDS:
+                raise BadRequest(f"unknown stream policy {key!r}")
+            if value is None:
+                record.ClearField(key)
+            elif value < 0:
+                raise BadRequest(f"stream policy {key} must not be negative")
+            else:
+                setattr(record, key, value)
+        return record
+
+    def prepare_set_stream(
+        self, name: str, policy: Mapping[str, int | None], create: bool = False
+    ) -> PendingOperation:
+        """Create a stream, or change its policies (result: StreamInfo).
+
+        ``policy`` maps POLICY_FIELDS to a value, or to None to fall back to
+        the ``[streams]`` default; fields not given keep their value.
+        """
+        self._start()
+        validate_name(name)
+        stream = self._table.streams.get(name)
+        if stream is not None and stream.p_deleted:
+            stream = None
+        if create:
+            if stream is not None or name in self._table.by_name:
+                raise SegmentExists(name)
+            if is_hidden(name) or split_member(name) is not None:
+                raise InvalidName(name, "it is a transaction's or a stream segment's name")
+            if self._stream_above(name.rpartition("/")[0]) is not None:
+                raise InvalidName(name, "it is inside a stream")
+            prefix = name + "/"
+            if any(n.startswith(prefix) for n in self._table.by_name):
+                raise SegmentExists(f"{name} (segments exist below it)")
+            base = StreamRecord(created_at_ms=self.now_ms(), next_number=1)
+        elif stream is None:
+            raise SegmentNotFound(f"stream {name}")
+        else:
+            base = stream.record
+        record = self._stream_record(name, policy, base)
+        ticket = self._submit((Operation(set_stream=SetStream(stream=record)).SerializeToString(),))
+        if create:
+            # Pending: appends pipelined behind the create find the stream.
+            self._table.streams[name] = Stream(StreamRecord(name=name, next_number=1))
+
+        def apply(seq: int) -> None:
+            self._table.apply_set_stream(record)
+
+        op = PendingOperation(self, ticket, None, apply)
+        self._inflight.append(op)
+        return op._with_result(lambda: self.stream_info(name))
+
+    def prepare_delete_stream(self, name: str) -> PendingOperation:
+        """Delete a stream and every segment in it (result: None)."""
+        self._start()
+        stream = self._table.streams.get(name)
+        if stream is None or stream.p_deleted:
+            validate_name(name)
+            raise SegmentNotFound(f"stream {name}")
+        for seg in list(stream.members):
+            if not seg.p_deleted:
+                self.prepare_delete(seg.name)
+        op = Operation(delete_stream=DeleteStream(name=name))
+        ticket = self._submit((op.SerializeToString(),), reserved=True)
+        stream.p_deleted = True
+
+        def apply(seq: int) -> None:
+            self._table.apply_delete_stream(name)
+
+        pending = PendingOperation(self, ticket, None, apply)
+        self._inflight.append(pending)
+        return pending
+
+    def prepare_roll(self, name: str) -> PendingOperation:
+        """Seal a stream's current segment now (result: StreamInfo)."""
+        self._start()
+        stream = self._table.streams.get(name)
+        if stream is None or stream.p_deleted:
+            validate_name(name)
+            raise SegmentNotFound(f"stream {name}")
+        cur = stream.pending_current()
+        if cur is None:
+            op = PendingOperation(self, None, None)
+        else:
+            op = self.prepare_seal(cur.name)
+            self.rolls += 1
+        return op._with_result(lambda: self.stream_info(name))
+
+    def stream_info(self, name: str) -> StreamInfo:
+        """A stream's policies and segments (committed view)."""
+        stream = self._table.streams.get(name)
+        if stream is None or not stream.durable:
+            validate_name(name)
+            raise SegmentNotFound(f"stream {name}")
+        policy = stream.policy(self.streams_config)
+        r = stream.record
+        return StreamInfo(
+            name=name,
+            created_at_ms=r.created_at_ms,
+            roll_size=policy.roll_size,
+            roll_age_ms=policy.roll_age_ms,
+            retain_size=policy.retain_size,
+            retain_age_ms=policy.retain_age_ms,
+            own={f: getattr(r, f) for f in POLICY_FIELDS if r.HasField(f)},
+            segments=[m.info() for m in stream.committed_members()],
+            next_number=r.next_number,
+        )
+
+    def list_streams(self) -> builtins.list[StreamInfo]:
+        """Every stream, by name."""
+        return [
+            self.stream_info(n)
+            for n in sorted(self._table.streams)
+            if self._table.streams[n].durable
+        ]
+
+    # -- transactions (Pravega's merge) ------------------------------------------------
+
+    def prepare_begin(self, parent: str, timeout: float = 0.0) -> PendingOperation:
+        """Start a transaction on a segment or stream (result: TransactionInfo).
+
+        Append to the transaction's name like to any segment; `prepare_commit`
+        merges it into ``parent`` (a stream: its current segment then).
+        """
+        self._start()
+        cfg = self.streams_config
+        timeout = timeout or cfg.txn_timeout
+        if not 0 < timeout <= cfg.max_txn_timeout:
+            raise LimitExceeded(
+                f"transaction timeout {timeout:g}s is above streams.max_txn_timeout "
+                f"({cfg.max_txn_timeout:g}s)"
+            )
+        stream = self._table.streams.get(parent)
+        if stream is None or stream.p_deleted:
+            target = self._pending(parent)
+            if target.hidden:
+                raise BadRequest(f"{parent!r} is a transaction; transactions do not nest")
+            if target.p_sealed:
+                raise SegmentSealed(parent)
+        name = f"{TXN_DIR}/{uuid.uuid4().hex}"
+        deadline = self.now_ms() + int(timeout * 1000)
+        op = self._prepare_create(name, {}, txn_parent=parent, txn_deadline_ms=deadline)
+        self.txn_begun += 1
+        return op._with_result(lambda: TransactionInfo(name, parent, deadline_ms=deadline))
+
+    def _transaction(self, name: str) -> Segment:
+        seg = self._pending(name)
+        if not seg.hidden:
+            raise BadRequest(f"{name!r} is not a transaction")
+        return seg
+
+    def prepare_commit(self, name: str) -> PendingOperation:
+        """Merge a transaction into its parent atomically (result: TransactionInfo).
+
+        The transaction is sealed, then appended to the end of its parent's
+        (pending) length in one journaled operation: readers of the parent see
+        all of its bytes at once or none. Its event count adds to the
+        parent's, and its writers' event numbers move over.
+        """
+        self._start()
+        txn = self._transaction(name)
+        target = self._append_target(txn.txn_parent)
+        if target.p_sealed:
+            raise SegmentSealed(target.name)
+        current = target.pending_attributes()
+        source = txn.pending_attributes()
+        values: dict[bytes, int] = {
+            EVENT_COUNT: current.get(EVENT_COUNT, 0) + source.get(EVENT_COUNT, 0)
+        }
+        for k, v in source.items():
+            if not is_core(k):
+                values[k] = max(v, current.get(k, v))
+        self._check_attribute_room(target.name, current, values)
+        if not txn.p_sealed:
+            self.prepare_seal(name)
+        offset = target.p_length
+        length = txn.p_length
+        at_ms = self.now_ms()
+        op = Operation(
+            merge_segment=MergeSegment(
+                target_id=target.id,
+                source_id=txn.id,
+                offset=offset,
+                attributes=[AttributeValue(id=k, value=v) for k, v in values.items()],
+                at_ms=at_ms,
+            )
+        )
+        ticket = self._submit((op.SerializeToString(),))
+        target.p_length = offset + length
+        target.set_pending_attributes(values)
+        txn.p_merged = True
+        self._dirty.add(txn)
+        self.txn_committed += 1
+
+        def apply(seq: int) -> None:
+            self._table.apply_merge(target, txn, offset, values, at_ms)
+            failpoints.hit("txn_commit_merged")
+            if self.storage is not None:
+                self.storage.on_append(target)
+
+        info = TransactionInfo(name, txn.txn_parent, target.name, offset, length)
+        return self._track(ticket, info, apply, target)
+
+    def prepare_abort(self, name: str) -> PendingOperation:
+        """Drop a transaction that is not committed (result: None)."""
+        self._transaction(name)
+        self.txn_aborted += 1
+        return self.prepare_delete(name)
+
+    def prepare_merge_completed(self, target_id: int, source_id: int) -> PendingOperation:
+        """Re-reference a merged source's chunks as the target's (the storage writer)."""
+        self._start()
+        target = self._pending_by_id(target_id)
+        source = self._table.by_id.get(source_id)
+        if source is None:
+            raise SegmentNotFound(f"segment id {source_id}")
+        op = Operation(merge_completed=MergeCompleted(target_id=target_id, source_id=source_id))
+        ticket = self._submit((op.SerializeToString(),), reserved=True)
+
+        def apply(seq: int) -> None:
+            dropped = self._table.apply_merge_completed(target, source)
+            failpoints.hit("after_merge_completed")
+            self._signal_pinned_freed()
+            if self.storage is not None:
+                self.storage.on_merged(target, source)
+                if dropped:
+                    self.storage.on_dropped(target, dropped, deleted=False)
+
+        pending = self._track(ticket, None, apply, target)
+        pending.storage = True
+        return pending
+
+    # -- policies over time: rolling by age, transaction timeouts, retention ----------
+
+    async def enforce_streams(self) -> int:
+        """Roll by age, abort timed-out transactions and apply retention once.
+
+        Returns how many operations were started. Retention deletes a stream's
+        oldest sealed segments and truncates its oldest remaining one as its
+        policies say (`gateway.container.streams.plan_retention`), and says
+        what it removed in the log and the counters.
+        """
+        self._settle()
+        if self._closing or self.fenced is not None or self._journal.failed is not None:
+            return 0
+        now = self.now_ms()
+        cfg = self.streams_config
+        ops: list[tuple[str, PendingOperation]] = []
+
+        def start(what: str, prepare: Callable[[], PendingOperation]) -> None:
+            try:
+                ops.append((what, prepare()))
+            except GatewayError as e:
+                log.warning("%s: %s", what, e)
+
+        for seg in list(self._table.by_name.values()):
+            if (
+                seg.hidden
+                and seg.durable
+                and not seg.p_merged
+                and not seg.p_deleted
+                and seg.txn_deadline_ms <= now
+            ):
+                log.info("transaction %s on %s timed out: aborted", seg.name, seg.txn_parent)
+                self.txn_timed_out += 1
+                start(f"abort of {seg.name}", partial(self.prepare_delete, seg.name))
+        for stream in list(self._table.streams.values()):
+            if not stream.durable or stream.p_deleted:
+                continue
+            policy = stream.policy(cfg)
+            cur = stream.pending_current()
+            if cur is not None and cur.durable and roll_due_by_age(cur, policy, now):
+                start(f"roll of {cur.name}", partial(self._roll_op, cur))
+            plan = plan_retention(stream.members, policy, now, cfg.retain_unflushed)
+            for seg in plan.delete:
+                size = seg.length - seg.start_offset
+                log.info("retention of %s: deleted %s (%d bytes)", stream.name, seg.name, size)
+                self.retention_deleted_segments += 1
+                self.retention_deleted_bytes += size
+                start(f"retention of {seg.name}", partial(self.prepare_delete, seg.name))
+            if plan.truncate is not None:
+                seg, offset = plan.truncate
+                log.info(
+                    "retention of %s: truncated %s at %d (%d bytes)",
+                    stream.name,
+                    seg.name,
+                    offset,
+                    offset - seg.start_offset,
+                )
+                self.retention_truncated_bytes += offset - seg.start_offset
+                start(f"retention of {seg.name}", partial(self.prepare_truncate, seg.name, offset))
+            if plan.held_unflushed:
+                log.debug(
+                    "retention of %s waits for %d bytes to reach Tier 2",
+                    stream.name,
+                    plan.held_unflushed,
+                )
+        for what, op in ops:
+            try:
+                await op.wait()
+            except GatewayError as e:
+                log.warning("%s: %s", what, e)
+        return len(ops)
+
+    def _roll_op(self, seg: Segment) -> PendingOperation:
+        op = self.prepare_seal(seg.name)
+        self.rolls += 1
+        log.info("stream segment %s rolled by age at %d bytes", seg.name, seg.p_length)
+        return op
+
+    async def run_streams(self) -> None:
+        """`enforce_streams` every ``streams.interval`` (a task)."""
+        while not self._closing:
+            await trio.sleep(self.streams_config.interval)
+            await self.enforce_streams()
 
     # -- Tier 2: the storage writer's operations ------------------------------------
 
@@ -704,6 +1155,48 @@ class SegmentContainer:
         info: SegmentInfo = await self.prepare_update_attributes(name, updates).wait()
         return info
 
+    async def create_stream(
+        self, name: str, policy: Mapping[str, int | None] | None = None
+    ) -> StreamInfo:
+        """Create a stream (policies as in `prepare_set_stream`)."""
+        await self.wait_for_capacity(1024)
+        info: StreamInfo = await self.prepare_set_stream(name, policy or {}, create=True).wait()
+        return info
+
+    async def set_stream(self, name: str, policy: Mapping[str, int | None]) -> StreamInfo:
+        """Change a stream's policies."""
+        await self.wait_for_capacity(1024)
+        info: StreamInfo = await self.prepare_set_stream(name, policy).wait()
+        return info
+
+    async def delete_stream(self, name: str) -> None:
+        """Delete a stream and its segments."""
+        await self.wait_for_capacity(64, reserved=True)
+        await self.prepare_delete_stream(name).wait()
+
+    async def roll(self, name: str) -> StreamInfo:
+        """Seal a stream's current segment now."""
+        await self.wait_for_capacity(64)
+        info: StreamInfo = await self.prepare_roll(name).wait()
+        return info
+
+    async def begin(self, parent: str, txn_timeout: float = 0.0) -> TransactionInfo:
+        """Start a transaction on a segment or stream (aborted after ``txn_timeout`` s)."""
+        await self.wait_for_capacity(1024)
+        info: TransactionInfo = await self.prepare_begin(parent, txn_timeout).wait()
+        return info
+
+    async def commit(self, name: str) -> TransactionInfo:
+        """Commit a transaction (merge it into its parent)."""
+        await self.wait_for_capacity(1024)
+        info: TransactionInfo = await self.prepare_commit(name).wait()
+        return info
+
+    async def abort(self, name: str) -> None:
+        """Abort a transaction."""
+        await self.wait_for_capacity(64, reserved=True)
+        await self.prepare_abort(name).wait()
+
     # -- settling: apply durable operations in order -----------------------------
 
     def _settle(self) -> None:
@@ -736,6 +1229,10 @@ class SegmentContainer:
                 else:
                     seg.reset_pending()
             self._dirty.clear()
+            for name, stream in list(self._table.streams.items()):
+                if not stream.durable:
+                    del self._table.streams[name]
+                stream.p_deleted = False
         if self._journal.checkpoint_due() or self._journal.short_of_space:
             self._maintenance.set()
 
@@ -829,4 +1326,14 @@ class SegmentContainer:
             "checkpoints": self.checkpoints,
             "journal_files_truncated": self.journal_files_truncated,
             "journal_files_in_use": len(self._table.file_usage),
+            "streams": sum(1 for s in self._table.streams.values() if s.durable),
+            "rolls": self.rolls,
+            "transactions_open": sum(1 for s in self._table.committed() if s.hidden and not s.gone),
+            "txn_begun": self.txn_begun,
+            "txn_committed": self.txn_committed,
+            "txn_aborted": self.txn_aborted,
+            "txn_timed_out": self.txn_timed_out,
+            "retention_deleted_segments": self.retention_deleted_segments,
+            "retention_deleted_bytes": self.retention_deleted_bytes,
+            "retention_truncated_bytes": self.retention_truncated_bytes,
         }

@@ -96,6 +96,9 @@ class StorageListener(Protocol):
     def on_seal(self, seg: Segment) -> None:
         """The segment was sealed."""
 
+    def on_merged(self, target: Segment, source: Segment) -> None:
+        """A merge is done in Tier 2: the source's chunks are the target's, the source is gone."""
+
     def on_dropped(self, seg: Segment, chunks: list[ChunkRecord], deleted: bool) -> None:
         """Chunks left the segment's metadata (truncated, or the segment ``deleted``)."""
 

@@ -67,6 +67,8 @@ class Replayer:
             if cs.name in t.by_name or cs.segment_id in t.by_id:
                 raise ContainerCorrupt(f"sequence {seq} creates {cs.name!r}, which exists")
             seg = Segment(cs.segment_id, cs.name, cs.created_at_ms)
+            seg.txn_parent = cs.txn_parent
+            seg.txn_deadline_ms = cs.txn_deadline_ms
             t.add(seg)
             t.apply_create(seg, {v.id: v.value for v in cs.attributes})
         elif kind == "seal_segment":
@@ -90,6 +92,24 @@ class Replayer:
             t.apply_chunk_added(self._segment(a2.segment_id, seq), chunk, a2.extends_last)
         elif kind == "storage_sealed":
             t.apply_storage_sealed(self._segment(op.storage_sealed.segment_id, seq))
+        elif kind == "merge_segment":
+            m = op.merge_segment
+            t.apply_merge(
+                self._segment(m.target_id, seq),
+                self._segment(m.source_id, seq),
+                m.offset,
+                {v.id: v.value for v in m.attributes},
+                m.at_ms,
+            )
+        elif kind == "merge_completed":
+            mc = op.merge_completed
+            t.apply_merge_completed(
+                self._segment(mc.target_id, seq), self._segment(mc.source_id, seq)
+            )
+        elif kind == "set_stream":
+            t.apply_set_stream(op.set_stream.stream)
+        elif kind == "delete_stream":
+            t.apply_delete_stream(op.delete_stream.name)
         else:
             raise ContainerCorrupt(f"sequence {seq}: unknown operation kind {kind!r}")
 

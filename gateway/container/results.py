@@ -49,6 +49,80 @@ class AppendResult:
 
     offset: int
     length: int
+    #: The segment the bytes went to (a stream's current segment for a stream).
+    segment: str = ""
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """A stream's effective policies (0: off), its own settings and its segments."""
+
+    name: str
+    created_at_ms: int
+    roll_size: int
+    roll_age_ms: int
+    retain_size: int
+    retain_age_ms: int
+    #: The policies the stream sets itself; the others follow ``[streams]``.
+    own: dict[str, int]
+    #: Oldest first.
+    segments: list[SegmentInfo]
+    next_number: int
+
+    def to_wire(self) -> wire.StreamInfo:
+        """As the protocol's StreamInfo message."""
+        return wire.StreamInfo(
+            name=self.name,
+            created_at_ms=self.created_at_ms,
+            roll_size=self.roll_size,
+            roll_age_ms=self.roll_age_ms,
+            retain_size=self.retain_size,
+            retain_age_ms=self.retain_age_ms,
+            own=wire.StreamPolicy(**self.own),  # type: ignore[arg-type]
+            segments=[s.to_wire() for s in self.segments],
+            next_number=self.next_number,
+        )
+
+    @classmethod
+    def from_wire(cls, m: wire.StreamInfo) -> StreamInfo:
+        """From the protocol's StreamInfo message."""
+        own = {
+            f: getattr(m.own, f)
+            for f in ("roll_size", "roll_age_ms", "retain_size", "retain_age_ms")
+            if m.own.HasField(f)
+        }
+        return cls(
+            name=m.name,
+            created_at_ms=m.created_at_ms,
+            roll_size=m.roll_size,
+            roll_age_ms=m.roll_age_ms,
+            retain_size=m.retain_size,
+            retain_age_ms=m.retain_age_ms,
+            own=own,
+            segments=[SegmentInfo.from_wire(s) for s in m.segments],
+            next_number=m.next_number,
+        )
+
+
+@dataclass(frozen=True)
+class TransactionInfo:
+    """A transaction: its name and parent; after commit, where its bytes landed."""
+
+    name: str
+    parent: str
+    segment: str = ""
+    offset: int = 0
+    length: int = 0
+    deadline_ms: int = 0
+
+    def to_wire(self) -> wire.TransactionInfo:
+        """As the protocol's TransactionInfo message (the same fields)."""
+        return wire.TransactionInfo(**self.__dict__)
+
+    @classmethod
+    def from_wire(cls, m: wire.TransactionInfo) -> TransactionInfo:
+        """From the protocol's TransactionInfo message."""
+        return cls(m.name, m.parent, m.segment, m.offset, m.length, m.deadline_ms)
 
 
 @dataclass(frozen=True)

@@ -30,16 +30,22 @@ class Segment:
         "id",
         "last_modified_ms",
         "length",
+        "merge_offset",
+        "merged_into",
+        "merges",
         "name",
         "p_attributes",
         "p_deleted",
         "p_length",
+        "p_merged",
         "p_sealed",
         "p_start_offset",
         "sealed",
         "sealed_in_storage",
         "start_offset",
         "storage_length",
+        "txn_deadline_ms",
+        "txn_parent",
     )  # fmt: skip
 
     def __init__(self, segment_id: int, name: str, created_at_ms: int) -> None:
@@ -59,11 +65,23 @@ class Segment:
         self.event_index: list[int] = []
         #: Whether the create operation is durable (a pending create is not).
         self.durable = False
+        #: A transaction: the segment or stream it commits into, and when it
+        #: is aborted unless committed ("" and 0 for other segments).
+        self.txn_parent = ""
+        self.txn_deadline_ms = 0
+        #: A committed transaction not yet merged in Tier 2: the target's id
+        #: (0: none) and where its bytes start there.
+        self.merged_into = 0
+        self.merge_offset = 0
+        #: A target's merged sources still waiting for `MergeCompleted`, by offset.
+        self.merges: list[Segment] = []
         # Pending view.
         self.p_start_offset = 0
         self.p_length = 0
         self.p_sealed = False
         self.p_deleted = False
+        #: Committed into another segment (its merge is submitted).
+        self.p_merged = False
         #: None while equal to ``attributes`` (copied on first pending change).
         self.p_attributes: dict[bytes, int] | None = None
 
@@ -83,7 +101,18 @@ class Segment:
         self.p_length = self.length
         self.p_sealed = self.sealed
         self.p_deleted = False
+        self.p_merged = self.merged_into != 0
         self.p_attributes = None
+
+    @property
+    def hidden(self) -> bool:
+        """A transaction's segment: not listed, not in the mount."""
+        return bool(self.txn_parent)
+
+    @property
+    def gone(self) -> bool:
+        """Merged into another segment: clients no longer see it (committed view)."""
+        return self.merged_into != 0
 
     def view(self) -> SegmentView:
         """What the read index needs of the committed view."""
@@ -95,6 +124,7 @@ class Segment:
             self.sealed,
             self.storage_length,
             self.chunks,
+            tuple((s.merge_offset, s.view()) for s in self.merges),
         )
 
     def info(self) -> SegmentInfo:
@@ -144,6 +174,10 @@ class Segment:
             # checkpoint may lack the entries of appends still in flight,
             # which a sparse index can afford.
             event_index=self.event_index,
+            txn_parent=self.txn_parent,
+            txn_deadline_ms=self.txn_deadline_ms,
+            merged_into=self.merged_into,
+            merge_offset=self.merge_offset,
         )
 
     @classmethod
@@ -159,6 +193,11 @@ class Segment:
         s.attributes = {a.id: a.value for a in r.attributes}
         s.chunks = list(r.chunks)
         s.event_index = list(r.event_index)
+        s.txn_parent = r.txn_parent
+        s.txn_deadline_ms = r.txn_deadline_ms
+        # The target links its sources (`merges`) once every record is loaded.
+        s.merged_into = r.merged_into
+        s.merge_offset = r.merge_offset
         s.durable = True
         s.reset_pending()
         return s

@@ -19,8 +19,9 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from gateway.buffers import Buffer
 from gateway.container.segment import Segment
+from gateway.container.streams import Stream, split_member
 from gateway.errors import GatewayError
-from gateway.protocol.metadata_pb2 import ChunkRecord, ContainerSnapshot
+from gateway.protocol.metadata_pb2 import ChunkRecord, ContainerSnapshot, StreamRecord
 from gateway.readindex import ReadIndex
 
 #: The ContainerSnapshot format version this code writes and reads (the
@@ -47,6 +48,8 @@ class SegmentTable:
         #: Journal file (first sequence number) -> segment id -> end offset of
         #: that segment's last append in the file. Decides journal truncation.
         self.file_usage: dict[int, dict[int, int]] = {}
+        #: Streams by name (pending creates included).
+        self.streams: dict[str, Stream] = {}
 
     # -- membership ----------------------------------------------------------------
 
@@ -55,12 +58,26 @@ class SegmentTable:
         self.by_name[seg.name] = seg
         self.by_id[seg.id] = seg
         self.next_id = max(self.next_id, seg.id + 1)
+        stream = self.stream_of(seg.name)
+        if stream is not None:
+            stream[0].add_member(seg, stream[1])
 
     def remove(self, seg: Segment) -> None:
         """Forget the segment (deleted, or its create was refused)."""
         if self.by_name.get(seg.name) is seg:
             del self.by_name[seg.name]
         self.by_id.pop(seg.id, None)
+        stream = self.stream_of(seg.name)
+        if stream is not None and seg in stream[0].members:
+            stream[0].members.remove(seg)
+
+    def stream_of(self, name: str) -> tuple[Stream, int] | None:
+        """The stream whose segment ``name`` is, and its number there."""
+        member = split_member(name)
+        if member is None:
+            return None
+        stream = self.streams.get(member[0])
+        return None if stream is None else (stream, member[1])
 
     def committed(self) -> Iterator[Segment]:
         """Every committed live segment."""
@@ -72,6 +89,10 @@ class SegmentTable:
         """The segment's create is durable."""
         seg.durable = True
         seg.attributes.update(values)
+        stream = self.stream_of(seg.name)
+        if stream is not None:
+            record = stream[0].record
+            record.next_number = max(record.next_number, stream[1] + 1)
 
     def apply_append(
         self,
@@ -176,10 +197,97 @@ class SegmentTable:
         """Every byte of the sealed segment is in Tier 2."""
         seg.sealed_in_storage = True
 
-    def apply_delete(self, seg: Segment) -> None:
-        """The segment is gone, and its bytes with it."""
-        self.remove(seg)
-        self.read_index.on_delete(seg.id)
+    def apply_delete(self, seg: Segment) -> list[Segment]:
+        """The segment is gone, and its bytes with it; returns every segment removed.
+
+        A target's merged sources that wait for their Tier-2 merge go with it.
+        """
+        removed = [*seg.merges, seg]
+        seg.merges = []
+        for s in removed:
+            self.remove(s)
+            self.read_index.on_delete(s.id)
+        return removed
+
+    def apply_merge(
+        self, target: Segment, source: Segment, offset: int, values: Mapping[bytes, int], at_ms: int
+    ) -> None:
+        """The sealed ``source`` is appended to ``target`` at ``offset`` (its length)."""
+        if offset != target.length or not source.sealed or source.merged_into:
+            raise ContainerCorrupt(
+                f"merge of {source.name!r} into {target.name!r} at {offset}: the target's "
+                f"length is {target.length}, the source sealed={source.sealed}, "
+                f"merged into id {source.merged_into}"
+            )
+        if target.sealed:
+            raise ContainerCorrupt(f"merge into {target.name!r}, which is sealed")
+        target.length = offset + source.length
+        index = target.event_index
+        if source.length > source.start_offset:
+            if not index or index[-1] != offset:
+                index.append(offset)
+            index.extend(offset + e for e in source.event_index if e > 0)
+        target.attributes.update(values)
+        target.last_modified_ms = at_ms
+        source.merged_into = target.id
+        source.merge_offset = offset
+        target.merges.append(source)
+        self.read_index.on_change(target.id)
+
+    def apply_merge_completed(self, target: Segment, source: Segment) -> list[ChunkRecord]:
+        """The source's chunks become the target's; returns chunks truncated away (garbage)."""
+        if not target.merges or target.merges[0] is not source:
+            raise ContainerCorrupt(
+                f"merge of {source.name!r} into {target.name!r} completes out of order"
+            )
+        offset = source.merge_offset
+        end = offset + source.length
+        if target.storage_length < offset or source.storage_length < source.length:
+            raise ContainerCorrupt(
+                f"merge of {source.name!r} into {target.name!r} completes before both are "
+                f"in Tier 2 ({target.storage_length} < {offset} or {source.storage_length} "
+                f"< {source.length})"
+            )
+        dropped: list[ChunkRecord] = []
+        for c in source.chunks:
+            shifted = ChunkRecord(
+                name=c.name,
+                start_offset=offset + c.start_offset,
+                length=c.length,
+                crc32c=c.crc32c,
+                epoch=c.epoch,
+            )
+            # The target may have been truncated past some of them meanwhile.
+            if shifted.start_offset + shifted.length <= target.storage_length:
+                dropped.append(shifted)
+            else:
+                target.chunks.append(shifted)
+        target.storage_length = max(target.storage_length, end)
+        target.merges.pop(0)
+        self.remove(source)
+        self.read_index.on_delete(source.id)
+        self.read_index.on_flushed(target.id, target.storage_length)
+        return dropped
+
+    def apply_set_stream(self, record: StreamRecord) -> Stream:
+        """A stream was created or its policies changed."""
+        stream = self.streams.get(record.name)
+        if stream is None:
+            stream = self.streams[record.name] = Stream(StreamRecord())
+            for seg in self.by_name.values():
+                member = split_member(seg.name)
+                if member is not None and member[0] == record.name:
+                    stream.add_member(seg, member[1])
+        next_number = max(stream.record.next_number, record.next_number)
+        stream.record.CopyFrom(record)
+        stream.record.next_number = next_number
+        stream.p_next_number = max(stream.p_next_number, next_number)
+        stream.durable = True
+        return stream
+
+    def apply_delete_stream(self, name: str) -> None:
+        """A stream is gone (its segments were deleted before)."""
+        self.streams.pop(name, None)
 
     def apply_attributes(self, seg: Segment, values: Mapping[bytes, int], at_ms: int) -> None:
         """Attribute values changed."""
@@ -214,6 +322,7 @@ class SegmentTable:
             version=SNAPSHOT_VERSION,
             next_segment_id=self.next_id,
             segments=[s.pending_record() for s in self.by_name.values() if not s.p_deleted],
+            streams=[_pending_record(s) for s in self.streams.values()],
         ).SerializeToString()
 
     def committed_snapshot(self) -> ContainerSnapshot:
@@ -222,6 +331,7 @@ class SegmentTable:
             version=SNAPSHOT_VERSION,
             next_segment_id=self.next_id,
             segments=[s.committed_record() for s in self.committed()],
+            streams=[s.record for s in self.streams.values() if s.durable],
         )
 
     def load_snapshot(self, data: bytes) -> None:
@@ -231,8 +341,19 @@ class SegmentTable:
             raise ContainerCorrupt(f"checkpoint snapshot version {snap.version} is unknown")
         self.by_name = {}
         self.by_id = {}
+        self.streams = {}
+        for sr in snap.streams:
+            self.apply_set_stream(sr)
         for r in snap.segments:
             self.add(Segment.from_record(r))
+        for seg in sorted(self.by_id.values(), key=lambda s: s.merge_offset):
+            if seg.merged_into:
+                target = self.by_id.get(seg.merged_into)
+                if target is None:
+                    raise ContainerCorrupt(
+                        f"{seg.name!r} is merged into unknown segment id {seg.merged_into}"
+                    )
+                target.merges.append(seg)
         self.next_id = snap.next_segment_id
 
     # -- after a replay ------------------------------------------------------------------
@@ -266,3 +387,11 @@ def check_chunks(seg: Segment) -> None:
         raise ContainerCorrupt(
             f"{seg.name!r} is in Tier 2 up to {seg.storage_length}, its chunks end at {need}"
         )
+
+
+def _pending_record(stream: Stream) -> StreamRecord:
+    """A stream's record with the next number of the pending view (checkpoints)."""
+    r = StreamRecord()
+    r.CopyFrom(stream.record)
+    r.next_number = max(r.next_number, stream.p_next_number)
+    return r

@@ -14,7 +14,7 @@ class Frame(_message.Message):
     def __init__(self, operations: _Optional[_Iterable[_Union[Operation, _Mapping]]] = ...) -> None: ...
 
 class Operation(_message.Message):
-    __slots__ = ("epoch_started", "checkpoint", "append", "create_segment", "seal_segment", "truncate_segment", "delete_segment", "update_attributes", "chunk_added", "storage_sealed")
+    __slots__ = ("epoch_started", "checkpoint", "append", "create_segment", "seal_segment", "truncate_segment", "delete_segment", "update_attributes", "chunk_added", "storage_sealed", "merge_segment", "merge_completed", "set_stream", "delete_stream")
     EPOCH_STARTED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     APPEND_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,10 @@ class Operation(_message.Message):
     UPDATE_ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     CHUNK_ADDED_FIELD_NUMBER: _ClassVar[int]
     STORAGE_SEALED_FIELD_NUMBER: _ClassVar[int]
+    MERGE_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    MERGE_COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    SET_STREAM_FIELD_NUMBER: _ClassVar[int]
+    DELETE_STREAM_FIELD_NUMBER: _ClassVar[int]
     epoch_started: EpochStarted
     checkpoint: Checkpoint
     append: Append
@@ -35,7 +39,11 @@ class Operation(_message.Message):
     update_attributes: UpdateAttributes
     chunk_added: ChunkAdded
     storage_sealed: StorageSealed
-    def __init__(self, epoch_started: _Optional[_Union[EpochStarted, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., append: _Optional[_Union[Append, _Mapping]] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., seal_segment: _Optional[_Union[SealSegment, _Mapping]] = ..., truncate_segment: _Optional[_Union[TruncateSegment, _Mapping]] = ..., delete_segment: _Optional[_Union[DeleteSegment, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributes, _Mapping]] = ..., chunk_added: _Optional[_Union[ChunkAdded, _Mapping]] = ..., storage_sealed: _Optional[_Union[StorageSealed, _Mapping]] = ...) -> None: ...
+    merge_segment: MergeSegment
+    merge_completed: MergeCompleted
+    set_stream: SetStream
+    delete_stream: DeleteStream
+    def __init__(self, epoch_started: _Optional[_Union[EpochStarted, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., append: _Optional[_Union[Append, _Mapping]] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., seal_segment: _Optional[_Union[SealSegment, _Mapping]] = ..., truncate_segment: _Optional[_Union[TruncateSegment, _Mapping]] = ..., delete_segment: _Optional[_Union[DeleteSegment, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributes, _Mapping]] = ..., chunk_added: _Optional[_Union[ChunkAdded, _Mapping]] = ..., storage_sealed: _Optional[_Union[StorageSealed, _Mapping]] = ..., merge_segment: _Optional[_Union[MergeSegment, _Mapping]] = ..., merge_completed: _Optional[_Union[MergeCompleted, _Mapping]] = ..., set_stream: _Optional[_Union[SetStream, _Mapping]] = ..., delete_stream: _Optional[_Union[DeleteStream, _Mapping]] = ...) -> None: ...
 
 class EpochStarted(_message.Message):
     __slots__ = ("epoch", "started_at_ms", "software_version")
@@ -68,16 +76,20 @@ class Append(_message.Message):
     def __init__(self, segment_id: _Optional[int] = ..., offset: _Optional[int] = ..., attributes: _Optional[_Iterable[_Union[_metadata_pb2.AttributeValue, _Mapping]]] = ..., at_ms: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class CreateSegment(_message.Message):
-    __slots__ = ("segment_id", "name", "created_at_ms", "attributes")
+    __slots__ = ("segment_id", "name", "created_at_ms", "attributes", "txn_parent", "txn_deadline_ms")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    TXN_PARENT_FIELD_NUMBER: _ClassVar[int]
+    TXN_DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     segment_id: int
     name: str
     created_at_ms: int
     attributes: _containers.RepeatedCompositeFieldContainer[_metadata_pb2.AttributeValue]
-    def __init__(self, segment_id: _Optional[int] = ..., name: _Optional[str] = ..., created_at_ms: _Optional[int] = ..., attributes: _Optional[_Iterable[_Union[_metadata_pb2.AttributeValue, _Mapping]]] = ...) -> None: ...
+    txn_parent: str
+    txn_deadline_ms: int
+    def __init__(self, segment_id: _Optional[int] = ..., name: _Optional[str] = ..., created_at_ms: _Optional[int] = ..., attributes: _Optional[_Iterable[_Union[_metadata_pb2.AttributeValue, _Mapping]]] = ..., txn_parent: _Optional[str] = ..., txn_deadline_ms: _Optional[int] = ...) -> None: ...
 
 class SealSegment(_message.Message):
     __slots__ = ("segment_id", "at_ms")
@@ -128,3 +140,37 @@ class StorageSealed(_message.Message):
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     segment_id: int
     def __init__(self, segment_id: _Optional[int] = ...) -> None: ...
+
+class MergeSegment(_message.Message):
+    __slots__ = ("target_id", "source_id", "offset", "attributes", "at_ms")
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    target_id: int
+    source_id: int
+    offset: int
+    attributes: _containers.RepeatedCompositeFieldContainer[_metadata_pb2.AttributeValue]
+    at_ms: int
+    def __init__(self, target_id: _Optional[int] = ..., source_id: _Optional[int] = ..., offset: _Optional[int] = ..., attributes: _Optional[_Iterable[_Union[_metadata_pb2.AttributeValue, _Mapping]]] = ..., at_ms: _Optional[int] = ...) -> None: ...
+
+class MergeCompleted(_message.Message):
+    __slots__ = ("target_id", "source_id")
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
+    target_id: int
+    source_id: int
+    def __init__(self, target_id: _Optional[int] = ..., source_id: _Optional[int] = ...) -> None: ...
+
+class SetStream(_message.Message):
+    __slots__ = ("stream",)
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    stream: _metadata_pb2.StreamRecord
+    def __init__(self, stream: _Optional[_Union[_metadata_pb2.StreamRecord, _Mapping]] = ...) -> None: ...
+
+class DeleteStream(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...

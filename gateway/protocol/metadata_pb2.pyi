@@ -29,7 +29,7 @@ class ChunkRecord(_message.Message):
     def __init__(self, name: _Optional[str] = ..., start_offset: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class SegmentRecord(_message.Message):
-    __slots__ = ("id", "name", "start_offset", "length", "storage_length", "sealed", "sealed_in_storage", "created_at_ms", "last_modified_ms", "attributes", "chunks", "event_index")
+    __slots__ = ("id", "name", "start_offset", "length", "storage_length", "sealed", "sealed_in_storage", "created_at_ms", "last_modified_ms", "attributes", "chunks", "event_index", "txn_parent", "txn_deadline_ms", "merged_into", "merge_offset")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,10 @@ class SegmentRecord(_message.Message):
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     EVENT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TXN_PARENT_FIELD_NUMBER: _ClassVar[int]
+    TXN_DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    MERGED_INTO_FIELD_NUMBER: _ClassVar[int]
+    MERGE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     id: int
     name: str
     start_offset: int
@@ -54,17 +58,41 @@ class SegmentRecord(_message.Message):
     attributes: _containers.RepeatedCompositeFieldContainer[AttributeValue]
     chunks: _containers.RepeatedCompositeFieldContainer[ChunkRecord]
     event_index: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., start_offset: _Optional[int] = ..., length: _Optional[int] = ..., storage_length: _Optional[int] = ..., sealed: _Optional[bool] = ..., sealed_in_storage: _Optional[bool] = ..., created_at_ms: _Optional[int] = ..., last_modified_ms: _Optional[int] = ..., attributes: _Optional[_Iterable[_Union[AttributeValue, _Mapping]]] = ..., chunks: _Optional[_Iterable[_Union[ChunkRecord, _Mapping]]] = ..., event_index: _Optional[_Iterable[int]] = ...) -> None: ...
+    txn_parent: str
+    txn_deadline_ms: int
+    merged_into: int
+    merge_offset: int
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., start_offset: _Optional[int] = ..., length: _Optional[int] = ..., storage_length: _Optional[int] = ..., sealed: _Optional[bool] = ..., sealed_in_storage: _Optional[bool] = ..., created_at_ms: _Optional[int] = ..., last_modified_ms: _Optional[int] = ..., attributes: _Optional[_Iterable[_Union[AttributeValue, _Mapping]]] = ..., chunks: _Optional[_Iterable[_Union[ChunkRecord, _Mapping]]] = ..., event_index: _Optional[_Iterable[int]] = ..., txn_parent: _Optional[str] = ..., txn_deadline_ms: _Optional[int] = ..., merged_into: _Optional[int] = ..., merge_offset: _Optional[int] = ...) -> None: ...
+
+class StreamRecord(_message.Message):
+    __slots__ = ("name", "created_at_ms", "roll_size", "roll_age_ms", "retain_size", "retain_age_ms", "next_number")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    ROLL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ROLL_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    RETAIN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RETAIN_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    created_at_ms: int
+    roll_size: int
+    roll_age_ms: int
+    retain_size: int
+    retain_age_ms: int
+    next_number: int
+    def __init__(self, name: _Optional[str] = ..., created_at_ms: _Optional[int] = ..., roll_size: _Optional[int] = ..., roll_age_ms: _Optional[int] = ..., retain_size: _Optional[int] = ..., retain_age_ms: _Optional[int] = ..., next_number: _Optional[int] = ...) -> None: ...
 
 class ContainerSnapshot(_message.Message):
-    __slots__ = ("version", "next_segment_id", "segments")
+    __slots__ = ("version", "next_segment_id", "segments", "streams")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NEXT_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
     version: int
     next_segment_id: int
     segments: _containers.RepeatedCompositeFieldContainer[SegmentRecord]
-    def __init__(self, version: _Optional[int] = ..., next_segment_id: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentRecord, _Mapping]]] = ...) -> None: ...
+    streams: _containers.RepeatedCompositeFieldContainer[StreamRecord]
+    def __init__(self, version: _Optional[int] = ..., next_segment_id: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentRecord, _Mapping]]] = ..., streams: _Optional[_Iterable[_Union[StreamRecord, _Mapping]]] = ...) -> None: ...
 
 class MetadataSnapshot(_message.Message):
     __slots__ = ("version", "node", "epoch", "created_at_ms", "software_version", "container")

@@ -13,6 +13,21 @@ class ProtocolVersion(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PROTOCOL_VERSION_UNSPECIFIED: _ClassVar[ProtocolVersion]
     PROTOCOL_VERSION_1: _ClassVar[ProtocolVersion]
 
+class StreamAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STREAM_GET: _ClassVar[StreamAction]
+    STREAM_CREATE: _ClassVar[StreamAction]
+    STREAM_SET: _ClassVar[StreamAction]
+    STREAM_DELETE: _ClassVar[StreamAction]
+    STREAM_LIST: _ClassVar[StreamAction]
+    STREAM_ROLL: _ClassVar[StreamAction]
+
+class TransactionAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TXN_BEGIN: _ClassVar[TransactionAction]
+    TXN_COMMIT: _ClassVar[TransactionAction]
+    TXN_ABORT: _ClassVar[TransactionAction]
+
 class AttributeVerb(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     REPLACE: _ClassVar[AttributeVerb]
@@ -43,6 +58,15 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NOT_OWNER: _ClassVar[ErrorCode]
 PROTOCOL_VERSION_UNSPECIFIED: ProtocolVersion
 PROTOCOL_VERSION_1: ProtocolVersion
+STREAM_GET: StreamAction
+STREAM_CREATE: StreamAction
+STREAM_SET: StreamAction
+STREAM_DELETE: StreamAction
+STREAM_LIST: StreamAction
+STREAM_ROLL: StreamAction
+TXN_BEGIN: TransactionAction
+TXN_COMMIT: TransactionAction
+TXN_ABORT: TransactionAction
 REPLACE: AttributeVerb
 REPLACE_IF_GREATER: AttributeVerb
 REPLACE_IF_EQUALS: AttributeVerb
@@ -68,7 +92,7 @@ TIER2_UNAVAILABLE: ErrorCode
 NOT_OWNER: ErrorCode
 
 class Request(_message.Message):
-    __slots__ = ("request_id", "hello", "create", "append", "seal", "truncate", "delete", "update_attributes", "get_info", "list", "get_attributes", "read", "flush", "fsck", "export_metadata", "get_record", "cluster")
+    __slots__ = ("request_id", "hello", "create", "append", "seal", "truncate", "delete", "update_attributes", "get_info", "list", "get_attributes", "read", "flush", "fsck", "export_metadata", "get_record", "cluster", "stream", "transaction")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +110,8 @@ class Request(_message.Message):
     EXPORT_METADATA_FIELD_NUMBER: _ClassVar[int]
     GET_RECORD_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     hello: Hello
     create: CreateSegmentRequest
@@ -103,7 +129,89 @@ class Request(_message.Message):
     export_metadata: ExportMetadataRequest
     get_record: GetRecordRequest
     cluster: ClusterRequest
-    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., create: _Optional[_Union[CreateSegmentRequest, _Mapping]] = ..., append: _Optional[_Union[AppendRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., truncate: _Optional[_Union[TruncateRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteRequest, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributesRequest, _Mapping]] = ..., get_info: _Optional[_Union[GetInfoRequest, _Mapping]] = ..., list: _Optional[_Union[ListSegmentsRequest, _Mapping]] = ..., get_attributes: _Optional[_Union[GetAttributesRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ..., flush: _Optional[_Union[FlushRequest, _Mapping]] = ..., fsck: _Optional[_Union[FsckRequest, _Mapping]] = ..., export_metadata: _Optional[_Union[ExportMetadataRequest, _Mapping]] = ..., get_record: _Optional[_Union[GetRecordRequest, _Mapping]] = ..., cluster: _Optional[_Union[ClusterRequest, _Mapping]] = ...) -> None: ...
+    stream: StreamRequest
+    transaction: TransactionRequest
+    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., create: _Optional[_Union[CreateSegmentRequest, _Mapping]] = ..., append: _Optional[_Union[AppendRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., truncate: _Optional[_Union[TruncateRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteRequest, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributesRequest, _Mapping]] = ..., get_info: _Optional[_Union[GetInfoRequest, _Mapping]] = ..., list: _Optional[_Union[ListSegmentsRequest, _Mapping]] = ..., get_attributes: _Optional[_Union[GetAttributesRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ..., flush: _Optional[_Union[FlushRequest, _Mapping]] = ..., fsck: _Optional[_Union[FsckRequest, _Mapping]] = ..., export_metadata: _Optional[_Union[ExportMetadataRequest, _Mapping]] = ..., get_record: _Optional[_Union[GetRecordRequest, _Mapping]] = ..., cluster: _Optional[_Union[ClusterRequest, _Mapping]] = ..., stream: _Optional[_Union[StreamRequest, _Mapping]] = ..., transaction: _Optional[_Union[TransactionRequest, _Mapping]] = ...) -> None: ...
+
+class StreamPolicy(_message.Message):
+    __slots__ = ("roll_size", "roll_age_ms", "retain_size", "retain_age_ms", "reset")
+    ROLL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ROLL_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    RETAIN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RETAIN_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    RESET_FIELD_NUMBER: _ClassVar[int]
+    roll_size: int
+    roll_age_ms: int
+    retain_size: int
+    retain_age_ms: int
+    reset: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, roll_size: _Optional[int] = ..., roll_age_ms: _Optional[int] = ..., retain_size: _Optional[int] = ..., retain_age_ms: _Optional[int] = ..., reset: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StreamRequest(_message.Message):
+    __slots__ = ("action", "name", "policy")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    action: StreamAction
+    name: str
+    policy: StreamPolicy
+    def __init__(self, action: _Optional[_Union[StreamAction, str]] = ..., name: _Optional[str] = ..., policy: _Optional[_Union[StreamPolicy, _Mapping]] = ...) -> None: ...
+
+class StreamInfo(_message.Message):
+    __slots__ = ("name", "created_at_ms", "roll_size", "roll_age_ms", "retain_size", "retain_age_ms", "own", "segments", "next_number")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    ROLL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ROLL_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    RETAIN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RETAIN_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    OWN_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    created_at_ms: int
+    roll_size: int
+    roll_age_ms: int
+    retain_size: int
+    retain_age_ms: int
+    own: StreamPolicy
+    segments: _containers.RepeatedCompositeFieldContainer[SegmentInfo]
+    next_number: int
+    def __init__(self, name: _Optional[str] = ..., created_at_ms: _Optional[int] = ..., roll_size: _Optional[int] = ..., roll_age_ms: _Optional[int] = ..., retain_size: _Optional[int] = ..., retain_age_ms: _Optional[int] = ..., own: _Optional[_Union[StreamPolicy, _Mapping]] = ..., segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ..., next_number: _Optional[int] = ...) -> None: ...
+
+class StreamList(_message.Message):
+    __slots__ = ("streams",)
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    streams: _containers.RepeatedCompositeFieldContainer[StreamInfo]
+    def __init__(self, streams: _Optional[_Iterable[_Union[StreamInfo, _Mapping]]] = ...) -> None: ...
+
+class TransactionRequest(_message.Message):
+    __slots__ = ("action", "parent", "name", "timeout_ms")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    action: TransactionAction
+    parent: str
+    name: str
+    timeout_ms: int
+    def __init__(self, action: _Optional[_Union[TransactionAction, str]] = ..., parent: _Optional[str] = ..., name: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class TransactionInfo(_message.Message):
+    __slots__ = ("name", "parent", "segment", "offset", "length", "deadline_ms")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    parent: str
+    segment: str
+    offset: int
+    length: int
+    deadline_ms: int
+    def __init__(self, name: _Optional[str] = ..., parent: _Optional[str] = ..., segment: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., deadline_ms: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("protocol_version", "token", "client")
@@ -252,7 +360,7 @@ class ReadRequest(_message.Message):
     def __init__(self, segment: _Optional[str] = ..., offset: _Optional[int] = ..., max_length: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class Response(_message.Message):
-    __slots__ = ("request_id", "error", "hello", "append", "info", "list", "attributes", "done", "read", "fsck", "metadata", "record", "cluster")
+    __slots__ = ("request_id", "error", "hello", "append", "info", "list", "attributes", "done", "read", "fsck", "metadata", "record", "cluster", "stream", "streams", "transaction")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
@@ -266,6 +374,9 @@ class Response(_message.Message):
     METADATA_FIELD_NUMBER: _ClassVar[int]
     RECORD_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     error: Error
     hello: HelloResponse
@@ -279,7 +390,10 @@ class Response(_message.Message):
     metadata: ExportMetadataResponse
     record: _metadata_pb2.SegmentRecord
     cluster: ClusterStatus
-    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., hello: _Optional[_Union[HelloResponse, _Mapping]] = ..., append: _Optional[_Union[AppendResponse, _Mapping]] = ..., info: _Optional[_Union[SegmentInfo, _Mapping]] = ..., list: _Optional[_Union[SegmentList, _Mapping]] = ..., attributes: _Optional[_Union[Attributes, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., read: _Optional[_Union[ReadResponse, _Mapping]] = ..., fsck: _Optional[_Union[FsckResponse, _Mapping]] = ..., metadata: _Optional[_Union[ExportMetadataResponse, _Mapping]] = ..., record: _Optional[_Union[_metadata_pb2.SegmentRecord, _Mapping]] = ..., cluster: _Optional[_Union[ClusterStatus, _Mapping]] = ...) -> None: ...
+    stream: StreamInfo
+    streams: StreamList
+    transaction: TransactionInfo
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., hello: _Optional[_Union[HelloResponse, _Mapping]] = ..., append: _Optional[_Union[AppendResponse, _Mapping]] = ..., info: _Optional[_Union[SegmentInfo, _Mapping]] = ..., list: _Optional[_Union[SegmentList, _Mapping]] = ..., attributes: _Optional[_Union[Attributes, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., read: _Optional[_Union[ReadResponse, _Mapping]] = ..., fsck: _Optional[_Union[FsckResponse, _Mapping]] = ..., metadata: _Optional[_Union[ExportMetadataResponse, _Mapping]] = ..., record: _Optional[_Union[_metadata_pb2.SegmentRecord, _Mapping]] = ..., cluster: _Optional[_Union[ClusterStatus, _Mapping]] = ..., stream: _Optional[_Union[StreamInfo, _Mapping]] = ..., streams: _Optional[_Union[StreamList, _Mapping]] = ..., transaction: _Optional[_Union[TransactionInfo, _Mapping]] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
     __slots__ = ("id", "advertise", "state", "epoch", "version", "segments", "unflushed_bytes", "heartbeat_age_ms", "started_at_ms", "self")
@@ -420,12 +534,14 @@ class HelloResponse(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., server: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., max_append_bytes: _Optional[int] = ...) -> None: ...
 
 class AppendResponse(_message.Message):
-    __slots__ = ("offset", "length")
+    __slots__ = ("offset", "length", "segment")
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
     offset: int
     length: int
-    def __init__(self, offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+    segment: str
+    def __init__(self, offset: _Optional[int] = ..., length: _Optional[int] = ..., segment: _Optional[str] = ...) -> None: ...
 
 class SegmentInfo(_message.Message):
     __slots__ = ("name", "id", "start_offset", "length", "storage_length", "sealed", "sealed_in_storage", "created_at_ms", "last_modified_ms", "event_count", "attribute_count", "chunk_count")

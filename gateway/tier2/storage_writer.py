@@ -177,6 +177,15 @@ class StorageWriter:
         self._urgent[seg.id] = seg.length
         self._wake.set()
 
+    def on_merged(self, target: Segment, source: Segment) -> None:
+        """A merge is done in Tier 2: the source's bytes are the target's now."""
+        self._unflushed.pop(source.id, None)
+        self._urgent.pop(source.id, None)
+        self._failures.pop(source.id, None)
+        self.reader.forget_segment(source.id)
+        self._wake.set()
+        self._progress.set()
+
     def on_dropped(self, seg: Segment, chunks: list[ChunkRecord], deleted: bool) -> None:
         """Delete the objects of chunks that left the metadata, in the background."""
         for c in chunks:
@@ -248,9 +257,22 @@ class StorageWriter:
             if failure is not None and failure.retry_at > now:
                 next_due = min(next_due, failure.retry_at)
                 continue
+            if (
+                seg.merges
+                and seg.storage_length >= seg.merges[0].merge_offset
+                and not self._merge_ready(seg)
+            ):
+                # Waits for the merged source's flush, which wakes the loop.
+                source = seg.merges[0]
+                if source.id not in self._unflushed:
+                    self._unflushed[source.id] = now
+                    next_due = now
+                self._urgent.setdefault(source.id, source.length)
+                continue
             due = since + self.cfg.flush_interval
             if (
                 self._is_urgent(seg)
+                or self._merge_ready(seg)
                 or seg.length - seg.storage_length >= self.cfg.flush_size
                 or (seg.sealed and seg.storage_length >= seg.length)
                 or due <= now
@@ -260,6 +282,14 @@ class StorageWriter:
             else:
                 next_due = min(next_due, due)
         return next_due
+
+    @staticmethod
+    def _merge_ready(seg: Segment) -> bool:
+        """Whether the segment's next merge can be completed in Tier 2 now."""
+        if not seg.merges:
+            return False
+        src = seg.merges[0]
+        return seg.storage_length >= src.merge_offset and src.storage_length >= src.length
 
     def _is_urgent(self, seg: Segment) -> bool:
         """Whether a request or a seal still waits for this segment's bytes to reach Tier 2.
@@ -319,6 +349,16 @@ class StorageWriter:
             start = seg.storage_length
             if start >= target:
                 break
+            merge = seg.merges[0] if seg.merges else None
+            if merge is not None and start >= merge.merge_offset:
+                # A merged transaction comes next: once its own bytes are all
+                # in Tier 2, its chunks become this segment's (no copy).
+                if merge.storage_length < merge.length:
+                    self._flush_source(merge)
+                    break
+                failpoints.hit("before_merge_completed")
+                await self.container.prepare_merge_completed(seg.id, merge.id).wait()
+                continue
             last = seg.chunks[-1] if seg.chunks else None
             # Grow the last chunk where the binding can and this epoch wrote it.
             extends = (
@@ -331,7 +371,7 @@ class StorageWriter:
                 else None
             )
             room = self.cfg.max_chunk_size - (extends.length if extends else 0)
-            n = min(seg.length - start, room)
+            n = min((merge.merge_offset if merge else seg.length) - start, room)
             pieces = await self.container.read_index.read_pieces(seg.view(), start, n)
             # Joining and checksumming up to max_chunk_size bytes takes tens
             # of milliseconds: in a worker thread, not on the event loop.
@@ -341,6 +381,12 @@ class StorageWriter:
             await self._upload(seg, start, data, crc, extends)
         if seg.sealed and not seg.sealed_in_storage and seg.storage_length >= seg.length:
             await self.container.prepare_storage_sealed(seg.id).wait()
+
+    def _flush_source(self, source: Segment) -> None:
+        """A merged source must reach Tier 2 before its target can go on."""
+        self._unflushed.setdefault(source.id, trio.current_time())
+        self._urgent[source.id] = max(source.length, self._urgent.get(source.id, 0))
+        self._wake.set()
 
     async def _upload(
         self, seg: Segment, start: int, data: bytes, crc: int, extend: ChunkRecord | None
