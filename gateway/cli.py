@@ -336,6 +336,22 @@ class _StoredInput:
         return self.stored
 
 
+async def _length_text(client: Any, name: str) -> str:
+    """How long a segment is, or for a stream, how long its current segment is."""
+    from gateway.errors import SegmentNotFound
+
+    try:
+        return f"{(await client.info(name)).length} bytes long"
+    except SegmentNotFound:
+        stream = await client.stream(name)
+        if not stream.segments:
+            return "a stream without segments"
+        last = stream.segments[-1]
+        return (
+            f"a stream of {len(stream.segments)} segment(s), {last.name} {last.length} bytes long"
+        )
+
+
 def _cmd_append(args: argparse.Namespace) -> int:
     import shlex
     import uuid
@@ -358,7 +374,7 @@ def _cmd_append(args: argparse.Namespace) -> int:
                 async with open_client(address, token, **tls) as client:
                     answer = await client.get_attributes(args.segment, [w.writer_id])
                     stored_event = max(stored_event, answer.get(w.writer_id, 0))
-                    length = str((await client.info(args.segment)).length)
+                    length = await _length_text(client, args.segment)
                     sure = True
             except GatewayError:
                 pass
@@ -374,7 +390,7 @@ def _cmd_append(args: argparse.Namespace) -> int:
         print(
             f"segment-gateway: stored: the first {stored} bytes of {what}"
             + ("" if sure else " at least (the daemon did not answer)")
-            + f", {events} of writer {writer}; {args.segment} is {length} bytes long",
+            + f", {events} of writer {writer}; {args.segment} is {length}",
             file=sys.stderr,
         )
         if args.file:
@@ -431,10 +447,10 @@ def _cmd_append(args: argparse.Namespace) -> int:
             if args.file:
                 source.close()
         async with open_client(address, token, **tls) as client:
-            info = await client.info(args.segment)
+            length = await _length_text(client, args.segment)
         print(
             f"appended {count} event(s), {nbytes} bytes, to {args.segment} in "
-            f"{time.monotonic() - started:.2f}s; length now {info.length}",
+            f"{time.monotonic() - started:.2f}s; it is {length} now",
             file=sys.stderr,
         )
         return 0

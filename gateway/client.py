@@ -838,6 +838,48 @@ class SyncClient:
         assert self._client is not None
         return self._run(self._client.get_attributes, segment, list(ids))
 
+    def create_stream(
+        self, name: str, policy: Mapping[str, int | None] | None = None
+    ) -> StreamInfo:
+        """See `Client.create_stream`."""
+        assert self._client is not None
+        return self._run(self._client.create_stream, name, policy)
+
+    def set_stream(self, name: str, policy: Mapping[str, int | None]) -> StreamInfo:
+        """See `Client.set_stream`."""
+        assert self._client is not None
+        return self._run(self._client.set_stream, name, policy)
+
+    def stream(self, name: str) -> StreamInfo:
+        """See `Client.stream`."""
+        assert self._client is not None
+        return self._run(self._client.stream, name)
+
+    def roll_stream(self, name: str) -> StreamInfo:
+        """See `Client.roll_stream`."""
+        assert self._client is not None
+        return self._run(self._client.roll_stream, name)
+
+    def delete_stream(self, name: str) -> None:
+        """See `Client.delete_stream`."""
+        assert self._client is not None
+        self._run(self._client.delete_stream, name)
+
+    def begin_transaction(self, parent: str, txn_timeout: float = 0.0) -> TransactionInfo:
+        """See `Client.begin_transaction`."""
+        assert self._client is not None
+        return self._run(self._client.begin_transaction, parent, txn_timeout)
+
+    def commit_transaction(self, name: str) -> TransactionInfo:
+        """See `Client.commit_transaction`."""
+        assert self._client is not None
+        return self._run(self._client.commit_transaction, name)
+
+    def abort_transaction(self, name: str) -> None:
+        """See `Client.abort_transaction`."""
+        assert self._client is not None
+        self._run(self._client.abort_transaction, name)
+
     def close(self) -> None:
         """Disconnect and stop the background thread."""
         token, self._token = self._token, None

@@ -74,6 +74,33 @@ class GatewayCollector(Collector):
             f"{PREFIX}_sealed_segments", "Sealed segments", value=sum(s.sealed for s in segments)
         )
 
+        st = c.statistics()
+        yield g(f"{PREFIX}_streams", "Streams", value=st["streams"])
+        yield counter(f"{PREFIX}_stream_rolls", "Stream segments sealed by rolling", value=c.rolls)
+        yield g(
+            f"{PREFIX}_transactions_open",
+            "Transactions begun and not yet committed or aborted",
+            value=st["transactions_open"],
+        )
+        txns = CounterMetricFamily(
+            f"{PREFIX}_transactions", "Transactions by outcome", labels=["outcome"]
+        )
+        txns.add_metric(["begun"], c.txn_begun)
+        txns.add_metric(["committed"], c.txn_committed)
+        txns.add_metric(["aborted"], c.txn_aborted)
+        txns.add_metric(["timed_out"], c.txn_timed_out)
+        yield txns
+        yield counter(
+            f"{PREFIX}_retention_deleted_segments",
+            "Stream segments deleted by retention",
+            value=c.retention_deleted_segments,
+        )
+        yield counter(
+            f"{PREFIX}_retention_deleted_bytes",
+            "Bytes removed by retention (deleted segments and truncations)",
+            value=c.retention_deleted_bytes + c.retention_truncated_bytes,
+        )
+
         j = c.journal_statistics()
         yield g(f"{PREFIX}_epoch", "Epoch of this run of the daemon", value=j.epoch)
         yield g(f"{PREFIX}_journal_bytes", "Journal bytes on disk", value=j.disk_bytes)

@@ -875,7 +875,7 @@ class Connection:
         g = req.get_attributes
         container = self.server.container
         rid = req.request_id
-        container.info(g.segment)  # fail now if missing, in order
+        container.check_exists(g.segment)  # fail now if missing, in order
 
         async def produce() -> wire.Response:
             values = await container.get_attributes(g.segment, list(g.ids))

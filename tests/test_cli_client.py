@@ -44,7 +44,7 @@ def test_segment_lifecycle_from_the_command_line(daemon: Daemon) -> None:
 
     r = sg(daemon, "append", "cli/one", stdin=b"alpha\nbeta\ngamma\n")
     assert r.returncode == 0, r.stderr
-    assert b"appended 3 event(s)" in r.stderr and b"length now 17" in r.stderr
+    assert b"appended 3 event(s)" in r.stderr and b"it is 17 bytes long now" in r.stderr
 
     r = sg(daemon, "append", "cli/framed", "--create", "--framed", stdin=b"ab\ncde\n")
     assert r.returncode == 0, r.stderr

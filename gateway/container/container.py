@@ -250,6 +250,12 @@ class SegmentContainer:
         """Committed metadata of one segment."""
         return self._committed(name).info()
 
+    def check_exists(self, name: str) -> None:
+        """Raise SegmentNotFound unless ``name`` is a committed segment or stream."""
+        stream = self._table.streams.get(name)
+        if stream is None or not stream.durable:
+            self._committed(name)
+
     def record(self, name: str) -> SegmentRecord:
         """One segment's whole committed record (chunks, attributes, event index)."""
         return self._committed(name).committed_record()
@@ -883,10 +889,13 @@ class SegmentContainer:
         self._start()
         target = self._pending_by_id(target_id)
         source = self._table.by_id.get(source_id)
-        if source is None:
+        if source is None or source.p_deleted:
             raise SegmentNotFound(f"segment id {source_id}")
         op = Operation(merge_completed=MergeCompleted(target_id=target_id, source_id=source_id))
         ticket = self._submit((op.SerializeToString(),), reserved=True)
+        # Gone once this applies: nothing may be journaled for it after.
+        source.p_deleted = True
+        self._dirty.add(source)
 
         def apply(seq: int) -> None:
             dropped = self._table.apply_merge_completed(target, source)

@@ -289,7 +289,14 @@ class StorageWriter:
         if not seg.merges:
             return False
         src = seg.merges[0]
-        return seg.storage_length >= src.merge_offset and src.storage_length >= src.length
+        # Sealed in storage too: nothing more of the source is journaled after
+        # the merge completes (a later StorageSealed would name a segment
+        # that is gone).
+        return (
+            seg.storage_length >= src.merge_offset
+            and src.storage_length >= src.length
+            and src.sealed_in_storage
+        )
 
     def _is_urgent(self, seg: Segment) -> bool:
         """Whether a request or a seal still waits for this segment's bytes to reach Tier 2.
@@ -353,7 +360,7 @@ class StorageWriter:
             if merge is not None and start >= merge.merge_offset:
                 # A merged transaction comes next: once its own bytes are all
                 # in Tier 2, its chunks become this segment's (no copy).
-                if merge.storage_length < merge.length:
+                if merge.storage_length < merge.length or not merge.sealed_in_storage:
                     self._flush_source(merge)
                     break
                 failpoints.hit("before_merge_completed")
