@@ -36,7 +36,7 @@ import itertools
 import math
 import pathlib
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -471,6 +471,29 @@ def segment_problems(r: SegmentRecord) -> Iterable[tuple[str, int | None]]:
         )
 
 
+def _merge_problems(r: SegmentRecord, by_id: dict[int, SegmentRecord]) -> Iterator[str]:
+    """A merge not yet done in Tier 2 must fit its target (the "merged" shape of a commit)."""
+    if not r.merged_into:
+        return
+    t = by_id.get(r.merged_into)
+    if t is None:
+        yield f"segment {r.name}: merged into segment id {r.merged_into}, which does not exist"
+        return
+    if not r.sealed:
+        yield f"segment {r.name}: merged into {t.name} but not sealed"
+    if r.merge_offset + r.length > t.length:
+        yield (
+            f"segment {r.name}: merged into {t.name} at {r.merge_offset}, past its length "
+            f"{t.length}"
+        )
+    # (A target truncated past the merge offset no longer needs the bytes.)
+    if t.start_offset <= r.merge_offset < t.storage_length:
+        yield (
+            f"segment {r.name}: merged into {t.name} at {r.merge_offset}, but the target is "
+            f"in Tier 2 up to {t.storage_length} without its chunks"
+        )
+
+
 async def check_metadata(target: Target, run: CheckRun) -> _State:
     """Check 2: invariants of the committed metadata; nothing is repaired.
 
@@ -481,12 +504,30 @@ async def check_metadata(target: Target, run: CheckRun) -> _State:
     # a running daemon cannot change one between them.
     snap = target.snapshot()
     gaps: dict[int, str] = {}
+    by_id = {r.id: r for r in snap.segments}
+    # Committed transactions whose merge is not done in Tier 2 yet: the
+    # target's bytes at [merge_offset, + source length) are the source's.
+    merged: dict[int, list[SegmentRecord]] = {}
+    for r in snap.segments:
+        if r.merged_into:
+            merged.setdefault(r.merged_into, []).append(r)
+
+    def view_of(r: SegmentRecord) -> SegmentView:
+        sources = sorted(merged.get(r.id, []), key=lambda m: m.merge_offset)
+        return SegmentView(
+            r.id,
+            r.name,
+            r.start_offset,
+            r.length,
+            r.sealed,
+            r.storage_length,
+            list(r.chunks),
+            tuple((m.merge_offset, view_of(m)) for m in sources),
+        )
+
     if target.read_index is not None:
         for r in snap.segments:
-            view = SegmentView(
-                r.id, r.name, r.start_offset, r.length, r.sealed, r.storage_length, list(r.chunks)
-            )
-            gap = target.read_index.coverage_gap(view)
+            gap = target.read_index.coverage_gap(view_of(r))
             if gap is not None:
                 gaps[r.id] = gap
     action = (
@@ -497,6 +538,8 @@ async def check_metadata(target: Target, run: CheckRun) -> _State:
     for r in records:
         for message, offset in segment_problems(r):
             await run.problem(message, action=action, segment=r.name, offset=offset)
+        for message in _merge_problems(r, by_id):
+            await run.problem(message, action=action, segment=r.name)
         if r.id in gaps:
             await run.problem(
                 f"segment {r.name!r}: bytes above Tier 2 are not all in the journal: {gaps[r.id]}",

@@ -379,6 +379,7 @@ async def rebuild(
             continue
         by_name[rec.name] = o
     kept = sorted(by_name.values(), key=lambda o: o.record.id)
+    _keep_pending_merges([o.record for o in kept], report)
     for o in kept:
         if o.new:
             report.new_segments.append(o.record.name)
@@ -391,8 +392,31 @@ async def rebuild(
         version=SNAPSHOT_VERSION,
         next_segment_id=max(container.next_segment_id, max_id + 1, 1),
         segments=[o.record for o in kept],
+        streams=container.streams,
     )
     return Rebuilt(result, report)
+
+
+def _keep_pending_merges(records: list[SegmentRecord], report: RebuildReport) -> None:
+    """Committed transactions not yet merged in Tier 2: keep the merge where it still fits.
+
+    A target is rebuilt from its chunks, which end at the merge offset; its
+    merged bytes are the (sealed, hidden) source's. If the target lost bytes
+    below the merge offset, the merge cannot stand: the transaction is left
+    uncommitted (sealed, hidden), for its writer to commit again or abort.
+    """
+    by_id = {r.id: r for r in records}
+    for src in sorted((r for r in records if r.merged_into), key=lambda r: r.merge_offset):
+        target = by_id.get(src.merged_into)
+        if target is not None and not target.sealed and target.length == src.merge_offset:
+            target.length += src.length
+            continue
+        report.dropped.append(
+            (src.name, f"its merge into segment id {src.merged_into} at {src.merge_offset} "
+             "no longer fits the rebuilt target: left uncommitted")
+        )  # fmt: skip
+        src.merged_into = 0
+        src.merge_offset = 0
 
 
 def _rebuild_segment(
