@@ -14,7 +14,6 @@ import pathlib
 import random
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -95,6 +94,7 @@ def test_a_stream_through_the_mount_the_cli_and_retention(tmp_path: pathlib.Path
             for e in events[30:]:
                 c.append("clicks", e)
             c.flush()
+
             # Retention (every 100 ms): at least 20 KiB of the newest bytes stay.
             def retained() -> bool:
                 segs = c.stream("clicks").segments
@@ -240,69 +240,6 @@ def test_a_crash_at_each_step_of_a_merge_recovers_to_merged_or_not(
             assert c.read("p", 0, 1 << 20).data == before + txn_bytes
     finally:
         d.kill()
-
-
-def test_stream_writers_under_sigkills_land_every_event_once_in_order(
-    tmp_path: pathlib.Path,
-) -> None:
-    """Exactly-once writers on a stream that rolls every 4 KiB, the daemon killed 4 times."""
-    require_fuse()
-    root = tmp_path / "tier2"
-    cfg = config(root, flush_interval="300ms")
-    n_events = 3000
-    with mounted_daemon(tmp_path, cfg) as d:
-        with SyncClient(d.address) as c:
-            c.create_stream("ev", {"roll_size": 4 * KiB})
-        acked: dict[int, int] = {}
-        errors: list[BaseException] = []
-
-        def write(k: int) -> None:
-            import trio
-
-            from gateway.writer import open_segment_writer
-
-            async def main() -> None:
-                async with open_segment_writer(
-                    d.address,
-                    "ev",
-                    codec="lines",
-                    writer_id=bytes([k + 1]) * 16,
-                    max_batch_bytes=512,
-                ) as w:
-                    for i in range(n_events):
-                        await w.write(b"w%d-%06d" % (k, i))
-                        acked[k] = w.acked_event
-                        if i % 10 == 0:
-                            await trio.sleep(0.01)  # about 3 s: the kills land mid-stream
-                acked[k] = n_events
-
-            try:
-                trio.run(main)
-            except BaseException as e:
-                errors.append(e)
-
-        threads = [threading.Thread(target=write, args=(k,)) for k in range(2)]
-        for t in threads:
-            t.start()
-        for _ in range(4):
-            time.sleep(0.7)
-            d.kill()
-            d.start()
-        for t in threads:
-            t.join(timeout=240)
-        assert not errors, errors
-        with SyncClient(d.address) as c:
-            segs = c.stream("ev").segments
-            assert len(segs) > 10
-            assert all(s.sealed for s in segs[:-1])
-            protocol = b"".join(c.read(s.name, 0, 1 << 20).data for s in segs)
-        mounted = b"".join((d.mnt / s.name).read_bytes() for s in segs)
-        assert mounted == protocol
-        lines = protocol.split(b"\n")[:-1]
-        for k in range(2):
-            mine = [x for x in lines if x.startswith(b"w%d-" % k)]
-            assert mine == [b"w%d-%06d" % (k, i) for i in range(n_events)]
-        fsck_clean(d)
 
 
 def test_a_writer_and_open_transaction_exactly_once(tmp_path: pathlib.Path) -> None:

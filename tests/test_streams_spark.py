@@ -1,0 +1,157 @@
+"""Streams and transactions read by Spark through the mount, with the daemon killed.
+
+One mounted daemon and one local Spark session (``local[2]``) for the module.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+from gateway.client import SyncClient
+from tests.helpers.mount import MountedDaemon, mounted_daemon
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+KiB = 1024
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MountedDaemon]:
+    tmp = tmp_path_factory.mktemp("streams-spark")
+    config = (
+        f'[tier2]\nurl = "file://{tmp}/tier2"\nflush_size = "16 KiB"\nflush_interval = "300ms"\n'
+        '[streams]\ninterval = "100ms"\n'
+    )
+    with mounted_daemon(tmp, config) as daemon:
+        yield daemon
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    from pipeline.session import local_session
+
+    session = local_session("segment-gateway stream tests")
+    yield session
+    session.stop()
+
+
+def events_df(spark: Any, path: pathlib.Path) -> Any:
+    """Every event of the segments under ``path``, through the ``segments`` source."""
+    return spark.read.format("segments").option("codec", "lines").load(str(path))
+
+
+def test_writers_on_a_rolling_stream_under_sigkills_land_every_event_once_in_order(
+    gateway: MountedDaemon, spark: Any
+) -> None:
+    """Two exactly-once writers on a stream rolling every 4 KiB; the daemon killed 4 times.
+
+    Every acknowledged event is in the stream exactly once and in order,
+    as the protocol, the mount and Spark each read it.
+    """
+    d = gateway
+    n_events = 3000
+    with SyncClient(d.address) as c:
+        c.create_stream("ev", {"roll_size": 4 * KiB})
+    errors: list[BaseException] = []
+
+    def write(k: int) -> None:
+        import trio
+
+        from gateway.writer import open_segment_writer
+
+        async def main() -> None:
+            async with open_segment_writer(
+                d.address, "ev", codec="lines", writer_id=bytes([k + 1]) * 16, max_batch_bytes=512
+            ) as w:
+                for i in range(n_events):
+                    await w.write(b"w%d-%06d" % (k, i))
+                    if i % 10 == 0:
+                        await trio.sleep(0.02)  # about 6 s: the kills land mid-stream
+
+        try:
+            trio.run(main)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    kills = 0
+    while kills < 4 and any(t.is_alive() for t in threads):
+        time.sleep(0.6)
+        d.kill()
+        d.start()
+        kills += 1
+    for t in threads:
+        t.join(timeout=240)
+    assert not errors, errors
+    assert kills == 4, "the writers finished before the daemon was killed 4 times"
+    with SyncClient(d.address) as c:
+        c.roll_stream("ev")
+        segs = c.stream("ev").segments
+        assert len(segs) > 10
+        assert all(s.sealed for s in segs)
+        protocol = b"".join(c.read(s.name, 0, 1 << 20).data for s in segs)
+    mounted = b"".join((d.mnt / s.name).read_bytes() for s in segs)
+    assert mounted == protocol
+    lines = protocol.split(b"\n")[:-1]
+    expected = {k: [b"w%d-%06d" % (k, i) for i in range(n_events)] for k in range(2)}
+    for k in range(2):
+        assert [x for x in lines if x.startswith(b"w%d-" % k)] == expected[k]
+    rows = events_df(spark, d.mnt / "ev").select("segment", "offset", "event").collect()
+    ordered = [bytes(r.event) for r in sorted(rows, key=lambda r: (r.segment, r.offset))]
+    assert ordered == lines
+
+
+def test_a_spark_count_during_commits_sees_only_whole_transactions(
+    gateway: MountedDaemon, spark: Any
+) -> None:
+    """Transactions of 50 events committed back to back while Spark counts the stream."""
+    d = gateway
+    per_txn = 50
+    with SyncClient(d.address) as c:
+        c.create_stream("tx", {"roll_size": 16 * KiB})
+    stop = threading.Event()
+    committed: list[int] = []
+    errors: list[BaseException] = []
+
+    def commit_loop() -> None:
+        try:
+            with SyncClient(d.address) as c:
+                n = 0
+                while not stop.is_set():
+                    t = c.begin_transaction("tx")
+                    for i in range(0, per_txn, 10):
+                        c.append(
+                            t.name, b"".join(b"t%05d-%02d\n" % (n, j) for j in range(i, i + 10))
+                        )
+                    c.commit_transaction(t.name)
+                    n += 1
+                    committed.append(n)
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=commit_loop)
+    thread.start()
+    counts = []
+    try:
+        while len(counts) < 8:
+            counts.append(events_df(spark, d.mnt / "tx").count())
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert not errors, errors
+    assert len(set(counts)) > 2, f"the commits did not overlap the counts: {counts}"
+    assert all(n % per_txn == 0 for n in counts), counts
+    assert counts == sorted(counts)
+    final = events_df(spark, d.mnt / "tx").count()
+    assert final == per_txn * len(committed)
