@@ -338,11 +338,11 @@ class _StoredInput:
 
 async def _length_text(client: Any, name: str) -> str:
     """How long a segment is, or for a stream, how long its current segment is."""
-    from gateway.errors import SegmentNotFound
+    from gateway.errors import NotOwner, SegmentNotFound
 
     try:
         return f"{(await client.info(name)).length} bytes long"
-    except SegmentNotFound:
+    except (SegmentNotFound, NotOwner):  # a stream (NotOwner: on another node)
         stream = await client.stream(name)
         if not stream.segments:
             return "a stream without segments"

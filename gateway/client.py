@@ -569,7 +569,10 @@ class Client:
                 p.reset.append(key)
             else:
                 setattr(p, key, value)
-        return await self._call(stream=wire.StreamRequest(action=action, name=name, policy=p))  # type: ignore[arg-type]
+        request = wire.StreamRequest(action=action, name=name, policy=p)  # type: ignore[arg-type]
+        if not name:
+            return await self._call(stream=request)
+        return await self._segment_call(name, stream=request)
 
     async def create_stream(
         self, name: str, policy: Mapping[str, int | None] | None = None
@@ -609,21 +612,32 @@ class Client:
         Aborted by the daemon unless committed within ``txn_timeout`` seconds
         (0: its ``streams.txn_timeout``).
         """
-        r = await self._call(
+        r = await self._segment_call(
+            parent,
             transaction=wire.TransactionRequest(
                 action=wire.TXN_BEGIN, parent=parent, timeout_ms=int(txn_timeout * 1000)
-            )
+            ),
         )
-        return TransactionInfo.from_wire(r.transaction)
+        info = TransactionInfo.from_wire(r.transaction)
+        owner = self._owners.get(parent)
+        if owner is not None:
+            self._owners[info.name] = owner  # the transaction lives beside its parent
+        return info
 
     async def commit_transaction(self, name: str) -> TransactionInfo:
         """Merge a transaction into its parent atomically; where its bytes landed."""
-        r = await self._call(transaction=wire.TransactionRequest(action=wire.TXN_COMMIT, name=name))
+        r = await self._segment_call(
+            name, transaction=wire.TransactionRequest(action=wire.TXN_COMMIT, name=name)
+        )
+        self._owners.pop(name, None)
         return TransactionInfo.from_wire(r.transaction)
 
     async def abort_transaction(self, name: str) -> None:
         """Drop a transaction."""
-        await self._call(transaction=wire.TransactionRequest(action=wire.TXN_ABORT, name=name))
+        await self._segment_call(
+            name, transaction=wire.TransactionRequest(action=wire.TXN_ABORT, name=name)
+        )
+        self._owners.pop(name, None)
 
 
 def _append_parts(req: wire.AppendRequest, data: bytes, rid: int) -> Sequence[bytes]:

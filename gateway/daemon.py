@@ -182,7 +182,10 @@ async def _maintain_claims(claims: NameClaims, container: SegmentContainer, conf
         done = False
     if not done:
         try:
-            conflicts = await claims.claim_existing([s.name for s in container.segments()])
+            conflicts = await claims.claim_existing(
+                [s.name for s in container.segments() if not s.hidden]
+                + [st.name for st in container.list_streams()]
+            )
         except GatewayError as e:
             log.warning("cluster: cannot claim the names of this node's segments: %s", e)
         else:

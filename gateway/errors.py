@@ -127,6 +127,10 @@ class SegmentNotFound(SegmentError):
     wire_code = "SEGMENT_NOT_FOUND"
 
 
+class StreamNotFound(SegmentNotFound):
+    """stream {!r} does not exist"""
+
+
 class SegmentExists(SegmentError):
     """segment {!r} already exists"""
 

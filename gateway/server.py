@@ -487,7 +487,7 @@ class Connection:
             await budget.acquire(extra)
         self.charge += extra
         cost = reserved + extra
-        creating = isinstance(decoded, wire.Request) and decoded.WhichOneof("kind") == "create"
+        creating = isinstance(decoded, wire.Request) and _claims_name(decoded) is not None
         if self._creates_pending and not creating:
             # A create before it is still waiting for its name claim.
             await self._creates_idle.wait()
@@ -587,7 +587,7 @@ class Connection:
             return self._ready_error(
                 req.request_id, Unsupported(f"request kind {kind!r} is not served here")
             )
-        if kind == "create" and self.server.claims is not None:
+        if self.server.claims is not None and _claims_name(req) is not None:
             return self._claimed_create(req, nbytes)
         return await self._admit(
             req.request_id,
@@ -672,7 +672,8 @@ class Connection:
         """
         claims = self.server.claims
         assert claims is not None and self._nursery is not None
-        name = req.create.segment
+        name = _claims_name(req)
+        assert name is not None
         rid = req.request_id
         container = self.server.container
         claimed = trio.Event()
@@ -697,13 +698,18 @@ class Connection:
                 if failure:
                     raise failure[0]
                 await container.wait_for_capacity(nbytes)
-                op = container.prepare_create(name, _updates(list(req.create.attributes)))
+                if req.WhichOneof("kind") == "stream":
+                    produce_stream = _stream(self, req)
+                else:
+                    op = container.prepare_create(name, _updates(list(req.create.attributes)))
             except GatewayError as e:
                 return error_response(rid, e)
             finally:
                 self._creates_pending -= 1
                 if not self._creates_pending:
                     self._creates_idle.set()
+            if req.WhichOneof("kind") == "stream":
+                return await produce_stream()
             return wire.Response(request_id=rid, info=(await op.wait()).to_wire())
 
         return _Item(rid, nbytes, produce)
@@ -980,6 +986,16 @@ class Connection:
             close_now(self.transport)
 
 
+def _claims_name(req: wire.Request) -> str | None:
+    """The name a request creates, which a cluster claims first (segment or stream create)."""
+    kind = req.WhichOneof("kind")
+    if kind == "create":
+        return req.create.segment
+    if kind == "stream" and req.stream.action == wire.STREAM_CREATE:
+        return req.stream.name
+    return None
+
+
 def _policy(p: wire.StreamPolicy) -> dict[str, int | None]:
     """A request's stream policy: set fields, and None for fields to reset."""
     policy: dict[str, int | None] = {f: getattr(p, f) for f in POLICY_FIELDS if p.HasField(f)}
@@ -1014,9 +1030,12 @@ def _stream(conn: Connection, req: wire.Request) -> Producer:
         return shown
     if action == wire.STREAM_DELETE:
         op = c.prepare_delete_stream(r.name)
+        claims = conn.server.claims
 
         async def deleted() -> wire.Response:
             await op.wait()
+            if claims is not None:
+                await claims.release(r.name)  # the name is free for every node again
             return wire.Response(request_id=rid, done=wire.Done())
 
         return deleted

@@ -209,6 +209,47 @@ def test_a_segment_just_created_elsewhere_is_found_by_its_claim(cluster: Cluster
         c.append("nobody/has-this", b"x")
 
 
+def test_streams_and_transactions_through_another_node_follow_the_owner(
+    cluster: Cluster,
+) -> None:
+    """A stream lives on the node that created it; its name is claimed cluster-wide,
+    so writers, transactions and stream commands sent elsewhere follow it."""
+    with cluster.client("node-a") as a:
+        a.create_stream("node-a/clicks", {"roll_size": 8})
+    with cluster.client("node-b") as b:
+        with pytest.raises(SegmentExists):
+            b.create_stream("node-a/clicks")
+        landed = [b.append("node-a/clicks", b"event-%d\n" % i).segment for i in range(3)]
+        assert landed == [f"node-a/clicks/00000000000{i}" for i in (1, 2, 3)]
+        t = b.begin_transaction("node-a/clicks")
+        b.append(t.name, b"txn-1\ntxn-2\n")
+        done = b.commit_transaction(t.name)
+        assert done.segment == "node-a/clicks/000000000004"
+        info = b.stream("node-a/clicks")
+        assert [s.name for s in info.segments][-1] == done.segment
+    r = run_cli("append", "node-a/clicks", "--connect", cluster.daemons["node-c"].address,
+                input_text="cli\n")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    with cluster.client("node-a") as a:
+        names = [s.name for s in a.stream("node-a/clicks").segments]
+        data = b"".join(a.read(n, 0, 100).data for n in names)
+        assert data == b"event-0\nevent-1\nevent-2\ntxn-1\ntxn-2\ncli\n"
+    # Every mount shows the stream's segments (the transaction never).
+    for node in NODES:
+        mnt = cluster.daemons[node].mnt
+        wait_for(
+            lambda mnt=mnt: sorted(os.listdir(mnt / "node-a/clicks")) == [n[-12:] for n in names],
+            10,
+            f"the stream in {node}'s mount",
+        )
+        assert not (mnt / ".txn").exists()
+    with cluster.client("node-c") as c:
+        c.delete_stream("node-a/clicks")
+    with cluster.client("node-b") as b:
+        b.create_stream("node-a/clicks")  # the name is free again, for any node
+        b.delete_stream("node-a/clicks")
+
+
 def test_a_killed_owner_leaves_its_flushed_bytes_readable(cluster: Cluster) -> None:
     """Runs last in the module: node-c stays down."""
     name = "node-c/dies"

@@ -21,7 +21,8 @@ import pytest
 from gateway.client import SyncClient
 from gateway.errors import SegmentNotFound
 from gateway.tier2 import names
-from gateway.tier2.filesystem import FileStorage
+from gateway.tier2.embedded import EmbeddedS3
+from gateway.tier2.s3 import S3Storage
 from tests.helpers.daemon import Daemon
 from tests.helpers.mount import mounted_daemon, require_fuse
 
@@ -69,10 +70,17 @@ def wait_for(predicate, timeout: float = 20.0, what: str = "") -> None:  # type:
         time.sleep(0.02)
 
 
-def test_a_stream_through_the_mount_the_cli_and_retention(tmp_path: pathlib.Path) -> None:
+def test_a_stream_through_the_mount_the_cli_and_retention(
+    tmp_path: pathlib.Path, seaweedfs: EmbeddedS3, s3_storage: S3Storage
+) -> None:
+    """On S3 (SeaweedFS): after retention every view agrees and the newest bytes stay."""
     require_fuse()
-    root = tmp_path / "tier2"
-    with mounted_daemon(tmp_path, config(root)) as d:
+    s3_config = config(tmp_path).replace(
+        f'url = "file://{tmp_path}"',
+        f'url = "s3://{s3_storage.bucket}/gw"\nendpoint_url = "{seaweedfs.endpoint_url}"',
+    )
+    env = {"AWS_ACCESS_KEY_ID": seaweedfs.access_key, "AWS_SECRET_ACCESS_KEY": seaweedfs.secret_key}
+    with mounted_daemon(tmp_path, s3_config, env=env) as d:
         r = cli(d, "stream", "create", "clicks", "--roll-size", "8KiB", "--retain-size", "20KiB")
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["roll_size"] == 8 * KiB
@@ -119,15 +127,14 @@ def test_a_stream_through_the_mount_the_cli_and_retention(tmp_path: pathlib.Path
             ]
             gone = "clicks/000000000001"
             assert cli(d, "stat", gone).returncode != 0
-            storage = FileStorage(root)
+            # The deleted segments' chunks leave the bucket (segment ids are in the keys).
             ids = {s.id for s in kept}
+            prefix = "gw/" + names.chunks_prefix("node-1")
             wait_for(
-                lambda: (
-                    {int(o.key.split("/")[2]) for o in storage.list(names.chunks_prefix("node-1"))}
-                    <= ids
-                ),
+                lambda: {int(o.key.split("/")[3]) for o in s3_storage.list(prefix)} <= ids,
                 what="the deleted segments' chunks to go",
             )
+            assert {int(o.key.split("/")[3]) for o in s3_storage.list(prefix)} == ids
         fsck_clean(d)
 
 

@@ -92,6 +92,7 @@ from gateway.errors import (
     SegmentNotFound,
     SegmentSealed,
     SegmentTruncated,
+    StreamNotFound,
     TooLarge,
     Unavailable,
 )
@@ -711,7 +712,7 @@ class SegmentContainer:
                 raise SegmentExists(f"{name} (segments exist below it)")
             base = StreamRecord(created_at_ms=self.now_ms(), next_number=1)
         elif stream is None:
-            raise SegmentNotFound(f"stream {name}")
+            raise StreamNotFound(name)
         else:
             base = stream.record
         record = self._stream_record(name, policy, base)
@@ -733,7 +734,7 @@ class SegmentContainer:
         stream = self._table.streams.get(name)
         if stream is None or stream.p_deleted:
             validate_name(name)
-            raise SegmentNotFound(f"stream {name}")
+            raise StreamNotFound(name)
         for seg in list(stream.members):
             if not seg.p_deleted:
                 self.prepare_delete(seg.name)
@@ -754,7 +755,7 @@ class SegmentContainer:
         stream = self._table.streams.get(name)
         if stream is None or stream.p_deleted:
             validate_name(name)
-            raise SegmentNotFound(f"stream {name}")
+            raise StreamNotFound(name)
         cur = stream.pending_current()
         if cur is None:
             op = PendingOperation(self, None, None)
@@ -768,7 +769,7 @@ class SegmentContainer:
         stream = self._table.streams.get(name)
         if stream is None or not stream.durable:
             validate_name(name)
-            raise SegmentNotFound(f"stream {name}")
+            raise StreamNotFound(name)
         policy = stream.policy(self.streams_config)
         r = stream.record
         return StreamInfo(
