@@ -8,6 +8,8 @@ checks that recovery reaches the state the live run had.
 from __future__ import annotations
 
 import pytest
+import trio
+import trio.testing
 
 from cache.memory import MemoryCache
 from gateway.config import ContainerConfig, StreamsConfig
@@ -364,3 +366,25 @@ def test_member_names_sort_in_creation_order() -> None:
     assert sorted(names) == names
     assert split_member("s/000000000010") == ("s", 10)
     assert split_member("s/10") is None and split_member("000000000001") is None
+
+
+async def test_a_checkpoint_taken_while_a_merge_and_a_policy_change_are_in_flight() -> None:
+    """The pending view carries neither merge links nor stream records: a checkpoint waits
+    for them, or a restart from it would lose the merge (and read a hole) or the policy."""
+    c, journal, _ = make()
+    await c.create("p")
+    await c.create_stream("s")
+    txn = await c.begin("p")
+    await c.append(txn.name, b"merged")
+    async with trio.open_nursery() as nursery:
+        journal.hold()
+        commit = c.prepare_commit(txn.name)
+        policy = c.prepare_set_stream("s", {"roll_size": 5})
+        nursery.start_soon(c.checkpoint)
+        await trio.testing.wait_all_tasks_blocked()
+        journal.commit()
+        await commit.wait()
+        await policy.wait()
+    c2 = restart(c, journal)
+    assert await contents(c2, "p") == b"merged"
+    assert c2.stream_info("s").roll_size == 5

@@ -160,8 +160,9 @@ class PendingOperation:
         self._deferred = deferred
         self.error: GatewayError | None = None
         self._result_fn: Callable[[], Any] | None = None
-        #: Changes chunks or the storage length, which the pending view (and
-        #: so a checkpoint's snapshot) does not carry until it is applied.
+        #: Changes what the pending view (and so a checkpoint's snapshot) does
+        #: not carry until it is applied: chunks, the storage length, merge
+        #: links, stream records. A checkpoint waits for these to apply.
         self.storage = False
 
     def _with_result(self, fn: Callable[[], Any]) -> PendingOperation:
@@ -725,6 +726,7 @@ class SegmentContainer:
             self._table.apply_set_stream(record)
 
         op = PendingOperation(self, ticket, None, apply)
+        op.storage = True  # the pending view does not carry stream records
         self._inflight.append(op)
         return op._with_result(lambda: self.stream_info(name))
 
@@ -746,6 +748,7 @@ class SegmentContainer:
             self._table.apply_delete_stream(name)
 
         pending = PendingOperation(self, ticket, None, apply)
+        pending.storage = True  # the pending view does not carry stream records
         self._inflight.append(pending)
         return pending
 
@@ -877,7 +880,9 @@ class SegmentContainer:
                 self.storage.on_append(target)
 
         info = TransactionInfo(name, txn.txn_parent, target.name, offset, length)
-        return self._track(ticket, info, apply, target)
+        pending = self._track(ticket, info, apply, target)
+        pending.storage = True  # the pending view does not carry the merge link
+        return pending
 
     def prepare_abort(self, name: str) -> PendingOperation:
         """Drop a transaction that is not committed (result: None)."""
