@@ -26,6 +26,7 @@ from gateway.protocol.metadata_pb2 import (
     ContainerSnapshot,
     MetadataSnapshot,
     SegmentRecord,
+    StreamRecord,
 )
 from gateway.tier2 import names
 from gateway.tier2.layer import ChunkLayer
@@ -358,3 +359,52 @@ def test_snapshot_files_decode_as_protobuf_or_json() -> None:
     snap.version = 2
     with pytest.raises(SnapshotInvalid, match="version 2 is unknown"):
         metadata_io.decode(metadata_io.encode(snap), "f")
+
+
+async def test_a_merge_not_yet_done_in_tier2_survives_a_rebuild_where_it_fits() -> None:
+    """A committed transaction whose chunks are still its own: the target's chunks end at
+    the merge offset, and its length counts the merged bytes, read from the source."""
+    t2 = Tier2()
+    p = t2.chunk(1, "p", 0, 100, 1)
+    q = t2.chunk(3, "q", 0, 100, 1)
+    src = t2.chunk(2, ".txn/aa", 0, 50, 1)
+    src2 = t2.chunk(4, ".txn/bb", 0, 30, 1)
+    merged = {"sealed": True, "sealed_in_storage": True, "txn_parent": "p"}
+    t2.snapshot(
+        1,
+        5,
+        segment(1, "p", p, length=150),
+        segment(2, ".txn/aa", src, merged_into=1, merge_offset=100, **merged),
+        # q lost bytes below its merge offset (its chunks end at 100, the merge is at 120).
+        segment(3, "q", q, length=150, storage_length=120),
+        segment(4, ".txn/bb", src2, merged_into=3, merge_offset=120, **merged),
+    )
+    rebuilt = await t2.recover()
+    segs = by_name(rebuilt)
+    assert (segs["p"].length, segs["p"].storage_length) == (150, 100)
+    assert (segs[".txn/aa"].merged_into, segs[".txn/aa"].merge_offset) == (1, 100)
+    assert (segs["q"].length, segs["q"].storage_length) == (100, 100)
+    assert segs[".txn/bb"].merged_into == 0  # left uncommitted, to commit again or abort
+    assert [name for name, _ in rebuilt.report.dropped] == [".txn/bb"]
+
+
+async def test_streams_survive_a_rebuild() -> None:
+    t2 = Tier2()
+    c = t2.chunk(1, "s/000000000001", 0, 10, 1)
+    snap = MetadataSnapshot(
+        version=1,
+        node=NODE,
+        epoch=1,
+        created_at_ms=1,
+        container=ContainerSnapshot(
+            version=1,
+            next_segment_id=2,
+            segments=[segment(1, "s/000000000001", c)],
+            streams=[StreamRecord(name="s", roll_size=10, next_number=2)],
+        ),
+    )
+    data = snap.SerializeToString()
+    t2.storage.write(names.snapshot_key(NODE, 1, 1), data, {"crc32c": f"{crc32c.crc32c(data):08x}"})
+    rebuilt = await t2.recover()
+    (stream,) = rebuilt.container.streams
+    assert (stream.name, stream.roll_size, stream.next_number) == ("s", 10, 2)
