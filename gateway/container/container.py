@@ -939,10 +939,9 @@ class SegmentContainer:
             except GatewayError as e:
                 log.warning("%s: %s", what, e)
 
-        for seg in list(self._table.by_name.values()):
+        for seg in list(self._table.transactions):
             if (
-                seg.hidden
-                and seg.durable
+                seg.durable
                 and not seg.p_merged
                 and not seg.p_deleted
                 and seg.txn_deadline_ms <= now

@@ -44,6 +44,12 @@ def split_member(name: str) -> tuple[str, int] | None:
     return None
 
 
+def _number(seg: Segment) -> int:
+    member = split_member(seg.name)
+    assert member is not None
+    return member[1]
+
+
 def is_hidden(name: str) -> bool:
     """Whether the segment is a transaction's (not listed, not in the mount)."""
     return name.startswith(TXN_DIR + "/")
@@ -94,8 +100,11 @@ class Stream:
 
     def add_member(self, seg: Segment, number: int) -> None:
         """A segment of the stream exists (kept in number order)."""
-        numbers = [split_member(m.name)[1] for m in self.members]  # type: ignore[index]
-        self.members.insert(bisect.bisect(numbers, number), seg)
+        if self.members and number < _number(self.members[-1]):
+            numbers = [_number(m) for m in self.members]
+            self.members.insert(bisect.bisect(numbers, number), seg)
+        else:
+            self.members.append(seg)  # the usual case: the newest
         self.p_next_number = max(self.p_next_number, number + 1)
 
     def pending_current(self) -> Segment | None:

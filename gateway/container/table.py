@@ -50,6 +50,8 @@ class SegmentTable:
         self.file_usage: dict[int, dict[int, int]] = {}
         #: Streams by name (pending creates included).
         self.streams: dict[str, Stream] = {}
+        #: Transaction segments (merged ones too, until their merge is done).
+        self.transactions: set[Segment] = set()
 
     # -- membership ----------------------------------------------------------------
 
@@ -58,6 +60,8 @@ class SegmentTable:
         self.by_name[seg.name] = seg
         self.by_id[seg.id] = seg
         self.next_id = max(self.next_id, seg.id + 1)
+        if seg.txn_parent:
+            self.transactions.add(seg)
         stream = self.stream_of(seg.name)
         if stream is not None:
             stream[0].add_member(seg, stream[1])
@@ -67,6 +71,7 @@ class SegmentTable:
         if self.by_name.get(seg.name) is seg:
             del self.by_name[seg.name]
         self.by_id.pop(seg.id, None)
+        self.transactions.discard(seg)
         stream = self.stream_of(seg.name)
         if stream is not None and seg in stream[0].members:
             stream[0].members.remove(seg)
@@ -342,6 +347,7 @@ class SegmentTable:
         self.by_name = {}
         self.by_id = {}
         self.streams = {}
+        self.transactions = set()
         for sr in snap.streams:
             self.apply_set_stream(sr)
         for r in snap.segments:
