@@ -16,6 +16,8 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
+from pyspark.sql import functions as F
+
 from gateway.client import SyncClient
 from tests.helpers.mount import MountedDaemon, mounted_daemon
 
@@ -140,18 +142,42 @@ def test_a_spark_count_during_commits_sees_only_whole_transactions(
         except BaseException as e:
             errors.append(e)
 
-    thread = threading.Thread(target=commit_loop)
-    thread.start()
+    direct: list[int] = []
+
+    def append_loop() -> None:
+        # Plain appends to the same stream, between and during the commits.
+        try:
+            with SyncClient(d.address) as c:
+                while not stop.is_set():
+                    c.append("tx", b"direct-%06d\n" % len(direct))
+                    direct.append(1)
+                    time.sleep(0.002)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=commit_loop), threading.Thread(target=append_loop)]
+    for t in threads:
+        t.start()
     counts = []
     try:
         while len(counts) < 8:
-            counts.append(events_df(spark, d.mnt / "tx").count())
+            events = events_df(spark, d.mnt / "tx")
+            counts.append(events.where(F.expr("substring(event, 1, 1) = X'74'")).count())
     finally:
         stop.set()
-        thread.join(timeout=60)
+        for t in threads:
+            t.join(timeout=60)
     assert not errors, errors
     assert len(set(counts)) > 2, f"the commits did not overlap the counts: {counts}"
     assert all(n % per_txn == 0 for n in counts), counts
     assert counts == sorted(counts)
-    final = events_df(spark, d.mnt / "tx").count()
-    assert final == per_txn * len(committed)
+    rows = events_df(spark, d.mnt / "tx").collect()
+    events = [bytes(r.event) for r in sorted(rows, key=lambda r: (r.segment, r.offset))]
+    assert len(events) == per_txn * len(committed) + len(direct)
+    # Each transaction's events are contiguous and whole, wherever it landed.
+    txn_events = [e for e in events if e.startswith(b"t")]
+    for k in range(len(committed)):
+        at = txn_events.index(b"t%05d-00" % k)
+        assert txn_events[at : at + per_txn] == [b"t%05d-%02d" % (k, j) for j in range(per_txn)]
+        i = events.index(b"t%05d-00" % k)
+        assert events[i : i + per_txn] == txn_events[at : at + per_txn]
