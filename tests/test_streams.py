@@ -81,7 +81,7 @@ def test_a_stream_through_the_mount_the_cli_and_retention(
     )
     env = {"AWS_ACCESS_KEY_ID": seaweedfs.access_key, "AWS_SECRET_ACCESS_KEY": seaweedfs.secret_key}
     with mounted_daemon(tmp_path, s3_config, env=env) as d:
-        r = cli(d, "stream", "create", "clicks", "--roll-size", "8KiB", "--retain-size", "20KiB")
+        r = cli(d, "stream", "create", "clicks", "--roll-size", "8KiB")
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["roll_size"] == 8 * KiB
         events = [b"event %06d " % i + b"x" * 1000 + b"\n" for i in range(60)]
@@ -102,8 +102,10 @@ def test_a_stream_through_the_mount_the_cli_and_retention(
             for e in events[30:]:
                 c.append("clicks", e)
             c.flush()
+            # Retention from now on (every 100 ms): keep at least the newest 20 KiB.
+            r = cli(d, "stream", "set", "clicks", "--retain-size", "20KiB")
+            assert json.loads(r.stdout)["own"] == {"roll_size": 8 * KiB, "retain_size": 20 * KiB}
 
-            # Retention (every 100 ms): at least 20 KiB of the newest bytes stay.
             def retained() -> bool:
                 segs = c.stream("clicks").segments
                 # Done: without its oldest segment the stream would hold too little.
