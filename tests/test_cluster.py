@@ -90,7 +90,10 @@ def test_remote_active_segment_grows_like_tail_f(cluster: Cluster) -> None:
     with cluster.client("node-b") as c:
         c.create(name)
         c.append(name, b"first line\n")
-        wait_for(path.exists, 5, "the new segment on node-a")
+        # The create and the append may reach node-a in different polls.
+        wait_for(
+            lambda: path.exists() and path.stat().st_size == 11, 5, "the new segment on node-a"
+        )
         with path.open("rb") as f:
             assert f.read() == b"first line\n"
             for i in range(3):
