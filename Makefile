@@ -48,6 +48,7 @@ bench: install
 	$(PY) bench/fuse_read.py --write-table docs/PERFORMANCE.md
 	$(PY) bench/spark_read.py --write-table docs/PERFORMANCE.md
 	$(PY) bench/cluster_read.py --write-table docs/PERFORMANCE.md
+	$(PY) bench/streams.py --write-table docs/PERFORMANCE.md
 
 # dist/segment-gateway_<version>_<arch>.deb: the daemon in a venv under
 # /opt/segment-gateway (Debian's python3), the systemd units, a default
