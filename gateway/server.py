@@ -67,9 +67,8 @@ from gateway.config import ServerConfig, parse_host_port
 from gateway.container import AppendResult, AttributeUpdate, Verb
 from gateway.container.container import PendingOperation, SegmentContainer
 from gateway.container.names import validate_name, validate_prefix
-from gateway.container.results import ReadResult
+from gateway.container.results import POLICY_FIELDS, ReadResult
 from gateway.container.segment import Segment
-from gateway.container.streams import POLICY_FIELDS
 from gateway.errors import (
     BadRequest,
     GatewayError,

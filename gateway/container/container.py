@@ -57,6 +57,7 @@ from gateway.container.interfaces import (
 )
 from gateway.container.names import validate_name, validate_prefix
 from gateway.container.results import (
+    POLICY_FIELDS,
     AppendResult,
     ReadResult,
     SegmentInfo,
@@ -65,7 +66,6 @@ from gateway.container.results import (
 )
 from gateway.container.segment import Segment
 from gateway.container.streams import (
-    POLICY_FIELDS,
     TXN_DIR,
     Stream,
     is_hidden,
@@ -647,17 +647,18 @@ class SegmentContainer:
         """
         cur = stream.pending_current()
         if cur is not None and roll_due_by_size(cur, stream.policy(self.streams_config)):
-            self._roll(cur)
+            self._roll(cur, "size")
             cur = None
         if cur is None:
             cur = self._start_successor(stream)
         return cur
 
-    def _roll(self, seg: Segment) -> None:
+    def _roll(self, seg: Segment, why: str) -> PendingOperation:
         """Seal a stream's current segment (its successor starts with the next append)."""
-        self.prepare_seal(seg.name)
+        op = self.prepare_seal(seg.name)
         self.rolls += 1
-        log.info("stream segment %s rolled at %d bytes", seg.name, seg.p_length)
+        log.info("stream segment %s rolled (%s) at %d bytes", seg.name, why, seg.p_length)
+        return op
 
     def _start_successor(self, stream: Stream) -> Segment:
         """Create the stream's next segment, carrying its writers' event numbers."""
@@ -687,6 +688,14 @@ class SegmentContainer:
             else:
                 setattr(record, key, value)
         return record
+
+    def _pending_stream(self, name: str) -> Stream:
+        """The stream (pending view); StreamNotFound if there is none."""
+        stream = self._table.streams.get(name)
+        if stream is None or stream.p_deleted:
+            validate_name(name)
+            raise StreamNotFound(name)
+        return stream
 
     def prepare_set_stream(
         self, name: str, policy: Mapping[str, int | None], create: bool = False
@@ -733,10 +742,7 @@ class SegmentContainer:
     def prepare_delete_stream(self, name: str) -> PendingOperation:
         """Delete a stream and every segment in it (result: None)."""
         self._start()
-        stream = self._table.streams.get(name)
-        if stream is None or stream.p_deleted:
-            validate_name(name)
-            raise StreamNotFound(name)
+        stream = self._pending_stream(name)
         for seg in list(stream.members):
             if not seg.p_deleted:
                 self.prepare_delete(seg.name)
@@ -755,16 +761,9 @@ class SegmentContainer:
     def prepare_roll(self, name: str) -> PendingOperation:
         """Seal a stream's current segment now (result: StreamInfo)."""
         self._start()
-        stream = self._table.streams.get(name)
-        if stream is None or stream.p_deleted:
-            validate_name(name)
-            raise StreamNotFound(name)
+        stream = self._pending_stream(name)
         cur = stream.pending_current()
-        if cur is None:
-            op = PendingOperation(self, None, None)
-        else:
-            op = self.prepare_seal(cur.name)
-            self.rolls += 1
+        op = PendingOperation(self, None, None) if cur is None else self._roll(cur, "asked")
         return op._with_result(lambda: self.stream_info(name))
 
     def stream_info(self, name: str) -> StreamInfo:
@@ -955,7 +954,7 @@ class SegmentContainer:
             policy = stream.policy(cfg)
             cur = stream.pending_current()
             if cur is not None and cur.durable and roll_due_by_age(cur, policy, now):
-                start(f"roll of {cur.name}", partial(self._roll_op, cur))
+                start(f"roll of {cur.name}", partial(self._roll, cur, "age"))
             plan = plan_retention(stream.members, policy, now, cfg.retain_unflushed)
             for seg in plan.delete:
                 size = seg.length - seg.start_offset
@@ -986,12 +985,6 @@ class SegmentContainer:
             except GatewayError as e:
                 log.warning("%s: %s", what, e)
         return len(ops)
-
-    def _roll_op(self, seg: Segment) -> PendingOperation:
-        op = self.prepare_seal(seg.name)
-        self.rolls += 1
-        log.info("stream segment %s rolled by age at %d bytes", seg.name, seg.p_length)
-        return op
 
     async def run_streams(self) -> None:
         """`enforce_streams` every ``streams.interval`` (a task)."""

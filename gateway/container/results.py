@@ -53,6 +53,10 @@ class AppendResult:
     segment: str = ""
 
 
+#: A stream's policies, as StreamRecord / StreamPolicy / StreamInfo field names.
+POLICY_FIELDS = ("roll_size", "roll_age_ms", "retain_size", "retain_age_ms")
+
+
 @dataclass(frozen=True)
 class StreamInfo:
     """A stream's effective policies (0: off), its own settings and its segments."""
@@ -86,11 +90,7 @@ class StreamInfo:
     @classmethod
     def from_wire(cls, m: wire.StreamInfo) -> StreamInfo:
         """From the protocol's StreamInfo message."""
-        own = {
-            f: getattr(m.own, f)
-            for f in ("roll_size", "roll_age_ms", "retain_size", "retain_age_ms")
-            if m.own.HasField(f)
-        }
+        own = {f: getattr(m.own, f) for f in POLICY_FIELDS if m.own.HasField(f)}
         return cls(
             name=m.name,
             created_at_ms=m.created_at_ms,

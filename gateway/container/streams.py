@@ -27,8 +27,6 @@ NUMBER_DIGITS = 12
 #: Transactions are segments below this directory: hidden from listings and
 #: the mount, and no client may create a segment there.
 TXN_DIR = ".txn"
-#: The stream policies, as StreamRecord / StreamPolicy field names.
-POLICY_FIELDS = ("roll_size", "roll_age_ms", "retain_size", "retain_age_ms")
 
 
 def segment_name(stream: str, number: int) -> str:
