@@ -29,7 +29,7 @@ import pyfuse3
 import trio
 
 from fs.source import SegmentSource
-from fs.vfs import Attributes, FsError, Invalidation, SegmentVFS
+from fs.vfs import TRIMMED_BASE, Attributes, FsError, Invalidation, SegmentVFS
 from gateway.config import FuseConfig
 from gateway.errors import SegmentNotFound
 
@@ -122,11 +122,16 @@ class SegmentFS(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         """The entry ``name`` in a directory."""
-        return entry_attributes(self.vfs.lookup(parent_inode, name))
+        attrs = self.vfs.lookup(parent_inode, name)
+        if attrs.inode >= TRIMMED_BASE:  # a truncated lines segment may need a read
+            await self.vfs.find_trim_start(attrs.inode)
+            attrs = self.vfs.attributes(attrs.inode)
+        return entry_attributes(attrs)
 
     @_fuse_op
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         """Attributes of a file or directory."""
+        await self.vfs.find_trim_start(inode)
         return entry_attributes(self.vfs.attributes(inode))
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
@@ -151,6 +156,7 @@ class SegmentFS(pyfuse3.Operations):
     @_fuse_op
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         """Open a segment (or its ``.events`` file) for reading."""
+        await self.vfs.find_trim_start(inode)
         opened = self.vfs.open(inode, flags)
         return pyfuse3.FileInfo(
             fh=opened.fh, keep_cache=opened.keep_cache, direct_io=opened.direct_io

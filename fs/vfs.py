@@ -19,6 +19,22 @@ Errors are `FsError(errno)`; the adapter raises them as FUSEError:
 - a Tier-2 or cache failure: EIO, with a log line naming segment and offset;
 - anything that would change the tree, a file or an attribute: EROFS.
 
+Two views of every segment:
+
+- the file at the segment's name keeps segment offsets: byte N of the file
+  is byte N of the segment, and a truncated segment reads as zeros below its
+  start offset (like a punched hole). The `segments` Spark source, ``cat
+  --offset`` and anything that compares offsets with the protocol's use it;
+- the same name under the hidden directory ``.trimmed`` (found by name,
+  never listed) starts at the segment's first event boundary at or after
+  its start offset, so pandas, pyarrow, DuckDB and Spark's JSON reader see
+  no zeros and no partial first event. Its xattr ``user.segment.view_offset``
+  is the segment offset of the file's first byte.
+
+In both, an active ``lines`` segment ends at its last newline
+(`Segment.event_end`): a raw append that cut a line is not shown until the
+line is whole.
+
 Sealed segments never change again (short of a truncation), so their
 attributes and names are cached for ``fuse.sealed_timeout`` and their pages
 survive a reopen (``keep_cache``). Active segments grow: ``fuse.active_timeout``
@@ -27,6 +43,8 @@ survive a reopen (``keep_cache``). Active segments grow: ``fuse.active_timeout``
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import errno
 import grp
 import logging
@@ -40,10 +58,12 @@ from dataclasses import dataclass
 
 from fs.prefetcher import Prefetcher
 from fs.source import SegmentSource
-from fs.tree import SEGMENT_INODE_BASE, Tree
+from fs.tree import ROOT_INODE, SEGMENT_INODE_BASE, Tree
 from gateway.buffers import Buffer
+from gateway.codec import Codec
 from gateway.config import FuseConfig
 from gateway.container.attributes import EVENT_COUNT, is_core
+from gateway.container.names import TRIMMED_DIR
 from gateway.container.segment import Segment
 from gateway.errors import GatewayError
 
@@ -57,6 +77,14 @@ BLKSIZE = 1024 * 1024
 #: listings do not see it), inode ``EVENTS_INODE_BASE + segment id``.
 EVENTS_INODE_BASE = 2 * SEGMENT_INODE_BASE
 EVENTS_NAME = re.compile(rb"^\.(.+)\.events$")
+#: The trimmed view: ``.trimmed`` at the root mirrors the whole tree; its
+#: inodes are the plain view's plus ``TRIMMED_BASE`` (directories included).
+TRIMMED_NAME = TRIMMED_DIR.encode()
+TRIMMED_BASE = 1 << 43
+TRIMMED_ROOT = TRIMMED_BASE + ROOT_INODE
+#: How far the trimmed view looks for a truncated lines segment's first
+#: newline at a time.
+_SCAN = 64 * 1024
 XATTR_PREFIX = b"user.segment."
 #: Flags of an open that could change a file.
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
@@ -128,17 +156,31 @@ def events_file(seg: Segment) -> bytes:
     return "".join(f"{offset}\n" for offset in seg.event_index).encode()
 
 
-class _Handle:
-    """One open file (a segment, or a snapshot of its ``.events`` file)."""
+def _trimmed(inode: int) -> tuple[int, bool]:
+    """(the plain view's inode, whether ``inode`` is in the trimmed view)."""
+    return (inode - TRIMMED_BASE, True) if inode >= TRIMMED_BASE else (inode, False)
 
-    __slots__ = ("content", "prefetcher", "segment_id")
+
+class _Handle:
+    """One open file (a segment, or a snapshot of its ``.events`` file).
+
+    ``base``: the segment offset of the file's first byte (the trimmed view's
+    start when opened; 0 in the plain view).
+    """
+
+    __slots__ = ("base", "content", "prefetcher", "segment_id")
 
     def __init__(
-        self, segment_id: int, prefetcher: Prefetcher | None, content: bytes | None = None
+        self,
+        segment_id: int,
+        prefetcher: Prefetcher | None,
+        content: bytes | None = None,
+        base: int = 0,
     ) -> None:
         self.segment_id = segment_id
         self.prefetcher = prefetcher
         self.content = content
+        self.base = base
 
 
 class SegmentVFS:
@@ -170,6 +212,9 @@ class SegmentVFS:
         #: Directory handle -> its entries when opened (stable readdir offsets).
         self._dirs: dict[int, list[tuple[str, int]]] = {}
         self._next_fh = 1
+        #: (segment id, start offset) -> first event boundary at or after it,
+        #: found by reading (truncated lines segments; `find_trim_start`).
+        self._trim_starts: dict[tuple[int, int], int] = {}
         self.reads = 0
         self.bytes_read = 0
         self.read_errors = 0
@@ -182,11 +227,19 @@ class SegmentVFS:
 
     def on_sealed(self, seg: Segment) -> None:
         """Sealed: the kernel refetches the attributes and caches them for long."""
-        self.invalidate(("inode", self.tree.segment_inode(seg.id), b"", 1))
+        inode = self.tree.segment_inode(seg.id)
+        self.invalidate(("inode", inode, b"", 1))
+        # The trimmed file's size changes too (a lines segment's last line).
+        self.invalidate(("inode", inode + TRIMMED_BASE, b"", 1))
 
     def on_truncated(self, seg: Segment) -> None:
-        """Bytes below the start offset are zeros now: drop cached pages too."""
-        self.invalidate(("inode", self.tree.segment_inode(seg.id), b"", 0))
+        """Bytes below the start offset are zeros now: drop cached pages too.
+
+        The trimmed file starts later now: every byte of it moved.
+        """
+        inode = self.tree.segment_inode(seg.id)
+        self.invalidate(("inode", inode, b"", 0))
+        self.invalidate(("inode", inode + TRIMMED_BASE, b"", 0))
 
     def on_deleted(self, seg: Segment) -> None:
         """Gone: forget the name (and any directories it leaves empty), then its pages.
@@ -199,12 +252,17 @@ class SegmentVFS:
         inode = self.tree.segment_inode(seg.id)
         for parent, name, entry in self.tree.remove_segment(seg.id):
             self.invalidate(("entry", parent, name.encode(), entry))
+            self.invalidate(("entry", parent + TRIMMED_BASE, name.encode(), entry + TRIMMED_BASE))
         self.invalidate(("inode", inode, b"", 0))
+        self.invalidate(("inode", inode + TRIMMED_BASE, b"", 0))
+        for key in [k for k in self._trim_starts if k[0] == seg.id]:
+            del self._trim_starts[key]
 
     # -- attributes ------------------------------------------------------------------
 
     def segment(self, inode: int) -> Segment:
         """The segment behind a file inode (its ``.events`` file's too); ESTALE if gone."""
+        inode = _trimmed(inode)[0]
         if inode >= EVENTS_INODE_BASE:
             inode -= EVENTS_INODE_BASE - SEGMENT_INODE_BASE
         seg = self.source.segment_by_id(inode - SEGMENT_INODE_BASE)
@@ -213,8 +271,73 @@ class SegmentVFS:
             raise FsError(errno.ESTALE)
         return seg
 
+    def trim_start(self, seg: Segment) -> int:
+        """The trimmed view's first byte: the first event boundary at or after the start offset.
+
+        Known without reading: offset 0, an indexed boundary (the index holds
+        the start offset when a truncation was at a known boundary, as
+        retention's are), or a boundary `find_trim_start` found by reading.
+        Otherwise the next indexed boundary (at most ~1 MiB on), else the end
+        of the last complete event (an empty file, until more is indexed).
+        """
+        start = seg.start_offset
+        index = seg.event_index
+        i = bisect.bisect_left(index, start)
+        if start == 0 or (i < len(index) and index[i] == start):
+            return start
+        found = self._trim_starts.get((seg.id, start))
+        if found is not None:
+            return found
+        end = seg.event_end
+        return min(index[i], end) if i < len(index) else end
+
+    async def find_trim_start(self, inode: int) -> None:
+        """For a trimmed file of a truncated ``lines`` segment: find its first line by reading.
+
+        The line that starts after the first newline at or after the start
+        offset (a line starting exactly at an unindexed start offset cannot
+        be told from the tail of a cut one, so it is skipped too). Nothing
+        to do for other files. Read errors leave the index's answer.
+        """
+        plain, trimmed = _trimmed(inode)
+        if not trimmed or self.tree.is_dir(plain) or plain >= EVENTS_INODE_BASE:
+            return
+        seg = self.source.segment_by_id(plain - SEGMENT_INODE_BASE)
+        if seg is None or seg.codec is not Codec.LINES:
+            return
+        start = seg.start_offset
+        if self.trim_start(seg) == start or (seg.id, start) in self._trim_starts:
+            return
+        limit = self.trim_start(seg)  # the next indexed boundary, or the end
+        pos = start
+        while pos < limit:
+            try:
+                block = bytes(await self.source.read(seg.view(), pos, min(_SCAN, limit - pos)))
+            except GatewayError:
+                return
+            if not block:
+                return
+            nl = block.find(b"\n")
+            if nl >= 0:
+                limit = pos + nl + 1
+                break
+            pos += len(block)
+        if len(self._trim_starts) >= 100_000:
+            self._trim_starts.clear()
+        self._trim_starts[(seg.id, start)] = limit
+
     def attributes(self, inode: int) -> Attributes:
         """What ``stat`` shows."""
+        plain, trimmed = _trimmed(inode)
+        if trimmed:
+            if plain >= EVENTS_INODE_BASE:
+                raise FsError(errno.ENOENT)
+            a = self.attributes(plain)
+            if self.tree.is_dir(plain):
+                return dataclasses.replace(a, inode=inode)
+            seg = self.segment(plain)
+            size = seg.event_end - self.trim_start(seg)
+            return dataclasses.replace(a, inode=inode, size=size, blocks=(size + 511) // 512)
         if self.tree.is_dir(inode):
             return Attributes(
                 inode, stat.S_IFDIR | 0o555, 2, 0, 0, self.uid, self.gid, BLKSIZE,
@@ -230,8 +353,9 @@ class SegmentVFS:
                 inode, mode, 1, size, 0, self.uid, self.gid, BLKSIZE, modified, 0, 0
             )  # fmt: skip
         timeout = self.config.sealed_timeout if seg.sealed else self.config.active_timeout
+        size = seg.event_end
         return Attributes(
-            inode, mode, 1, seg.length, (seg.length + 511) // 512, self.uid, self.gid,
+            inode, mode, 1, size, (size + 511) // 512, self.uid, self.gid,
             BLKSIZE, modified, seg.created_at_ms * 1_000_000, timeout,
         )  # fmt: skip
 
@@ -239,6 +363,18 @@ class SegmentVFS:
         """The entry ``name`` in a directory."""
         if name == b".":
             return self.attributes(parent_inode)
+        plain, trimmed = _trimmed(parent_inode)
+        if trimmed:
+            if name == b".." and plain == ROOT_INODE:
+                return self.attributes(ROOT_INODE)
+            if not self.tree.is_dir(plain):
+                raise FsError(errno.ENOENT)
+            if EVENTS_NAME.match(name) is not None:
+                raise FsError(errno.ENOENT)  # the index's offsets are the plain view's
+            found = self.lookup(plain, name)
+            return self.attributes(found.inode + TRIMMED_BASE)
+        if parent_inode == ROOT_INODE and name == TRIMMED_NAME:
+            return self.attributes(TRIMMED_ROOT)
         if name == b"..":
             parent = self.tree.parent(parent_inode)
             if parent is None:
@@ -263,10 +399,14 @@ class SegmentVFS:
 
     def opendir(self, inode: int) -> int:
         """Open a directory: its entries as of now are what `readdir` lists."""
-        if not self.tree.is_dir(inode):
-            raise FsError(errno.ENOTDIR if self.tree.parent(inode) else errno.ENOENT)
+        plain, trimmed = _trimmed(inode)
+        if not self.tree.is_dir(plain):
+            raise FsError(errno.ENOTDIR if self.tree.parent(plain) else errno.ENOENT)
         fh = self._new_fh()
-        self._dirs[fh] = self.tree.entries(inode)
+        entries = self.tree.entries(plain)
+        if trimmed:
+            entries = [(name, entry + TRIMMED_BASE) for name, entry in entries]
+        self._dirs[fh] = entries
         return fh
 
     def readdir(self, fh: int, start_id: int) -> Iterator[tuple[bytes, Attributes, int]]:
@@ -292,10 +432,15 @@ class SegmentVFS:
         """Open a segment for reading; sealed ones keep their cached pages."""
         if flags & WRITE_FLAGS:
             raise FsError(errno.EROFS)
-        if self.tree.is_dir(inode):
+        plain, trimmed = _trimmed(inode)
+        if self.tree.is_dir(plain):
             raise FsError(errno.EISDIR)
         seg = self.segment(inode)
         fh = self._new_fh()
+        if trimmed:
+            base = self.trim_start(seg)
+            self._files[fh] = _Handle(seg.id, Prefetcher(self.source, self.read_ahead), None, base)
+            return Opened(fh, keep_cache=seg.sealed)
         if inode >= EVENTS_INODE_BASE:
             # A snapshot taken now; direct I/O, so its size as cached by the
             # kernel does not cut it short.
@@ -314,8 +459,11 @@ class SegmentVFS:
         seg = self.source.segment_by_id(handle.segment_id)
         if seg is None:
             raise FsError(errno.ESTALE)
-        if off >= seg.length:
+        off += handle.base
+        end = seg.event_end
+        if off >= end:
             return b""
+        size = min(size, end - off)
         view = seg.view()
         assert handle.prefetcher is not None
         handle.prefetcher.on_read(view, off, size)
@@ -352,15 +500,20 @@ class SegmentVFS:
     def xattr_values(self, inode: int) -> dict[bytes, int | str]:
         """The ``user.segment.*`` values by key (none for directories and ``.events``).
 
+        ``view_offset`` is the segment offset of the file's first byte (0 but
+        in the trimmed view); ``event_end`` the file's end as a segment offset.
+
         ``node`` names the owner; ``tail_available`` is 0 when the owner does
         not answer, so the file ends at its flushed length (``length`` then
         says so too) and ``storage_length`` is all there is.
         """
-        if self.tree.is_dir(inode) or inode >= EVENTS_INODE_BASE:
+        plain, trimmed = _trimmed(inode)
+        if self.tree.is_dir(plain) or plain >= EVENTS_INODE_BASE:
             return {}
-        seg = self.segment(inode)
+        seg = self.segment(plain)
         owner, tail = self.source.owner(seg.id)
-        return {
+        view: dict[bytes, int | str] = {b"view_offset": self.trim_start(seg) if trimmed else 0}
+        return view | {
             b"node": owner,
             b"tail_available": int(tail),
             b"start_offset": seg.start_offset,
@@ -370,6 +523,9 @@ class SegmentVFS:
             b"event_count": seg.attributes.get(EVENT_COUNT, 0),
             b"chunk_count": len(seg.chunks),
             b"writer_count": sum(1 for k in seg.attributes if not is_core(k)),
+            b"codec": seg.codec.value,
+            b"event_end": seg.event_end,
+            b"created_ms": seg.created_at_ms,
         }
 
     def getxattr(self, inode: int, name: bytes) -> bytes:

@@ -287,7 +287,7 @@ def _cmd_import_metadata(args: argparse.Namespace) -> int:
 
 def _cmd_create(args: argparse.Namespace) -> int:
     async def run(client: Any) -> int:
-        info = await client.create(args.segment)
+        info = await client.create(args.segment, codec=args.codec)
         print(json.dumps(_info_dict(info)))
         return 0
 
@@ -411,7 +411,7 @@ def _cmd_append(args: argparse.Namespace) -> int:
 
             async with open_client(address, token, **tls) as client:
                 with contextlib.suppress(SegmentExists):
-                    await client.create(args.segment)
+                    await client.create(args.segment, codec=mode)
         # Reading the input blocks; for a CLI feeding one writer that is fine.
         source: BinaryIO = open(args.file, "rb") if args.file else sys.stdin.buffer  # noqa: SIM115, ASYNC230
         size = os.fstat(source.fileno()).st_size if args.file else 0
@@ -755,6 +755,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("create", _cmd_create, "create a segment", client=True)
     p.add_argument("segment")
+    p.add_argument("--codec", choices=["raw", "lines", "framed"], default="raw",
+                   help="how its events end (docs/FORMATS.md): lines makes the mount show an "
+                   "active segment ending at its last newline; framed refuses raw appends "
+                   "that are not whole frames (default raw)")  # fmt: skip
     p = add("append", _cmd_append, "append events from stdin (one per line)", client=True)
     p.add_argument("segment")
     p.add_argument("--file", help="read this file instead of stdin")
@@ -762,7 +766,9 @@ def build_parser() -> argparse.ArgumentParser:
     fmt.add_argument("--framed", action="store_true",
                      help="write each line as a framed event (length + payload)")  # fmt: skip
     fmt.add_argument("--raw", action="store_true", help="append the input bytes as they are")
-    p.add_argument("--create", action="store_true", help="create the segment if missing")
+    p.add_argument("--create", action="store_true",
+                   help="create the segment if missing, with the codec of the input "
+                   "(lines, framed or raw)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="give up (exit 25) once the daemon has been unreachable or "
                    "overloaded this long (default 60)")  # fmt: skip

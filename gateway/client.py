@@ -35,6 +35,7 @@ import trio
 
 from gateway import __version__
 from gateway.aio import service_nursery
+from gateway.codec import Codec
 from gateway.config import parse_host_port
 from gateway.container import AppendResult, AttributeUpdate, ReadResult, SegmentInfo
 from gateway.container.results import StreamInfo, TransactionInfo
@@ -430,10 +431,19 @@ class Client:
 
     # -- operations ------------------------------------------------------------------
 
-    async def create(self, segment: str, attributes: Sequence[AttributeUpdate] = ()) -> SegmentInfo:
-        """Create a segment."""
+    async def create(
+        self,
+        segment: str,
+        attributes: Sequence[AttributeUpdate] = (),
+        codec: Codec | str = Codec.RAW,
+    ) -> SegmentInfo:
+        """Create a segment; ``codec`` (raw, lines, framed) says how its events end."""
         r = await self._call(
-            create=wire.CreateSegmentRequest(segment=segment, attributes=_wire_updates(attributes))
+            create=wire.CreateSegmentRequest(
+                segment=segment,
+                attributes=_wire_updates(attributes),
+                codec=Codec(codec).number,  # type: ignore[arg-type]
+            )
         )
         return SegmentInfo.from_wire(r.info)
 
@@ -795,10 +805,15 @@ class SyncClient:
             raise ConnectionLost("?", "the client is closed")
         return trio.from_thread.run(partial(fn, *args, **kwargs), trio_token=self._token)
 
-    def create(self, segment: str, attributes: Sequence[AttributeUpdate] = ()) -> SegmentInfo:
+    def create(
+        self,
+        segment: str,
+        attributes: Sequence[AttributeUpdate] = (),
+        codec: Codec | str = Codec.RAW,
+    ) -> SegmentInfo:
         """See `Client.create`."""
         assert self._client is not None
-        return self._run(self._client.create, segment, attributes)
+        return self._run(self._client.create, segment, attributes, codec)
 
     def append(self, segment: str, data: bytes, **kwargs: Any) -> AppendResult:
         """See `Client.append`."""

@@ -63,6 +63,7 @@ from google.protobuf.message import DecodeError
 from gateway import __version__
 from gateway.buffers import Buffer
 from gateway.cluster.remote import TAIL_READ_TIMEOUT
+from gateway.codec import Codec
 from gateway.config import ServerConfig, parse_host_port
 from gateway.container import AppendResult, AttributeUpdate, Verb
 from gateway.container.container import PendingOperation, SegmentContainer
@@ -190,6 +191,13 @@ def _tls_reason(e: BaseException) -> str:
     if isinstance(cause, ssl.SSLError):
         return str(cause.reason or cause)
     return str(cause or e) or "connection closed during the handshake"
+
+
+def _codec(number: int) -> Codec:
+    codec = Codec.from_number(number)
+    if codec.number != number:
+        raise BadRequest(f"unknown event codec {number}")
+    return codec
 
 
 def _updates(updates: list[wire.AttributeUpdate]) -> list[AttributeUpdate]:
@@ -700,7 +708,9 @@ class Connection:
                 if req.WhichOneof("kind") == "stream":
                     produce_stream = _stream(self, req)
                 else:
-                    op = container.prepare_create(name, _updates(list(req.create.attributes)))
+                    op = container.prepare_create(
+                        name, _updates(list(req.create.attributes)), _codec(req.create.codec)
+                    )
             except GatewayError as e:
                 return error_response(rid, e)
             finally:
@@ -715,7 +725,7 @@ class Connection:
 
     def _create(self, req: wire.Request) -> Producer:
         op = self.server.container.prepare_create(
-            req.create.segment, _updates(list(req.create.attributes))
+            req.create.segment, _updates(list(req.create.attributes)), _codec(req.create.codec)
         )
         return self._pending_info(req.request_id, op)
 

@@ -19,7 +19,6 @@ Codecs (docs/FORMATS.md, "Event codecs"): ``raw`` (events as they are),
 
 from __future__ import annotations
 
-import enum
 import logging
 import ssl
 import struct
@@ -34,6 +33,7 @@ import trio
 
 from gateway.aio import service_nursery
 from gateway.client import Client, ResponseFuture, open_client
+from gateway.codec import Codec
 from gateway.container.results import TransactionInfo
 from gateway.errors import (
     ConditionalCheckFailed,
@@ -50,14 +50,6 @@ log = logging.getLogger(__name__)
 _LENGTH = struct.Struct(">I")
 #: Errors after which reconnecting and resending is the right thing to do.
 RETRYABLE = (ConnectionLost, Overloaded, Unavailable, ProtocolError)
-
-
-class Codec(enum.Enum):
-    """How events are laid out in the segment's bytes."""
-
-    RAW = "raw"
-    LINES = "lines"
-    FRAMED = "framed"
 
 
 class WriterFailed(GatewayError):

@@ -60,6 +60,7 @@ from typing import Any, BinaryIO
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
+    DataSourceStreamReader,
     EqualTo,
     Filter,
     GreaterThan,
@@ -472,3 +473,9 @@ class SegmentsDataSource(DataSource):
         if _bool(options.get("pushfilters", "false")):
             return PushdownSegmentsReader(options)
         return SegmentsReader(options)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """``spark.readStream.format("segments")``: `pipeline.stream.SegmentsStreamReader`."""
+        from pipeline.stream import SegmentsStreamReader
+
+        return SegmentsStreamReader(self.options)

@@ -203,7 +203,7 @@ async def test_a_deleted_segment_is_stale_for_open_handles_and_gone_by_name() ->
     # The kernel is told to drop the name, the emptied directory, and the pages.
     assert ("entry", d, b"x", SEGMENT_INODE_BASE + 1) in sent
     assert ("entry", ROOT_INODE, b"d", d) in sent
-    assert sent[-1] == ("inode", SEGMENT_INODE_BASE + 1, b"", 0)
+    assert sent[-2] == ("inode", SEGMENT_INODE_BASE + 1, b"", 0)
 
 
 def test_create_seal_and_truncate_reach_the_tree_and_the_kernel() -> None:
@@ -213,10 +213,10 @@ def test_create_seal_and_truncate_reach_the_tree_and_the_kernel() -> None:
     assert vfs.lookup(ROOT_INODE, b"new").size == 5
     seg.sealed = True
     vfs.on_sealed(seg)
-    assert sent[-1] == ("inode", SEGMENT_INODE_BASE + 3, b"", 1)  # attributes only
+    assert sent[-2] == ("inode", SEGMENT_INODE_BASE + 3, b"", 1)  # attributes only
     seg.start_offset = 2
     vfs.on_truncated(seg)
-    assert sent[-1] == ("inode", SEGMENT_INODE_BASE + 3, b"", 0)  # pages too
+    assert sent[-2] == ("inode", SEGMENT_INODE_BASE + 3, b"", 0)  # pages too
 
 
 async def test_events_file_is_hidden_found_by_name_and_a_snapshot() -> None:
@@ -255,6 +255,10 @@ def test_xattrs_statfs() -> None:
         XATTR_PREFIX + b"event_count": b"7",
         XATTR_PREFIX + b"chunk_count": b"1",
         XATTR_PREFIX + b"writer_count": b"1",
+        XATTR_PREFIX + b"view_offset": b"0",
+        XATTR_PREFIX + b"codec": b"raw",
+        XATTR_PREFIX + b"event_end": b"5000",
+        XATTR_PREFIX + b"created_ms": b"1000",
     }
     assert vfs.getxattr(SEGMENT_INODE_BASE + 2, XATTR_PREFIX + b"node") == b"node-1"
     assert vfs.getxattr(SEGMENT_INODE_BASE + 2, XATTR_PREFIX + b"tail_available") == b"1"

@@ -18,6 +18,12 @@ ID_BYTES = 16
 _CORE_PREFIX = bytes(15)
 #: Core attribute: events appended (an append counts its event_count, or 1).
 EVENT_COUNT = _CORE_PREFIX + b"\x01"
+#: Core attribute: the segment's event codec (`gateway.codec.Codec.number`),
+#: set when it is created; absent means raw.
+CODEC = _CORE_PREFIX + b"\x02"
+#: Core attribute of a ``lines`` segment: the offset just past its last
+#: newline (the end of its last complete event). Absent means 0.
+EVENT_END = _CORE_PREFIX + b"\x03"
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 

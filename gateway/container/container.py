@@ -41,9 +41,12 @@ import trio
 
 from gateway import failpoints
 from gateway.buffers import Buffer
+from gateway.codec import Codec, lines_end, whole_frames
 from gateway.config import ContainerConfig, StreamsConfig
 from gateway.container.attributes import (
+    CODEC,
     EVENT_COUNT,
+    EVENT_END,
     AttributeUpdate,
     check_id,
     is_core,
@@ -55,7 +58,7 @@ from gateway.container.interfaces import (
     OperationJournal,
     StorageListener,
 )
-from gateway.container.names import validate_name, validate_prefix
+from gateway.container.names import check_creatable, validate_name, validate_prefix
 from gateway.container.results import (
     POLICY_FIELDS,
     AppendResult,
@@ -123,6 +126,9 @@ from gateway.readindex import ReadIndex
 from gateway.stats import LATENCY_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)
+
+_LINES = Codec.LINES.number
+_FRAMED = Codec.FRAMED.number
 
 
 def _now_ms() -> int:
@@ -378,11 +384,12 @@ class SegmentContainer:
         self.fenced = error
 
     def prepare_create(
-        self, name: str, attributes: Sequence[AttributeUpdate] = ()
+        self, name: str, attributes: Sequence[AttributeUpdate] = (), codec: Codec = Codec.RAW
     ) -> PendingOperation:
-        """Create a segment (result: its SegmentInfo)."""
+        """Create a segment (result: its SegmentInfo); ``codec`` says how its events end."""
         self._start()
         validate_name(name)
+        check_creatable(name)
         if is_hidden(name):
             raise InvalidName(name, f"{TXN_DIR}/ is where transactions live (txn begin)")
         if name in self._table.streams:
@@ -396,6 +403,8 @@ class SegmentContainer:
         resolve(name, {}, attributes, values)
         if len(values) > self._cfg.max_attributes:
             raise LimitExceeded(f"more than {self._cfg.max_attributes} attributes")
+        if codec is not Codec.RAW:
+            values[CODEC] = codec.number
         return self._prepare_create(name, values)
 
     def _stream_above(self, path: str) -> Stream | None:
@@ -475,6 +484,17 @@ class SegmentContainer:
             values[writer_id] = event_number
         resolve(name, current, attribute_updates, values)
         values[EVENT_COUNT] = current.get(EVENT_COUNT, 0) + (event_count or 1)
+        codec = current.get(CODEC, 0)
+        if codec == _LINES and data:
+            end = lines_end(seg.p_length, data, current.get(EVENT_END, 0))
+            if end != current.get(EVENT_END, 0):
+                values[EVENT_END] = end
+        elif codec == _FRAMED and not writer_id:
+            # A writer's appends are whole frames by construction (it
+            # declared the codec); a raw append is checked.
+            problem = whole_frames(data)
+            if problem:
+                raise BadRequest(f"append to framed segment {name!r}: not whole events: {problem}")
         self._check_attribute_room(name, current, values)
         offset = seg.p_length
         if expected_offset is not None and expected_offset != offset:
@@ -666,7 +686,8 @@ class SegmentContainer:
         if stream.members:
             # Exactly-once writers go on from the event number they reached.
             last = stream.members[-1]
-            values = {k: v for k, v in last.pending_attributes().items() if not is_core(k)}
+            attrs = last.pending_attributes()
+            values = {k: v for k, v in attrs.items() if not is_core(k) or k == CODEC}
         name = segment_name(stream.name, stream.p_next_number)
         stream.p_next_number += 1
         self._prepare_create(name, values)
@@ -711,6 +732,7 @@ class SegmentContainer:
         if stream is not None and stream.p_deleted:
             stream = None
         if create:
+            check_creatable(name)
             if stream is not None or name in self._table.by_name:
                 raise SegmentExists(name)
             if is_hidden(name) or split_member(name) is not None:
@@ -811,15 +833,18 @@ class SegmentContainer:
                 f"({cfg.max_txn_timeout:g}s)"
             )
         stream = self._table.streams.get(parent)
+        values: dict[bytes, int] = {}
         if stream is None or stream.p_deleted:
             target = self._pending(parent)
             if target.hidden:
                 raise BadRequest(f"{parent!r} is a transaction; transactions do not nest")
             if target.p_sealed:
                 raise SegmentSealed(parent)
+            if CODEC in target.pending_attributes():  # its events are checked alike
+                values[CODEC] = target.pending_attributes()[CODEC]
         name = f"{TXN_DIR}/{uuid.uuid4().hex}"
         deadline = self.now_ms() + int(timeout * 1000)
-        op = self._prepare_create(name, {}, txn_parent=parent, txn_deadline_ms=deadline)
+        op = self._prepare_create(name, values, txn_parent=parent, txn_deadline_ms=deadline)
         self.txn_begun += 1
         return op._with_result(lambda: TransactionInfo(name, parent, deadline_ms=deadline))
 
@@ -855,6 +880,9 @@ class SegmentContainer:
             self.prepare_seal(name)
         offset = target.p_length
         length = txn.p_length
+        if current.get(CODEC, 0) == _LINES:
+            # The sealed transaction ends with a whole event, newline or not.
+            values[EVENT_END] = offset + length
         at_ms = self.now_ms()
         op = Operation(
             merge_segment=MergeSegment(
@@ -1127,10 +1155,12 @@ class SegmentContainer:
         data = await self.read_index.read(seg.view(), offset, max_length)
         return ReadResult(offset, data, seg.length, seg.start_offset, seg.sealed)
 
-    async def create(self, name: str, attributes: Sequence[AttributeUpdate] = ()) -> SegmentInfo:
+    async def create(
+        self, name: str, attributes: Sequence[AttributeUpdate] = (), codec: Codec = Codec.RAW
+    ) -> SegmentInfo:
         """Create a segment."""
         await self.wait_for_capacity(1024)
-        info: SegmentInfo = await self.prepare_create(name, attributes).wait()
+        info: SegmentInfo = await self.prepare_create(name, attributes, codec).wait()
         return info
 
     async def append(self, name: str, data: Buffer, **kwargs: Any) -> AppendResult:

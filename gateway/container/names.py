@@ -14,6 +14,8 @@ from gateway.errors import InvalidName
 MAX_NAME_BYTES = 1024
 MAX_DEPTH = 16
 _COMPONENT = re.compile(r"[A-Za-z0-9._-]{1,255}")
+#: The mount's trimmed view (fs/vfs.py) lives at this top-level name.
+TRIMMED_DIR = ".trimmed"
 
 
 def validate_name(name: str) -> str:
@@ -40,3 +42,9 @@ def validate_prefix(prefix: str) -> str:
     if prefix:
         validate_name(prefix.rstrip("/") or "x")
     return prefix
+
+
+def check_creatable(name: str) -> None:
+    """Raise InvalidName if ``name`` is where the mount shows something else."""
+    if name.split("/", 1)[0] == TRIMMED_DIR:
+        raise InvalidName(name, f"{TRIMMED_DIR}/ is the mount's trimmed view of every segment")

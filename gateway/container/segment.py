@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gateway.container.attributes import EVENT_COUNT
+from gateway.codec import Codec
+from gateway.container.attributes import CODEC, EVENT_COUNT, EVENT_END
 from gateway.container.results import SegmentInfo
 from gateway.protocol.metadata_pb2 import AttributeValue, ChunkRecord, SegmentRecord
 from gateway.readindex import SegmentView
+
+_LINES = Codec.LINES.number
 
 
 class Segment:
@@ -108,6 +111,25 @@ class Segment:
     def hidden(self) -> bool:
         """A transaction's segment: not listed, not in the mount."""
         return bool(self.txn_parent)
+
+    @property
+    def codec(self) -> Codec:
+        """The event codec declared when the segment was created (raw if none)."""
+        return Codec.from_number(self.attributes.get(CODEC, 0))
+
+    @property
+    def event_end(self) -> int:
+        """Where the last complete event ends (committed view; docs/FORMATS.md).
+
+        The length, but for an active ``lines`` segment whose last append
+        cut a line: there, just past the last newline. Never below the start
+        offset. The mount shows this as the file's size, so no reader sees
+        half a line; the rest follows once its newline is appended, or once
+        the segment is sealed (a sealed segment's last line is whole).
+        """
+        if self.sealed or self.attributes.get(CODEC, 0) != _LINES:
+            return self.length
+        return max(self.start_offset, min(self.length, self.attributes.get(EVENT_END, 0)))
 
     @property
     def gone(self) -> bool:

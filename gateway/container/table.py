@@ -18,6 +18,8 @@ import bisect
 from collections.abc import Iterator, Mapping, Sequence
 
 from gateway.buffers import Buffer
+from gateway.codec import Codec
+from gateway.container.attributes import CODEC, EVENT_END
 from gateway.container.segment import Segment
 from gateway.container.streams import Stream, split_member
 from gateway.errors import GatewayError
@@ -29,6 +31,7 @@ from gateway.readindex import ReadIndex
 SNAPSHOT_VERSION = 1
 #: About one event-boundary index entry per this many bytes of a segment.
 EVENT_INDEX_SPACING = 1024 * 1024
+_LINES = Codec.LINES.number
 
 
 class ContainerCorrupt(GatewayError):
@@ -116,7 +119,11 @@ class SegmentTable:
         end = offset + len(data)
         seg.length = end
         index = seg.event_index
-        if not index or offset - index[-1] >= EVENT_INDEX_SPACING:
+        if (not index or offset - index[-1] >= EVENT_INDEX_SPACING) and (
+            seg.attributes.get(CODEC, 0) != _LINES or seg.attributes.get(EVENT_END, 0) == offset
+        ):
+            # A lines segment's appends may cut lines: only an append that
+            # starts just past a newline starts an event.
             index.append(offset)
         seg.attributes.update(values)
         seg.last_modified_ms = at_ms
@@ -165,6 +172,9 @@ class SegmentTable:
         read index. Other offsets may be boundaries too; nobody can tell
         without the data.
         """
+        if seg.attributes.get(CODEC, 0) == _LINES:
+            # Appends may cut lines: only the end of the last whole line is known.
+            return offset == seg.attributes.get(EVENT_END, 0)
         if offset == seg.length:
             return True
         if any(c.start_offset == offset or c.start_offset + c.length == offset for c in seg.chunks):

@@ -28,6 +28,12 @@ class TransactionAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TXN_COMMIT: _ClassVar[TransactionAction]
     TXN_ABORT: _ClassVar[TransactionAction]
 
+class EventCodec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CODEC_RAW: _ClassVar[EventCodec]
+    CODEC_LINES: _ClassVar[EventCodec]
+    CODEC_FRAMED: _ClassVar[EventCodec]
+
 class AttributeVerb(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     REPLACE: _ClassVar[AttributeVerb]
@@ -67,6 +73,9 @@ STREAM_ROLL: StreamAction
 TXN_BEGIN: TransactionAction
 TXN_COMMIT: TransactionAction
 TXN_ABORT: TransactionAction
+CODEC_RAW: EventCodec
+CODEC_LINES: EventCodec
+CODEC_FRAMED: EventCodec
 REPLACE: AttributeVerb
 REPLACE_IF_GREATER: AttributeVerb
 REPLACE_IF_EQUALS: AttributeVerb
@@ -224,12 +233,14 @@ class Hello(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., token: _Optional[str] = ..., client: _Optional[str] = ...) -> None: ...
 
 class CreateSegmentRequest(_message.Message):
-    __slots__ = ("segment", "attributes")
+    __slots__ = ("segment", "attributes", "codec")
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
     segment: str
     attributes: _containers.RepeatedCompositeFieldContainer[AttributeUpdate]
-    def __init__(self, segment: _Optional[str] = ..., attributes: _Optional[_Iterable[_Union[AttributeUpdate, _Mapping]]] = ...) -> None: ...
+    codec: EventCodec
+    def __init__(self, segment: _Optional[str] = ..., attributes: _Optional[_Iterable[_Union[AttributeUpdate, _Mapping]]] = ..., codec: _Optional[_Union[EventCodec, str]] = ...) -> None: ...
 
 class AttributeUpdate(_message.Message):
     __slots__ = ("id", "verb", "value", "compare_value", "expect_absent")
