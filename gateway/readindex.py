@@ -161,6 +161,53 @@ class ReadIndex:
         k = bisect.bisect_left(idx.ends, offset)
         return k < len(idx.ends) and idx.ends[k] == offset
 
+    def byte_before(self, segment_id: int, offset: int) -> int | None:
+        """The last byte of the indexed append ending at ``offset``; None if none ends there."""
+        idx = self._segments.get(segment_id)
+        if idx is None:
+            return None
+        k = bisect.bisect_left(idx.ends, offset)
+        if k == len(idx.ends) or idx.ends[k] != offset:
+            return None
+        data = self._cached(segment_id, idx.starts[k])
+        return None if not data else data[-1]
+
+    def first_event_at_or_after(self, segment_id: int, offset: int, lines: bool) -> int | None:
+        """The first event boundary at or after ``offset`` that the cached appends show.
+
+        Every append is whole events but for ``lines`` segments, so: the first
+        append starting at or after ``offset``; for lines, just past the
+        first newline at or after ``offset - 1`` (looking at most 4 MiB on).
+        None when the appends there are not in the index.
+        """
+        idx = self._segments.get(segment_id)
+        if idx is None:
+            return None
+        if not lines:
+            k = bisect.bisect_left(idx.starts, offset)
+            return idx.starts[k] if k < len(idx.starts) else None
+        at = max(0, offset - 1)
+        k = bisect.bisect_right(idx.ends, at)  # the append holding byte ``at``
+        scanned = 0
+        while k < len(idx.starts) and idx.starts[k] <= at and scanned < 4 * 1024 * 1024:
+            data = self._cached(segment_id, idx.starts[k])
+            if data is None:
+                return None
+            lo = at - idx.starts[k]
+            nl = bytes(data[lo:]).find(b"\n")
+            if nl >= 0:
+                return at + nl + 1
+            scanned += len(data) - lo
+            at = idx.ends[k]
+            k += 1
+        return None
+
+    def _cached(self, segment_id: int, start: int) -> Buffer | None:
+        """The bytes of the indexed append starting at ``start``, if the store has them."""
+        key = (segment_id, start)
+        data: Buffer | None = self._recent.get(key) or self._unwritten.get(key)
+        return data if data is not None else self.store.get_append(segment_id, start)
+
     def on_truncate(self, segment_id: int, start_offset: int) -> None:
         """Bytes below ``start_offset`` are gone (or flushed): drop whole entries below it."""
         idx = self._segments.get(segment_id)

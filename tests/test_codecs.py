@@ -153,3 +153,17 @@ async def test_a_truncation_at_an_indexed_boundary_keeps_that_event() -> None:
     t = vfs.lookup(TRIMMED_ROOT, b"f")
     opened = vfs.open(t.inode, 0)
     assert bytes(await vfs.read(opened.fh, 0, 100)) == frame(b"b" * 10)
+
+
+async def test_a_truncation_inside_an_event_indexes_the_next_one() -> None:
+    c = make()
+    await c.create("f", codec=Codec.FRAMED)
+    for i in range(5):
+        await c.append("f", frame(b"%d" % i * 10))
+    await c.truncate("f", 14 * 2 + 3)
+    assert c._committed("f").event_index == [14 * 3]
+    await c.create("l", codec=Codec.LINES)
+    await c.append("l", b"aaaa\nbb")
+    await c.append("l", b"bb\ncccc\n")
+    await c.truncate("l", 6)  # inside "bbbb": the next line starts at 10
+    assert c._committed("l").event_index == [10]

@@ -149,11 +149,20 @@ class SegmentTable:
         seg.last_modified_ms = at_ms
         index = seg.event_index
         del index[: bisect.bisect_left(index, seg.start_offset)]
-        if (not index or index[0] != seg.start_offset) and self._is_boundary(seg, seg.start_offset):
-            # Readers start at the first indexed boundary at or after the
-            # start offset; when the truncation offset is one, say so, or
-            # up to a MiB of events after it would be out of their reach.
-            index.insert(0, seg.start_offset)
+        if not index or index[0] != seg.start_offset:
+            # Readers (the trimmed view, the segments sources) start at the
+            # first indexed boundary at or after the start offset: index the
+            # first one the cached appends show, or up to a MiB of events
+            # after it would be out of their reach.
+            first = (
+                seg.start_offset
+                if self._is_boundary(seg, seg.start_offset)
+                else self.read_index.first_event_at_or_after(
+                    seg.id, seg.start_offset, seg.attributes.get(CODEC, 0) == _LINES
+                )
+            )
+            if first is not None and first < seg.length and (not index or first < index[0]):
+                index.insert(0, first)
         # Bytes below the start offset never need flushing.
         seg.storage_length = max(seg.storage_length, seg.start_offset)
         n = 0
@@ -173,8 +182,12 @@ class SegmentTable:
         without the data.
         """
         if seg.attributes.get(CODEC, 0) == _LINES:
-            # Appends may cut lines: only the end of the last whole line is known.
-            return offset == seg.attributes.get(EVENT_END, 0)
+            # Appends may cut lines: an append's end is a line's end only
+            # if it ends with a newline (known while its bytes are cached).
+            return (
+                offset == seg.attributes.get(EVENT_END, 0)
+                or self.read_index.byte_before(seg.id, offset) == 0x0A
+            )
         if offset == seg.length:
             return True
         if any(c.start_offset == offset or c.start_offset + c.length == offset for c in seg.chunks):

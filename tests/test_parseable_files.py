@@ -1,0 +1,152 @@
+"""Mounted segments read by the tools people point at files: pandas, pyarrow, DuckDB, Spark.
+
+A truncated segment reads as zeros below its start offset in the plain view
+(offsets kept), which JSON readers reject; the ``.trimmed`` view starts at
+the first event at or after the start offset, and every reader takes it. An
+active ``lines`` segment whose last raw append cut a line shows ending at
+its last newline, so Spark's JSON reader sees no ``_corrupt_record`` while
+it grows. One mounted daemon for the module; Spark runs ``local[2]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from gateway.client import SyncClient
+from tests.helpers.mount import MountedDaemon, mounted_daemon
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def event(i: int) -> bytes:
+    return json.dumps({"id": i, "name": f"event {i}"}).encode() + b"\n"
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MountedDaemon]:
+    tmp = tmp_path_factory.mktemp("parseable")
+    with mounted_daemon(tmp, f'[tier2]\nurl = "file://{tmp}/tier2"\n') as daemon:
+        yield daemon
+
+
+@pytest.fixture(scope="module")
+def truncated(gateway: MountedDaemon) -> tuple[str, int]:
+    """A lines segment of events 0-99 truncated in the middle of event 10: (name, first id)."""
+    d = gateway
+    data = b"".join(event(i) for i in range(100))
+    cut = len(b"".join(event(i) for i in range(10))) + 5
+    with SyncClient(d.address) as c:
+        c.create("cut/log", codec="lines")
+        for k in range(0, len(data), 700):  # raw appends that cut lines
+            c.append("cut/log", data[k : k + 700])
+        c.truncate("cut/log", cut)
+        c.seal("cut/log")
+    return "cut/log", 11
+
+
+def test_the_plain_view_keeps_offsets_and_trips_json_readers(
+    gateway: MountedDaemon, truncated: tuple[str, int]
+) -> None:
+    import pandas as pd
+
+    name, _ = truncated
+    plain = gateway.mnt / name
+    assert plain.read_bytes()[:5] == b"\0" * 5  # zeros below the start offset
+    with pytest.raises(ValueError):
+        pd.read_json(plain, lines=True)
+
+
+def test_pandas_pyarrow_and_duckdb_read_the_trimmed_view(
+    gateway: MountedDaemon, truncated: tuple[str, int]
+) -> None:
+    import pandas as pd
+    import pyarrow.json as pj
+
+    name, first = truncated
+    trimmed = gateway.mnt / ".trimmed" / name
+    expected = list(range(first, 100))
+    assert list(pd.read_json(trimmed, lines=True)["id"]) == expected
+    assert pj.read_json(trimmed).column("id").to_pylist() == expected
+    # The offset mapping: the file's byte 0 is this segment offset.
+    view_offset = int(os.getxattr(trimmed, "user.segment.view_offset"))
+    assert view_offset == len(b"".join(event(i) for i in range(first)))
+    assert (gateway.mnt / name).read_bytes()[view_offset:] == trimmed.read_bytes()
+    # Not listed: `ls` and Spark's listings of the root do not see it.
+    assert ".trimmed" not in os.listdir(gateway.mnt)
+    duckdb = pytest.importorskip("duckdb")
+    rows = duckdb.sql(f"SELECT id FROM read_json_auto('{trimmed}') ORDER BY id").fetchall()
+    assert [r[0] for r in rows] == expected
+
+
+def test_a_truncation_at_an_event_boundary_keeps_that_event(gateway: MountedDaemon) -> None:
+    import pyarrow.json as pj
+
+    d = gateway
+    with SyncClient(d.address) as c:
+        c.create("exact", codec="lines")
+        for i in range(20):
+            c.append("exact", event(i))
+        c.truncate("exact", len(b"".join(event(i) for i in range(5))))
+    got = pj.read_json(d.mnt / ".trimmed" / "exact").column("id").to_pylist()
+    assert got == list(range(5, 20))
+
+
+def test_a_framed_segment_trimmed_starts_at_a_frame(gateway: MountedDaemon) -> None:
+    d = gateway
+    frames = [struct.pack(">I", 8) + b"frame-%02d" % i for i in range(10)]
+    with SyncClient(d.address) as c:
+        c.create("framed", codec="framed")
+        for f in frames:
+            c.append("framed", f)
+        c.truncate("framed", 3 * 12 + 5)  # inside the fourth frame
+    assert (d.mnt / ".trimmed" / "framed").read_bytes() == b"".join(frames[4:])
+
+
+def test_spark_reads_the_trimmed_view_and_a_growing_file_without_corrupt_records(
+    gateway: MountedDaemon, truncated: tuple[str, int]
+) -> None:
+    from pipeline.session import local_session
+
+    d = gateway
+    name, first = truncated
+    spark = local_session("parseable files")
+    try:
+        df = spark.read.json(f"file://{d.mnt}/.trimmed/{name}")
+        assert "_corrupt_record" not in df.columns
+        assert sorted(r.id for r in df.collect()) == list(range(first, 100))
+        # An active lines segment whose last raw append cut a line.
+        with SyncClient(d.address) as c:
+            c.create("growing", codec="lines")
+            c.append("growing", event(1) + event(2) + event(3)[:9])
+            assert c.info("growing").length == len(event(1) + event(2)) + 9
+        assert (d.mnt / "growing").stat().st_size == len(event(1) + event(2))
+        df = spark.read.json(f"file://{d.mnt}/growing")
+        assert "_corrupt_record" not in df.columns
+        assert sorted(r.id for r in df.collect()) == [1, 2]
+        with SyncClient(d.address) as c:
+            c.append("growing", event(3)[9:])
+        # The kernel may keep the old size for fuse.active_timeout (1 s).
+        whole = len(event(1) + event(2) + event(3))
+        deadline = time.monotonic() + 10
+        while (d.mnt / "growing").stat().st_size < whole and time.monotonic() < deadline:
+            time.sleep(0.1)
+        df = spark.read.json(f"file://{d.mnt}/growing")
+        assert sorted(r.id for r in df.collect()) == [1, 2, 3]
+    finally:
+        spark.stop()
+
+
+def test_a_raw_segment_shows_its_whole_length(gateway: MountedDaemon) -> None:
+    """Without a codec the gateway cannot tell where lines end: raw appends show as they are."""
+    d = gateway
+    with SyncClient(d.address) as c:
+        c.create("rawcut")
+        c.append("rawcut", b'{"id": 1}\n{"id"')
+    assert (d.mnt / "rawcut").read_bytes() == b'{"id": 1}\n{"id"'
+    assert os.getxattr(d.mnt / "rawcut", "user.segment.codec") == b"raw"
