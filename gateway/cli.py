@@ -158,12 +158,37 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
     except ModuleNotFoundError:
         print(f"segment-gateway: no job named {args.job!r} in pipeline/jobs", file=sys.stderr)
         return 2
+    if args.streaming and not hasattr(job, "run_streaming"):
+        print(f"segment-gateway: job {args.job!r} has no streaming form", file=sys.stderr)
+        return 2
     spark = local_session(f"segment-gateway {args.job}", cores=args.cores)
     try:
+        if args.streaming:
+            return _stream_job(job, spark, args)
         rows = job.run(spark, args.mount, args.out, args.stream)
     finally:
         spark.stop()
     print(f"{args.job}: {rows} row(s) written to {args.out}")
+    return 0
+
+
+def _stream_job(job: Any, spark: Any, args: argparse.Namespace) -> int:
+    """Run a job's streaming query until it ends (--available-now) or Ctrl-C."""
+    query = job.run_streaming(
+        spark, args.mount, args.out, args.stream, checkpoint=args.checkpoint,
+        trigger=args.trigger, available_now=args.available_now,
+    )  # fmt: skip
+    print(f"{args.job}: streaming to {args.out} (query {query.id}); Ctrl-C stops it",
+          file=sys.stderr)  # fmt: skip
+    try:
+        query.awaitTermination()
+    except KeyboardInterrupt:
+        query.stop()
+    if query.exception() is not None:
+        print(f"segment-gateway: the query failed: {query.exception()}", file=sys.stderr)
+        return 1
+    rows = sum(p["numInputRows"] for p in query.recentProgress)
+    print(f"{args.job}: stopped; {rows} event(s) read in the last batches")
     return 0
 
 
@@ -723,6 +748,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--stream", default="", help="directory under the mount (default: all)")
     p.add_argument("--cores", type=int, default=2, help="local Spark cores (default 2)")
+    p.add_argument("--streaming", action="store_true",
+                   help="run as a Structured Streaming query over the streaming segments "
+                   "source (docs/PIPELINE.md)")  # fmt: skip
+    p.add_argument("--checkpoint", default="", metavar="DIR",
+                   help="with --streaming: the query's checkpoint "
+                   "(default OUT.checkpoint)")  # fmt: skip
+    p.add_argument("--trigger", type=float, default=10.0, metavar="SECONDS",
+                   help="with --streaming: seconds between micro-batches (default 10)")  # fmt: skip
+    p.add_argument("--available-now", action="store_true",
+                   help="with --streaming: read what is there now, then stop")  # fmt: skip
     p = add("serve", _cmd_serve, "run the daemon in the foreground")
     p.add_argument("--listen", metavar="HOST:PORT", help="override server.listen (port 0: any)")
     p.add_argument("--data-dir", metavar="DIR", help="override node.data_dir")

@@ -58,6 +58,7 @@ from pyspark.sql.streaming.datasource import (
     ReadLimit,
     ReadMaxBytes,
     ReadMaxRows,
+    SupportsTriggerAvailableNow,
 )
 
 from pipeline.source import (
@@ -172,8 +173,12 @@ def _bytes_cut(file: str, codec: str, lo: int, hi: int, budget: int) -> int:
     return _count_cut(file, codec, lo, hi, 1)[0]
 
 
-class SegmentsStreamReader(DataSourceStreamReader):
-    """Micro-batches of the events appended to the segments under a path."""
+class SegmentsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches of the events appended to the segments under a path.
+
+    ``trigger(availableNow=True)`` reads what is there when the query
+    starts (in batches of the per-trigger limit) and stops.
+    """
 
     def __init__(self, options: Mapping[str, str]) -> None:
         o = {k.lower(): v for k, v in options.items()}
@@ -200,6 +205,8 @@ class SegmentsStreamReader(DataSourceStreamReader):
         if self.max_bytes < 0 or self.max_events < 0:
             raise ValueError("segments: a per-trigger limit must be positive")
         self.root = mount_root(self.path)
+        #: Trigger.AvailableNow: the segments and ends there were at the start.
+        self._target: dict[str, tuple[int, int]] | None = None
 
     # -- listing -------------------------------------------------------------------------
 
@@ -268,6 +275,10 @@ class SegmentsStreamReader(DataSourceStreamReader):
                 }
         return {"segments": segments, "done": done}
 
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Note what there is now: no batch goes past it."""
+        self._target = {seg.name: (seg.created, seg.end) for seg in self.list()}
+
     def getDefaultReadLimit(self) -> ReadLimit:
         """``maxBytesPerTrigger`` / ``maxEventsPerTrigger``, else everything."""
         if self.max_bytes:
@@ -281,6 +292,11 @@ class SegmentsStreamReader(DataSourceStreamReader):
         was = start.get("segments", {})
         done_before = start.get("done", {})
         listed = self.list(done_before)
+        if self._target is not None:
+            target = self._target
+            listed = [s for s in listed if target.get(s.name, (0, 0))[0] == s.created]
+            for s in listed:
+                s.end = min(s.end, target[s.name][1]) if s.end else s.end
         seen = {seg.name for seg in listed}
         done = {n: c for n, c in done_before.items() if n in seen}
         segments: dict[str, Any] = {}

@@ -300,6 +300,47 @@ def test_example_job_matches_plain_python(
     assert got == dict(expected)
 
 
+def test_example_job_streaming_counts_closed_windows_once(
+    gateway: MountedDaemon, spark: Any, tmp_path: pathlib.Path
+) -> None:
+    """The streaming form: windows the watermark has passed, each counted once, across a restart."""
+    from pipeline.jobs import events_per_minute
+
+    rng = random.Random(5)
+    events = json_events(rng, 3000)
+    # In time order, as a live stream would have them (out-of-order events
+    # older than the watermark are dropped, by design).
+    events.sort(key=lambda e: e["ts"])
+    with SyncClient(gateway.address) as c:
+        c.create_stream("job/live", {"roll_size": 16 * 1024})
+        append_lines(c, "job/live", events[:1500])
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+
+    def run_once() -> None:
+        query = events_per_minute.run_streaming(
+            spark, str(gateway.mnt), str(out), "job/live", str(ckpt), available_now=True
+        )
+        query.awaitTermination(180)
+        assert query.exception() is None
+
+    run_once()
+    with SyncClient(gateway.address) as c:
+        append_lines(c, "job/live", events[1500:])
+    run_once()  # from the checkpoint: the first half is not counted again
+    watermark = max(e["ts"] for e in events) - 60
+    expected: collections.Counter[tuple[str, datetime.datetime]] = collections.Counter()
+    for e in events:
+        minute = e["ts"] - e["ts"] % 60
+        if minute + 60 <= watermark:
+            expected[(e["key"], datetime.datetime.fromtimestamp(minute, tz=datetime.UTC))] += 1
+    got = [
+        (r.key, r.minute.replace(tzinfo=datetime.UTC), r.events)
+        for r in spark.read.parquet(str(out)).collect()
+    ]
+    assert len(got) == len({(k, m) for k, m, _ in got})  # every window once
+    assert {(k, m): n for k, m, n in got} == dict(expected)
+
+
 # -- codec=lines: lines are found by their newlines, never by the event index --
 
 
