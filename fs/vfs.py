@@ -437,17 +437,20 @@ class SegmentVFS:
             raise FsError(errno.EISDIR)
         seg = self.segment(inode)
         fh = self._new_fh()
+        # O_DIRECT: served as direct I/O, so reads go up to the segment's
+        # current end even while the kernel's copy of the size is older.
+        direct = bool(flags & os.O_DIRECT)
         if trimmed:
             base = self.trim_start(seg)
             self._files[fh] = _Handle(seg.id, Prefetcher(self.source, self.read_ahead), None, base)
-            return Opened(fh, keep_cache=seg.sealed)
+            return Opened(fh, keep_cache=seg.sealed and not direct, direct_io=direct)
         if inode >= EVENTS_INODE_BASE:
             # A snapshot taken now; direct I/O, so its size as cached by the
             # kernel does not cut it short.
             self._files[fh] = _Handle(seg.id, None, events_file(seg))
             return Opened(fh, direct_io=True)
         self._files[fh] = _Handle(seg.id, Prefetcher(self.source, self.read_ahead))
-        return Opened(fh, keep_cache=seg.sealed)
+        return Opened(fh, keep_cache=seg.sealed and not direct, direct_io=direct)
 
     async def read(self, fh: int, off: int, size: int) -> Buffer:
         """Bytes of the segment: zeros below its start offset, short at its end."""

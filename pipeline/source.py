@@ -34,9 +34,10 @@ sealed; while it is active that line may be half written, so it waits.
 
 Options:
 
-- ``codec``: ``framed`` (4-byte big-endian length, then the event; the
-  default) or ``lines`` (each event ends with ``\\n``, which is not part of
-  it; a ``\\r`` before it is);
+- ``codec``: ``framed`` (4-byte big-endian length, then the event) or
+  ``lines`` (each event ends with ``\\n``, which is not part of it; a
+  ``\\r`` before it is); by default each segment's own codec
+  (``user.segment.codec``: what it was created with), else ``framed``;
 - ``startOffset`` / ``endOffset``: only events starting in that range of
   each segment;
 - ``includeActive``: ``true`` (default) also reads segments not yet sealed;
@@ -122,6 +123,15 @@ def list_segment_files(path: str) -> list[str]:
     return found
 
 
+def declared_codec(file: str) -> str:
+    """The segment's own codec if it declared lines or framed, else framed."""
+    try:
+        codec = os.getxattr(file, "user.segment.codec").decode()
+    except OSError:
+        return "framed"
+    return codec if codec in ("lines", "framed") else "framed"
+
+
 def read_event_index(file: str) -> list[int]:
     """The offsets in the segment's ``.NAME.events`` file (empty if there is none)."""
     directory, base = os.path.split(file)
@@ -142,6 +152,18 @@ class Part(InputPartition):
         self.start = start
         self.end = end
         self.sealed = sealed
+        #: Read with O_DIRECT: the mount then serves every byte up to the
+        #: segment's current end, where the kernel's copy of the size (kept
+        #: up to ``fuse.active_timeout``) could cut a growing file short.
+        #: The streaming source sets it for active segments.
+        self.direct = False
+
+    def open(self, buffering: int) -> BinaryIO:
+        """The segment file, opened for this part."""
+        if not self.direct:
+            return open(self.file, "rb", buffering=buffering)
+        fd = os.open(self.file, os.O_RDONLY | os.O_DIRECT)
+        return os.fdopen(fd, "rb", buffering=buffering)
 
 
 class SegmentPart(Part):
@@ -209,8 +231,9 @@ class SegmentsReader(DataSourceReader):
         self.path = options.get("path", "")
         if not self.path:
             raise ValueError('segments: give a path: spark.read.format("segments").load(PATH)')
-        self.codec = options.get("codec", "framed")
-        if self.codec not in ("framed", "lines"):
+        #: "" means each segment's own (``user.segment.codec``), else framed.
+        self.codec = options.get("codec", "")
+        if self.codec not in ("", "framed", "lines"):
             raise ValueError(f"segments: codec must be framed or lines, not {self.codec!r}")
         self.lo = int(options.get("startoffset", 0))
         self.hi = int(options.get("endoffset", 2**63 - 1))
@@ -282,7 +305,7 @@ class SegmentsReader(DataSourceReader):
             start_offset = int(os.getxattr(file, "user.segment.start_offset"))
             index = [b for b in read_event_index(file) if b >= start_offset]
             lo, hi = max(self.lo, start_offset), min(self.hi, length)
-            if self.codec == "lines":
+            if (self.codec or declared_codec(file)) == "lines":
                 # Below the start offset are zeros: whether a line starts
                 # at it is known only if it is an indexed (append) boundary.
                 head = lo == 0 or (lo == start_offset and start_offset in index)
@@ -333,7 +356,7 @@ def _framed(p: SegmentPart) -> Iterator[Any]:
     """Length-prefixed events, parsed in Python, handed over in batches of ~8 MiB."""
     import pyarrow as pa
 
-    with open(p.file, "rb", buffering=READ_BUFFER) as f:
+    with p.open(READ_BUFFER) as f:
         f.seek(p.start)
         offset = p.start
         offsets: list[int] = []
@@ -398,7 +421,7 @@ def _lines(p: LinesPart) -> Iterator[Any]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    with open(p.file, "rb", buffering=0) as f:
+    with p.open(0) as f:
         base = _first_line(f, p)
         if base is None:
             return

@@ -37,6 +37,8 @@ Options (besides those of the batch source: ``codec``, ``includeActive``,
 - ``startingOffsets``: ``earliest`` (default: everything there is) or
   ``latest`` (only what is appended after the query starts; segments that
   appear later are read from their start);
+- ``minPartitions``: cut each batch into at least this many parts (of at
+  least 4 MiB) so every core works on it; default: the driver's cores;
 - ``maxBytesPerTrigger`` / ``maxEventsPerTrigger``: admission control,
   oldest segments (by name) first. A bytes limit cuts at indexed event
   boundaries (``.NAME.events``) or newlines; an events limit counts events
@@ -83,6 +85,8 @@ _XATTR = "user.segment."
 #: The mount's trimmed view (fs/vfs.py): where it starts is the first event
 #: at or after a segment's start offset.
 TRIMMED_DIR = ".trimmed"
+#: The smallest part a batch is cut into for parallelism (`minPartitions`).
+MIN_PART = 4 * 1024 * 1024
 #: Bytes read at a time when the driver counts or looks for events.
 _READ = 4 * 1024 * 1024
 
@@ -198,6 +202,7 @@ class SegmentsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.latest_start = starting == "latest"
         self.include_active = _bool(o.get("includeactive", "true"))
         self.split_size = max(1, parse_size(o.get("splitsize", str(DEFAULT_SPLIT))))
+        self.min_partitions = max(1, int(o.get("minpartitions", os.cpu_count() or 2)))
         self.max_bytes = parse_size(o["maxbytespertrigger"]) if "maxbytespertrigger" in o else 0
         self.max_events = int(o["maxeventspertrigger"]) if "maxeventspertrigger" in o else 0
         if self.max_bytes and self.max_events:
@@ -364,22 +369,31 @@ class SegmentsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """The parts of every segment's ``[from, at)`` in ``end``."""
         parts: list[InputPartition] = []
-        for name, r in end.get("segments", {}).items():
+        ranges = end.get("segments", {})
+        total = sum(max(0, r["at"] - r["from"]) for r in ranges.values())
+        # A batch is often one segment's new bytes: cut it so that every
+        # core has a part (parts of at least MIN_PART, at most splitSize).
+        size = min(self.split_size, max(MIN_PART, -(-total // self.min_partitions)))
+        for name, r in ranges.items():
             lo, hi = r["from"], r["at"]
             if hi <= lo:
                 continue
             file = os.path.join(self.root, name)
             sealed = bool(r.get("sealed"))
             if r["k"] == "lines":
-                for a in range(lo, hi, self.split_size):
-                    b = min(a + self.split_size, hi)
+                for a in range(lo, hi, size):
+                    b = min(a + size, hi)
                     parts.append(LinesPart(file, name, a, b, hi, a == lo, sealed, True))
-                continue
-            index = [lo, *(x for x in read_event_index(file) if lo < x < hi)]
-            if hi - lo <= self.split_size:
-                index = [lo]
-            for a, b in split(index, lo, hi, self.split_size):
-                parts.append(SegmentPart(file, name, a, b, a, b, sealed))
+            else:
+                index = [lo, *(x for x in read_event_index(file) if lo < x < hi)]
+                if hi - lo <= size:
+                    index = [lo]
+                for a, b in split(index, lo, hi, size):
+                    parts.append(SegmentPart(file, name, a, b, a, b, sealed))
+        for p in parts:
+            # A growing file's size as the kernel caches it may be older
+            # than the end the driver read from the xattr.
+            p.direct = not p.sealed  # type: ignore[attr-defined]
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
