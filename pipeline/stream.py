@@ -50,6 +50,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +88,8 @@ _XATTR = "user.segment."
 TRIMMED_DIR = ".trimmed"
 #: The smallest part a batch is cut into for parallelism (`minPartitions`).
 MIN_PART = 4 * 1024 * 1024
+#: How long a task waits for its node's mount to show what the driver saw.
+MOUNT_CATCH_UP = 60.0
 #: Bytes read at a time when the driver counts or looks for events.
 _READ = 4 * 1024 * 1024
 
@@ -350,11 +353,12 @@ class SegmentsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if end > pos:
                 moved = True
             entry = {"c": seg.created, "from": pos, "at": end, "k": seg.codec}
-            if seg.sealed and end >= seg.end:
-                # Read to its final end with this batch: finished. Listed
-                # once more, with the range that finishes it.
-                done[seg.name] = seg.created
+            if seg.sealed:
                 entry["sealed"] = True
+                if end >= seg.end:
+                    # Read to its final end with this batch: finished.
+                    # Listed once more, with the range that finishes it.
+                    done[seg.name] = seg.created
             segments[seg.name] = entry
         if not moved:
             return start
@@ -404,11 +408,29 @@ class SegmentsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Nothing to release: the segments are the gateway's."""
 
 
+def _wait_for_end(p: LinesPart | SegmentPart, end: int) -> None:
+    """Wait until this node's mount shows the segment up to ``end``.
+
+    The driver planned the batch from its own node's mount; on another node
+    the same segment (another node's, or this one's tail) may show less for
+    a moment, until that node's view of it refreshes.
+    """
+    deadline = time.monotonic() + MOUNT_CATCH_UP
+    while (shown := int(_xattr(p.file, "event_end"))) < end:
+        if time.monotonic() > deadline:
+            raise OSError(
+                f"{p.segment}: this node's mount shows {shown} bytes after "
+                f"{MOUNT_CATCH_UP:.0f} s; the batch reads up to {end}"
+            )
+        time.sleep(0.05)
+
+
 def _read_part(p: InputPartition) -> Iterator[Any]:
     """A part's events; nothing when its segment was deleted or truncated past it."""
     if not isinstance(p, LinesPart | SegmentPart):
         return
     try:
+        _wait_for_end(p, p.length if isinstance(p, LinesPart) else p.end)
         start_offset = int(_xattr(p.file, "start_offset"))
         if start_offset > p.start:
             # Truncated since the batch was planned: the bytes below read as

@@ -146,6 +146,43 @@ def test_spark_cluster_counts_every_event_of_every_node(setup: Any) -> None:
     assert source.count() == total
 
 
+def test_a_streaming_query_follows_appends_on_every_node(setup: Any) -> None:
+    """The streaming source on the cluster: each executor reads through its own node's mount."""
+    gateways, _, spark, fixed, _ = setup
+    for node in NODES:
+        with gateways.client(node) as c:
+            c.create(f"live/{node}", codec="lines")
+            c.append(f"live/{node}", lines(node, "live", 0, 100))
+    query = (
+        spark.readStream.format("segments")
+        .option("minPartitions", "3")
+        .load(f"{fixed}/live")
+        .writeStream.format("memory")
+        .queryName("cluster_live")
+        .trigger(processingTime="500 milliseconds")
+        .start()
+    )
+
+    def count() -> int:
+        return int(spark.table("cluster_live").count())
+
+    try:
+        wait_for(lambda: count() == 300, 60, "the first events of every node")
+        # Appends to segments the query has read, on every node, some
+        # read by executors of other nodes before their views refresh.
+        for node in NODES:
+            with gateways.client(node) as c:
+                c.append(f"live/{node}", lines(node, "live", 100, 400))
+        wait_for(lambda: count() >= 1500, 60, "the later events of every node")
+        rows = spark.table("cluster_live").collect()
+        assert len(rows) == 1500
+        got = {(json.loads(bytes(r.event))["node"], json.loads(bytes(r.event))["n"]) for r in rows}
+        assert got == {(node, n) for node in NODES for n in range(500)}
+        assert query.exception() is None
+    finally:
+        query.stop()
+
+
 def test_a_dead_node_leaves_its_flushed_events_counted(setup: Any) -> None:
     """Runs last: node-c stays down."""
     gateways, spark_cluster, spark, fixed, counts = setup

@@ -167,3 +167,20 @@ async def test_a_truncation_inside_an_event_indexes_the_next_one() -> None:
     await c.append("l", b"bb\ncccc\n")
     await c.truncate("l", 6)  # inside "bbbb": the next line starts at 10
     assert c._committed("l").event_index == [10]
+
+
+async def test_an_o_direct_open_is_served_as_direct_io() -> None:
+    """What the streaming source's executors use: reads not cut at the kernel's cached size."""
+    import os
+
+    c = make()
+    await c.create("s")
+    await c.append("s", b"abc")
+    await c.seal("s")
+    vfs = SegmentVFS(ContainerSource(c), CONFIG, read_ahead=0, owner=(0, 0))
+    inode = SEGMENT_INODE_BASE + c._committed("s").id
+    plain = vfs.open(inode, 0)
+    assert plain.keep_cache and not plain.direct_io
+    direct = vfs.open(inode, os.O_DIRECT)
+    assert direct.direct_io and not direct.keep_cache
+    assert vfs.open(inode + TRIMMED_BASE, os.O_DIRECT).direct_io

@@ -57,6 +57,7 @@ async def _setup(c: Client) -> None:
     await c.append("s", b"d", writer_id=b"W" * 16, event_number=4, previous_event_number=0)
     await c.create("sealed")
     await c.seal("sealed")
+    await c.create("framed", codec="framed")
 
 
 def upd(verb: Verb, value: int, **kw: Any) -> list[AttributeUpdate]:
@@ -107,6 +108,12 @@ CASES: list[tuple[str, Step, type[GatewayError], Callable[[Any], bool]]] = [
     ("attributes bad id", lambda c: c.get_attributes("s", [b"x"]), BadAttributeUpdate,
      lambda e: True),
     ("second hello", lambda c: c._hello("", "again"), BadRequest, lambda e: True),
+    ("create unknown codec", lambda c: c._call(create=wire.CreateSegmentRequest(
+        segment="c", codec=7)), BadRequest, lambda e: "codec" in str(e)),  # type: ignore[arg-type]
+    ("create in the trimmed view", lambda c: c.create(".trimmed/x"), InvalidName,
+     lambda e: "trimmed" in str(e)),
+    ("append not whole frames", lambda c: c.append("framed", b"\0\0\0\x09abc"), BadRequest,
+     lambda e: "not whole events" in str(e)),
 ]  # fmt: skip
 
 

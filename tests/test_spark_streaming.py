@@ -65,6 +65,10 @@ def line(k: int, i: int) -> bytes:
     return b'{"w": %d, "n": %d}' % (k, i)
 
 
+def framed(event: bytes) -> bytes:
+    return len(event).to_bytes(4, "big") + event
+
+
 def test_a_query_follows_appends_rolls_truncation_and_deletion(
     gateway: MountedDaemon, spark: Any
 ) -> None:
@@ -125,10 +129,11 @@ def test_admission_control_limits_each_batch(gateway: MountedDaemon, spark: Any)
     with SyncClient(d.address) as c:
         c.create("limited/a", codec="lines")
         c.append("limited/a", b"".join(line(2, i) + b"\n" for i in range(1000)))
-        c.create("limited/b", codec="lines")
-        c.append("limited/b", b"".join(line(3, i) + b"\n" for i in range(500)))
+        # A framed one beside it: each segment is read by its own codec.
+        c.create("limited/b", codec="framed")
+        c.append("limited/b", b"".join(framed(line(3, i)) for i in range(500)))
         c.seal("limited/b")
-    # Events here are 17 to 20 bytes with their newline: 4 KiB is at most 241.
+    # Events here take 17 to 23 bytes with their newline or length: 4 KiB is at most 241.
     for option, value, most in (
         ("maxEventsPerTrigger", "300", 300),
         ("maxBytesPerTrigger", "4k", 241),
@@ -136,7 +141,6 @@ def test_admission_control_limits_each_batch(gateway: MountedDaemon, spark: Any)
         name = f"limited_{option}"
         query = (
             spark.readStream.format("segments")
-            .option("codec", "lines")
             .option(option, value)
             .load(str(d.mnt / "limited"))
             .writeStream.format("memory")
@@ -152,6 +156,8 @@ def test_admission_control_limits_each_batch(gateway: MountedDaemon, spark: Any)
             table = spark.table(name)
             assert table.count() == 1500
             assert table.select("segment", "offset").distinct().count() == 1500
+            events = {bytes(r.event) for r in table.collect()}
+            assert events == {line(2, i) for i in range(1000)} | {line(3, i) for i in range(500)}
             sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
             assert len(sizes) >= 1500 // most and max(sizes) <= most, sizes
         finally:
