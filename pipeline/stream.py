@@ -47,6 +47,7 @@ Options (besides those of the batch source: ``codec``, ``includeActive``,
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import struct
@@ -64,6 +65,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from gateway.container.names import TRIMMED_DIR
 from pipeline.source import (
     DEFAULT_SPLIT,
     SCAN_BYTES,
@@ -83,9 +85,6 @@ log = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct(">I")
 _XATTR = "user.segment."
-#: The mount's trimmed view (fs/vfs.py): where it starts is the first event
-#: at or after a segment's start offset.
-TRIMMED_DIR = ".trimmed"
 #: The smallest part a batch is cut into for parallelism (`minPartitions`).
 MIN_PART = 4 * 1024 * 1024
 #: How long a task waits for its node's mount to show what the driver saw.
@@ -245,8 +244,10 @@ class SegmentsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 end = int(_xattr(file, "event_end"))
                 created = int(_xattr(file, "created_ms"))
                 start_offset = int(_xattr(file, "start_offset"))
-            except FileNotFoundError:
-                continue  # deleted since the listing
+            except OSError as e:
+                if e.errno in (errno.ENOENT, errno.ESTALE):
+                    continue  # deleted since the listing
+                raise
             codec = self._codec_of(declared)
             if codec == "lines" and declared != "lines" and not sealed:
                 # The gateway does not know where this segment's lines end.
@@ -449,9 +450,7 @@ def _read_part(p: InputPartition) -> Iterator[Any]:
             else:
                 p.head = True
         yield from _lines(p) if isinstance(p, LinesPart) else _framed(p)
-    except FileNotFoundError:
-        return  # deleted: its events went with it
     except OSError as e:
-        if e.errno == 116:  # ESTALE: deleted while open
+        if e.errno in (errno.ENOENT, errno.ESTALE):  # deleted (ESTALE: while open)
             return
         raise

@@ -11,7 +11,9 @@ import pytest
 DAEMON_ONLY = ("rocksdict", "cache", "gateway.journal", "gateway.readindex", "gateway.tier2")
 
 
-@pytest.mark.parametrize("module", ["gateway.client", "gateway.writer", "pipeline.source"])
+@pytest.mark.parametrize(
+    "module", ["gateway.client", "gateway.writer", "pipeline.source", "pipeline.stream"]
+)
 def test_client_side_modules_load_no_daemon_parts(module: str) -> None:
     """A writer process or a Spark executor needs neither RocksDB nor the journal."""
     code = (
