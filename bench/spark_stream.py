@@ -17,7 +17,8 @@ directory) and one local Spark session (``local[2]``):
   query reads them all with ``trigger(availableNow=True)`` in micro-batches
   of ``maxBytesPerTrigger`` (256 MiB), counting in ``foreachBatch``. Both
   read warm (page cache). Events/s (streaming: over the micro-batches' own
-  time, without the query's start-up), streaming ÷ batch; target ≥ 0.8.
+  time after the first, which also starts the query's Python workers),
+  streaming ÷ batch; target ≥ 0.8.
 
 Medians of --repeat runs. Prints one JSON document; --write-table rewrites
 the section of docs/PERFORMANCE.md. --quick: smaller and one run.
@@ -165,13 +166,25 @@ def rate_run(
     wall = time.perf_counter() - started
     if sum(counted) != events:
         raise RuntimeError(f"streaming source counted {sum(counted)} of {events}")
-    # Sustained: the micro-batches' own time (planning, reading, the sink),
-    # without the query's start and the empty batches around it.
+    # Sustained: the micro-batches' own time (planning, reading, the sink,
+    # the checkpoint), after the first: that one also starts the query's
+    # Python workers (0.5-0.7 s here), which a running query does once.
     progress = [p for p in query.recentProgress if p["numInputRows"]]
-    busy = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
+    first, rest = progress[0], progress[1:]
+    if not rest:
+        raise RuntimeError("one micro-batch only: give --size several times --trigger-bytes")
+    busy = sum(p["durationMs"]["triggerExecution"] for p in rest) / 1000
+    events = sum(p["numInputRows"] for p in rest)
     if os.environ.get("BENCH_DEBUG"):
         log(json.dumps([p["durationMs"] for p in progress]))
-    return {"batch_s": batch, "stream_s": busy, "wall_s": wall, "batches": len(progress)}
+    return {
+        "batch_s": batch,
+        "batch_events_per_s": count / batch,
+        "stream_events_per_s": events / busy,
+        "first_batch_s": first["durationMs"]["triggerExecution"] / 1000,
+        "wall_s": wall,
+        "batches": len(progress),
+    }
 
 
 def main() -> int:
@@ -215,8 +228,8 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     p50 = statistics.median(r["p50"] for r in latency)
     p99 = statistics.median(r["p99"] for r in latency)
-    batch_s = statistics.median(r["batch_s"] for r in rates)
-    stream_s = statistics.median(r["stream_s"] for r in rates)
+    batch_rate = statistics.median(r["batch_events_per_s"] for r in rates)
+    stream_rate = statistics.median(r["stream_events_per_s"] for r in rates)
     result = {
         "bench": "spark_stream",
         "when": time.strftime("%Y-%m-%d"),
@@ -234,11 +247,11 @@ def main() -> int:
         "trigger_bytes": args.trigger_bytes,
         "events": events,
         "rates": rates,
-        "batch_events_per_s": events / batch_s,
-        "stream_events_per_s": events / stream_s,
-        "ratio": batch_s / stream_s,
-        "ratio_met": batch_s / stream_s >= TARGET_RATE,
-        "wall_overhead_s": statistics.median(r["wall_s"] - r["stream_s"] for r in rates),
+        "batch_events_per_s": batch_rate,
+        "stream_events_per_s": stream_rate,
+        "ratio": stream_rate / batch_rate,
+        "ratio_met": stream_rate / batch_rate >= TARGET_RATE,
+        "first_batch_s": statistics.median(r["first_batch_s"] for r in rates),
     }
     print(json.dumps(result, indent=2))
     if args.write_table:
@@ -256,8 +269,8 @@ def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
         f"({result['events']:,} events) in two sealed segments, warm; streaming with "
         "`availableNow` and `maxBytesPerTrigger` "
         f"{result['trigger_bytes'] / MiB:.0f} MiB; its events/s over the "
-        "micro-batches' own time (Spark's `triggerExecution`; the query's start-up, "
-        f"{result['wall_overhead_s']:.1f} s here, not counted).",
+        "micro-batches' own time (Spark's `triggerExecution`) after the first, which "
+        f"also starts the query's Python workers ({result['first_batch_s']:.1f} s here).",
         "",
         "| measure | baseline | streaming source | | target | |",
         "|---|---|---|---|---|---|",

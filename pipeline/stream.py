@@ -66,16 +66,16 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from gateway.container.names import TRIMMED_DIR
-from pipeline.source import (
+from pipeline.parts import (
     DEFAULT_SPLIT,
     SCAN_BYTES,
     LinesPart,
     SegmentPart,
-    _bool,
-    _framed,
-    _lines,
+    framed_events,
+    line_events,
     list_segment_files,
     mount_root,
+    parse_bool,
     parse_size,
     read_event_index,
     split,
@@ -202,7 +202,7 @@ class SegmentsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"segments: startingOffsets must be earliest or latest, not {starting!r}"
             )
         self.latest_start = starting == "latest"
-        self.include_active = _bool(o.get("includeactive", "true"))
+        self.include_active = parse_bool(o.get("includeactive", "true"))
         self.split_size = max(1, parse_size(o.get("splitsize", str(DEFAULT_SPLIT))))
         self.min_partitions = max(1, int(o.get("minpartitions", os.cpu_count() or 2)))
         self.max_bytes = parse_size(o["maxbytespertrigger"]) if "maxbytespertrigger" in o else 0
@@ -449,7 +449,7 @@ def _read_part(p: InputPartition) -> Iterator[Any]:
                 p.lo = max(p.lo, first)
             else:
                 p.head = True
-        yield from _lines(p) if isinstance(p, LinesPart) else _framed(p)
+        yield from line_events(p) if isinstance(p, LinesPart) else framed_events(p)
     except OSError as e:
         if e.errno in (errno.ENOENT, errno.ESTALE):  # deleted (ESTALE: while open)
             return

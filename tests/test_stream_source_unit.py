@@ -16,7 +16,7 @@ pytest.importorskip("pyspark")
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
 
-from pipeline.source import LinesPart, SegmentPart
+from pipeline.parts import LinesPart, SegmentPart
 from pipeline.stream import (
     Listed,
     SegmentsStreamReader,
