@@ -170,13 +170,21 @@ def _bytes_cut(file: str, codec: str, lo: int, hi: int, budget: int) -> int:
         if cut > lo:
             return cut
         return _count_cut(file, codec, lo, hi, 1)[0]
-    index = [b for b in read_event_index(file) if lo < b < hi]
-    below = [b for b in index if b <= cap]
-    if below:
-        return below[-1]
-    if index:
-        return index[0]
-    return _count_cut(file, codec, lo, hi, 1)[0]
+    # From the last indexed boundary below the cap (about a MiB apart),
+    # walk the frames up to it.
+    pos = max([lo, *(b for b in read_event_index(file) if lo < b <= cap)])
+    with open(file, "rb", buffering=_READ) as f:
+        f.seek(pos)
+        while pos < cap:
+            head = f.read(4)
+            if len(head) < 4:
+                break
+            size = _LENGTH.unpack(head)[0]
+            if pos + 4 + size > cap:
+                break
+            f.seek(size, os.SEEK_CUR)
+            pos += 4 + size
+    return pos if pos > lo else _count_cut(file, codec, lo, hi, 1)[0]
 
 
 class SegmentsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -132,6 +132,9 @@ def test_framed_ranges_cut_at_indexed_boundaries(tmp_path: pathlib.Path) -> None
     frame = (4).to_bytes(4, "big") + b"abcd"
     (tmp_path / "f").write_bytes(frame * 10)
     assert _count_cut(str(tmp_path / "f"), "framed", 0, 80, 3) == (24, 3)
+    # No index entries between: the frames are walked up to the budget.
+    assert _bytes_cut(str(tmp_path / "f"), "framed", 8, 80, 20) == 24
+    assert _bytes_cut(str(tmp_path / "f"), "framed", 8, 80, 3) == 16  # one event at least
     r: Any = Listing(tmp_path, splitSize="16", minPartitions="1")
     end = {"segments": {"f": {"c": 1, "from": 0, "at": 80, "k": "framed"}}, "done": {}}
     parts = r.partitions({}, end)

@@ -6,15 +6,19 @@ writes each micro-batch's events to ``OUT/batch=<id>`` as Parquet, replacing
 what an earlier attempt of the same batch left: with Spark's checkpoint
 (offsets logged before a batch runs, the commit after), that is exactly
 once however the driver dies. With ``--until N`` it stops once the batches
-written hold N events; otherwise it runs until killed.
+written hold N events; otherwise it runs until killed. With ``--restarts K``
+it also stops the query K times at random points (``--seed``) and starts it
+again from the checkpoint, in the same process.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import sys
 import time
+from typing import Any
 
 
 def written(out: str) -> int:
@@ -41,7 +45,10 @@ def main() -> int:
     p.add_argument("--trigger", default="300 milliseconds")
     p.add_argument("--until", type=int, default=0)
     p.add_argument("--max-events", type=int, default=0)
+    p.add_argument("--restarts", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
+    rnd = random.Random(args.seed)
 
     from pyspark.sql import DataFrame
 
@@ -58,13 +65,18 @@ def main() -> int:
             os.path.join(args.out, f"batch={batch_id:06d}")
         )
 
-    query = (
-        events.writeStream.foreachBatch(sink)
-        .option("checkpointLocation", args.checkpoint)
-        .trigger(processingTime=args.trigger)
-        .start()
-    )
+    def start() -> Any:
+        return (
+            events.writeStream.foreachBatch(sink)
+            .option("checkpointLocation", args.checkpoint)
+            .trigger(processingTime=args.trigger)
+            .start()
+        )
+
+    query = start()
     print("started", flush=True)
+    restarts = args.restarts
+    stop_at = time.monotonic() + rnd.uniform(0.5, 3.0)
     while True:
         if query.exception() is not None:
             print(f"query failed: {query.exception()}", file=sys.stderr, flush=True)
@@ -73,7 +85,12 @@ def main() -> int:
             query.stop()
             spark.stop()
             return 0
-        time.sleep(0.3)
+        if restarts and time.monotonic() > stop_at:
+            query.stop()  # wherever the batch is: the next start replays or goes on
+            query = start()
+            restarts -= 1
+            stop_at = time.monotonic() + rnd.uniform(0.5, 3.0)
+        time.sleep(0.1)
 
 
 if __name__ == "__main__":
