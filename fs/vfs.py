@@ -306,9 +306,9 @@ class SegmentVFS:
         if seg is None or seg.codec is not Codec.LINES:
             return
         start = seg.start_offset
-        if self.trim_start(seg) == start or (seg.id, start) in self._trim_starts:
-            return
         limit = self.trim_start(seg)  # the next indexed boundary, or the end
+        if limit == start or (seg.id, start) in self._trim_starts:
+            return
         pos = start
         while pos < limit:
             try:

@@ -53,7 +53,7 @@ def lines_end(offset: int, data: Buffer, previous_end: int) -> int:
     view = memoryview(data)
     if len(view) and view[-1] == 10:  # a newline last, as writers send: no search at all
         return offset + len(view)
-    k = view.tobytes().rfind(b"\n")
+    k = (data if isinstance(data, bytes | bytearray) else view.tobytes()).rfind(b"\n")
     return offset + k + 1 if k >= 0 else previous_end
 
 

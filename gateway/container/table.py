@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from gateway.buffers import Buffer
 from gateway.codec import Codec
-from gateway.container.attributes import CODEC, EVENT_END
+from gateway.container.attributes import EVENT_END
 from gateway.container.segment import Segment
 from gateway.container.streams import Stream, split_member
 from gateway.errors import GatewayError
@@ -31,7 +31,6 @@ from gateway.readindex import ReadIndex
 SNAPSHOT_VERSION = 1
 #: About one event-boundary index entry per this many bytes of a segment.
 EVENT_INDEX_SPACING = 1024 * 1024
-_LINES = Codec.LINES.number
 
 
 class ContainerCorrupt(GatewayError):
@@ -120,7 +119,7 @@ class SegmentTable:
         seg.length = end
         index = seg.event_index
         if (not index or offset - index[-1] >= EVENT_INDEX_SPACING) and (
-            seg.attributes.get(CODEC, 0) != _LINES or seg.attributes.get(EVENT_END, 0) == offset
+            seg.codec is not Codec.LINES or seg.attributes.get(EVENT_END, 0) == offset
         ):
             # A lines segment's appends may cut lines: only an append that
             # starts just past a newline starts an event.
@@ -158,7 +157,7 @@ class SegmentTable:
                 seg.start_offset
                 if self._is_boundary(seg, seg.start_offset)
                 else self.read_index.first_event_at_or_after(
-                    seg.id, seg.start_offset, seg.attributes.get(CODEC, 0) == _LINES
+                    seg.id, seg.start_offset, seg.codec is Codec.LINES
                 )
             )
             if first is not None and first < seg.length and (not index or first < index[0]):
@@ -181,7 +180,7 @@ class SegmentTable:
         read index. Other offsets may be boundaries too; nobody can tell
         without the data.
         """
-        if seg.attributes.get(CODEC, 0) == _LINES:
+        if seg.codec is Codec.LINES:
             # Appends may cut lines: an append's end is a line's end only
             # if it ends with a newline (known while its bytes are cached).
             return (
