@@ -54,7 +54,7 @@ import struct
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -128,6 +128,32 @@ def _last_newline_end(file: str, lo: int, hi: int) -> int:
     return lo
 
 
+def _walk_frames(f: BinaryIO, pos: int, hi: int, events: int) -> tuple[int, int]:
+    """(where frames read from ``pos`` in ``f`` end, how many): up to ``events`` of them,
+    all ending at or before ``hi``.
+    """
+    n = 0
+    f.seek(pos)
+    while n < events:
+        head = f.read(4)
+        if len(head) < 4:
+            break
+        end = pos + 4 + _LENGTH.unpack(head)[0]
+        if end > hi:
+            break
+        f.seek(end)
+        pos = end
+        n += 1
+    return pos, n
+
+
+def _first_event(file: str) -> int:
+    """The first event at or after a segment's start offset: its trimmed view's start."""
+    root = mount_root(file)
+    trimmed = os.path.join(root, TRIMMED_DIR, os.path.relpath(file, root))
+    return int(_xattr(trimmed, "view_offset"))
+
+
 def _count_cut(file: str, codec: str, lo: int, hi: int, events: int) -> tuple[int, int]:
     """(where the ``events``-th event from ``lo`` ends, or ``hi``; events up to there)."""
     n = 0
@@ -149,14 +175,12 @@ def _count_cut(file: str, codec: str, lo: int, hi: int, events: int) -> tuple[in
                     return pos + k + 1, n
                 pos += len(block)
             return min(pos, hi), n
-        while pos < hi and n < events:
-            head = f.read(4)
-            if len(head) < 4:
-                break
-            size = _LENGTH.unpack(head)[0]
-            f.seek(size, os.SEEK_CUR)
-            pos += 4 + size
-            n += 1
+    # The last frame may end past ``hi``: an event at least, whatever the limit.
+    with open(file, "rb", buffering=_READ) as f:
+        pos, n = _walk_frames(f, lo, hi, events)
+        if n < events and pos < hi:
+            pos, last = _walk_frames(f, pos, 1 << 62, 1)
+            n += last
         return min(pos, hi), n
 
 
@@ -174,16 +198,7 @@ def _bytes_cut(file: str, codec: str, lo: int, hi: int, budget: int) -> int:
     # walk the frames up to it.
     pos = max([lo, *(b for b in read_event_index(file) if lo < b <= cap)])
     with open(file, "rb", buffering=_READ) as f:
-        f.seek(pos)
-        while pos < cap:
-            head = f.read(4)
-            if len(head) < 4:
-                break
-            size = _LENGTH.unpack(head)[0]
-            if pos + 4 + size > cap:
-                break
-            f.seek(size, os.SEEK_CUR)
-            pos += 4 + size
+        pos = _walk_frames(f, pos, cap, 1 << 62)[0]
     return pos if pos > lo else _count_cut(file, codec, lo, hi, 1)[0]
 
 
@@ -268,7 +283,7 @@ class SegmentsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if seg.start_offset == 0:
             return 0
         try:
-            return int(_xattr(os.path.join(self.root, TRIMMED_DIR, seg.name), "view_offset"))
+            return _first_event(seg.file)
         except OSError:
             return seg.end
 
@@ -444,12 +459,7 @@ def _read_part(p: InputPartition) -> Iterator[Any]:
         if start_offset > p.start:
             # Truncated since the batch was planned: the bytes below read as
             # zeros. Start at the first event at or after the start offset.
-            root = mount_root(p.file)
-            first = int(
-                _xattr(
-                    os.path.join(root, TRIMMED_DIR, os.path.relpath(p.file, root)), "view_offset"
-                )
-            )
+            first = _first_event(p.file)
             if first >= p.end:
                 return
             p.start = first
