@@ -1,0 +1,1 @@
+"""The attribute index: an append-only B+tree with progressive compaction (seed 003)."""
