@@ -523,9 +523,11 @@ class SegmentVFS:
             b"length": seg.length,
             b"storage_length": seg.storage_length,
             b"sealed": int(seg.sealed),
-            b"event_count": seg.attributes.get(EVENT_COUNT, 0),
+            b"event_count": seg.core(EVENT_COUNT),
             b"chunk_count": len(seg.chunks),
-            b"writer_count": sum(1 for k in seg.attributes if not is_core(k)),
+            b"writer_count": sum(
+                1 for k, v in seg.attributes.items() if v is not None and not is_core(k)
+            ),
             b"codec": seg.codec.value,
             b"event_end": seg.event_end,
             b"created_ms": seg.created_at_ms,

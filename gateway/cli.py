@@ -533,10 +533,52 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 def _cmd_stat(args: argparse.Namespace) -> int:
     async def run(client: Any) -> int:
         info = await client.info(args.segment)
-        attrs = await client.get_attributes(args.segment)
+        attrs, more = await client.attribute_range(args.segment, b"", STAT_ATTRIBUTES)
         doc = _info_dict(info)
-        doc["attributes"] = {k.hex(): v for k, v in sorted(attrs.items())}
+        doc["attributes"] = {k.hex(): v for k, v in attrs}
+        if more:
+            # A segment may have millions (one per exactly-once writer).
+            doc["attributes_more_from"] = more.hex()
         print(json.dumps(doc, indent=2))
+        return 0
+
+    return _run_client(args, run)
+
+
+#: Attributes `stat` shows; `attrs` pages through all of them.
+STAT_ATTRIBUTES = 100
+
+
+def _attribute_id(text: str) -> bytes:
+    """An attribute id given as 32 hex digits (argparse type)."""
+    try:
+        value = bytes.fromhex(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not hex") from None
+    if len(value) != 16:
+        raise argparse.ArgumentTypeError(f"{text!r} is not 16 bytes (32 hex digits)")
+    return value
+
+
+def _cmd_attrs(args: argparse.Namespace) -> int:
+    if args.limit < 0:
+        raise BadRequest(f"--limit {args.limit}: must be 0 (all) or more")
+
+    async def run(client: Any) -> int:
+        start: bytes = args.start or b""
+        left = args.limit
+        while True:
+            items, start = await client.attribute_range(
+                args.segment, start, min(left, 1000) if left else 1000
+            )
+            for k, v in items:
+                print(f"{k.hex()} {v}")
+            if left:
+                left -= len(items)
+            if not start or (args.limit and left <= 0):
+                break
+        if start:
+            print(f"(more: --from {start.hex()})", file=sys.stderr)
         return 0
 
     return _run_client(args, run)
@@ -820,6 +862,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per segment")
     p = add("stat", _cmd_stat, "print a segment's metadata as JSON", client=True)
     p.add_argument("segment")
+    p = add("attrs", _cmd_attrs, "list a segment's attributes in id order", client=True)
+    p.add_argument("segment")
+    p.add_argument("--from", dest="start", type=_attribute_id, metavar="ID",
+                   help="start at this id (32 hex digits; default: the lowest)")  # fmt: skip
+    p.add_argument("--limit", type=int, default=0, metavar="N",
+                   help="at most N attributes (default: all)")  # fmt: skip
     p = add("seal", _cmd_seal, "seal a segment (no more appends)", client=True)
     p.add_argument("segment")
     p = add("flush", _cmd_flush, "flush to Tier 2 now and wait until it is there", client=True)

@@ -550,11 +550,40 @@ class Client:
             start_after = r.list.segments[-1].name
 
     async def get_attributes(self, segment: str, ids: Iterable[bytes] = ()) -> dict[bytes, int]:
-        """Attribute values (all, or those of ``ids`` that exist)."""
+        """Attribute values (those of ``ids`` that exist; all of them without ``ids``).
+
+        All of them means every extended attribute in the segment's index:
+        with many, prefer `iter_attributes`.
+        """
+        wanted = list(ids)
+        if not wanted:
+            return {k: v async for k, v in self.iter_attributes(segment)}
         r = await self._segment_call(
-            segment, get_attributes=wire.GetAttributesRequest(segment=segment, ids=list(ids))
+            segment, get_attributes=wire.GetAttributesRequest(segment=segment, ids=wanted)
         )
         return {v.id: v.value for v in r.attributes.values}
+
+    async def attribute_range(
+        self, segment: str, start: bytes = b"", limit: int = 0
+    ) -> tuple[builtins.list[tuple[bytes, int]], bytes]:
+        """Attributes with ids >= ``start`` in id order, at most ``limit`` (0: the server's
+        default, 1,000), and the id to continue from (``b""``: no more)."""
+        r = await self._segment_call(
+            segment,
+            get_attributes=wire.GetAttributesRequest(segment=segment, start=start, limit=limit),
+        )
+        return [(v.id, v.value) for v in r.attributes.values], r.attributes.next
+
+    async def iter_attributes(
+        self, segment: str, start: bytes = b"", batch: int = 1000
+    ) -> AsyncIterator[tuple[bytes, int]]:
+        """Every attribute with id >= ``start``, in id order, ``batch`` per request."""
+        while True:
+            items, start = await self.attribute_range(segment, start, batch)
+            for item in items:
+                yield item
+            if not start:
+                return
 
     async def update_attributes(
         self, segment: str, updates: Sequence[AttributeUpdate]
@@ -866,6 +895,18 @@ class SyncClient:
         """See `Client.get_attributes`."""
         assert self._client is not None
         return self._run(self._client.get_attributes, segment, list(ids))
+
+    def attribute_range(
+        self, segment: str, start: bytes = b"", limit: int = 0
+    ) -> tuple[builtins.list[tuple[bytes, int]], bytes]:
+        """See `Client.attribute_range`."""
+        assert self._client is not None
+        return self._run(self._client.attribute_range, segment, start, limit)
+
+    def update_attributes(self, segment: str, updates: Sequence[AttributeUpdate]) -> SegmentInfo:
+        """See `Client.update_attributes`."""
+        assert self._client is not None
+        return self._run(self._client.update_attributes, segment, list(updates))
 
     def create_stream(
         self, name: str, policy: Mapping[str, int | None] | None = None

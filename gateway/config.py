@@ -409,7 +409,9 @@ class ContainerConfig:
 
     max_append_bytes: int = _key(8 * MiB, _size_in(1, 512 * MiB), "largest single append")
     max_segments: int = _key(1_000_000, _int_in(1), "segments that may exist at once")
-    max_attributes: int = _key(1024, _int_in(2, 1_000_000), "attributes per segment")
+    max_attributes: int = _key(
+        16384, _int_in(2, 10_000_000), "attribute values a segment keeps in memory"
+    )
     overload_timeout: float = _key(
         5.0, _duration_in(0.0, 3600.0), "how long an append waits for the journal before Overloaded"
     )

@@ -25,6 +25,7 @@ ENV = "SEGMENT_GATEWAY_FAILPOINTS"
 #: Known failpoints and where they are.
 KNOWN = {
     "after_chunk_upload": "a chunk is in Tier 2, its ChunkAdded not yet journaled",
+    "after_attribute_upload": "an attribute index batch is in Tier 2, not yet journaled",
     "watchdog_ping_5": "the fifth systemd watchdog ping has been sent",
     "journal_sync": "the journal writer thread is about to fdatasync a group",
     "txn_commit_sealed": "a committing transaction's seal is durable (its merge may not be)",

@@ -121,6 +121,7 @@ async def _open_parts(
                     container, tier2, config.tier2, config.node.id, journal.epoch, reader
                 )
                 container.storage = writer
+                container.attribute_store = writer.attributes
                 await nursery.start(writer.run)
             node = Node(config, store, read_index, journal, container, reader, writer)
             try:

@@ -66,6 +66,8 @@ from gateway.cluster.remote import TAIL_READ_TIMEOUT
 from gateway.codec import Codec
 from gateway.config import ServerConfig, parse_host_port
 from gateway.container import AppendResult, AttributeUpdate, Verb
+from gateway.container.attributes import ID_BYTES as ATTRIBUTE_ID_BYTES
+from gateway.container.attributes import AttributesNotLoaded
 from gateway.container.container import PendingOperation, SegmentContainer
 from gateway.container.names import validate_name, validate_prefix
 from gateway.container.results import POLICY_FIELDS, ReadResult
@@ -118,10 +120,11 @@ ITEM_BYTES = 4 * 1024
 LIST_ENTRY_BYTES = 1024
 #: Estimated memory of an fsck answer's messages in flight.
 FSCK_BYTES = 1024 * 1024
-#: Estimated bytes per attribute in a GetAttributes answer; a request for
-#: all of them is charged for ATTRIBUTES_ALL.
+#: Estimated bytes per attribute in a GetAttributes answer.
 ATTRIBUTE_BYTES = 64
-ATTRIBUTES_ALL = 1024
+#: Attributes in a range answer: when the request says no limit, and at most.
+DEFAULT_ATTRIBUTE_RANGE = 1000
+MAX_ATTRIBUTE_RANGE = 10_000
 #: File descriptors kept for the daemon's own files besides those open when
 #: serving starts: new journal files, RocksDB tables, Tier-2 sockets, the
 #: metrics endpoint's connections, fsck.
@@ -524,7 +527,9 @@ class Connection:
         if kind == "fsck":
             return FSCK_BYTES
         if kind == "get_attributes":
-            return (len(req.get_attributes.ids) or ATTRIBUTES_ALL) * ATTRIBUTE_BYTES
+            g = req.get_attributes
+            n = len(g.ids) or min(g.limit or DEFAULT_ATTRIBUTE_RANGE, MAX_ATTRIBUTE_RANGE)
+            return n * ATTRIBUTE_BYTES
         return 0
 
     async def _receive_hello(self) -> bytes | bytearray | None:
@@ -620,7 +625,15 @@ class Connection:
         try:
             if mutating:
                 await self.server.container.wait_for_capacity(nbytes, reserved=frees)
-            produce = prepare()
+            while True:
+                try:
+                    produce = prepare()
+                    break
+                except AttributesNotLoaded as e:
+                    # Prefetch: the request waits (and the connection's later
+                    # ones behind it, keeping their order) while the values
+                    # come from the attribute index; then it is prepared again.
+                    await self.server.container.load_attributes(e.segment, e.ids)
         except SegmentNotFound as e:
             return self._ready_error(rid, await self.server.not_owner(e))
         except GatewayError as e:
@@ -891,6 +904,25 @@ class Connection:
         container = self.server.container
         rid = req.request_id
         container.check_exists(g.segment)  # fail now if missing, in order
+
+        if not g.ids:
+            if g.start and len(g.start) != ATTRIBUTE_ID_BYTES:
+                raise BadRequest(f"range start must be {ATTRIBUTE_ID_BYTES} bytes")
+            limit = min(g.limit or DEFAULT_ATTRIBUTE_RANGE, MAX_ATTRIBUTE_RANGE)
+
+            async def produce_range() -> wire.Response:
+                # One more than asked: whether the range goes on, and where.
+                items = await container.attribute_range(g.segment, g.start, limit + 1)
+                more = items[limit][0] if len(items) > limit else b""
+                return wire.Response(
+                    request_id=rid,
+                    attributes=wire.Attributes(
+                        values=[AttributeValue(id=k, value=v) for k, v in items[:limit]],
+                        next=more,
+                    ),
+                )
+
+            return produce_range
 
         async def produce() -> wire.Response:
             values = await container.get_attributes(g.segment, list(g.ids))

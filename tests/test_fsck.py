@@ -196,16 +196,17 @@ def test_clean_node_offline_finds_nothing(node: Node) -> None:
     run = fsck(node.config, "--deep")
     assert_clean(run)
     assert run.summary["mode"] == "offline"
-    assert [c["status"] for c in run.summary["checks"]] == ["ok"] * 6
+    assert [c["status"] for c in run.summary["checks"]] == ["ok"] * 7
     # Without --deep the data check is skipped, and says so.
     plain = run_cli("--config", str(node.config), "fsck", timeout=120)
     assert plain.returncode == 0, plain.stdout + plain.stderr
     lines = plain.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines[:6]] == [
+    assert [line.split(":")[0] for line in lines[:7]] == [
         "check journal",
         "check metadata",
         "check chunks",
         "check chunk-data",
+        "check attribute-index",
         "check orphans",
         "check cache",
     ]
@@ -221,7 +222,7 @@ def test_clean_node_online_finds_nothing(node: Node, running: Daemon) -> None:
     run = fsck(node.config, "--deep", "--connect", running.address)
     assert_clean(run)
     assert run.summary["mode"].startswith("online")
-    assert [c["status"] for c in run.summary["checks"]] == ["ok"] * 6
+    assert [c["status"] for c in run.summary["checks"]] == ["ok"] * 7
     # Without --connect the lock tells that the daemon runs.
     listen = f'[server]\nlisten = "{running.address}"\n\n[tier2]'
     node.config.write_text(node.config.read_text().replace("[tier2]", listen))

@@ -23,6 +23,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import pytest
@@ -177,7 +178,11 @@ def test_export_import_round_trip(
             after = {i.name: i for i in c.list()}
             assert after.keys() == before.keys()
             for name, info in before.items():
-                assert after[name] == info, name
+                # attribute_count counts the values memory holds; the attribute
+                # index in Tier 2 has the rest, and all of them come back.
+                assert replace(after[name], attribute_count=0) == replace(
+                    info, attribute_count=0
+                ), name
                 assert c.get_attributes(name) == attrs[name]
                 got = read_all(c, name)
                 assert got == data[name][info.start_offset :], name

@@ -1,9 +1,13 @@
 """Segment attributes: 16-byte ids with int64 values, and the update verbs.
 
 After Pravega's segment attributes: Replace, ReplaceIfGreater,
-ReplaceIfEquals (compare-and-set; with ``expect_absent``, "only if absent")
-and Accumulate. Ids whose first 15 bytes are zero are *core* attributes kept
-by the gateway itself; clients may read them but not set them.
+ReplaceIfEquals (compare-and-set; with ``expect_absent``, "only if absent"),
+Accumulate and Remove. Ids whose first 15 bytes are zero are *core*
+attributes kept by the gateway itself (always in memory); clients may read
+them but not set them. All other ids are *extended* attributes: they live in
+the segment's attribute index (`gateway.attrindex`) and memory holds only
+those recently used or not yet indexed. In memory, an extended id mapped to
+``None`` is known to have no value (removed, or looked up and absent).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from gateway.errors import BadAttributeUpdate, ConditionalCheckFailed
+from gateway.errors import BadAttributeUpdate, ConditionalCheckFailed, Overloaded
 
 ID_BYTES = 16
 _CORE_PREFIX = bytes(15)
@@ -35,6 +39,7 @@ class Verb(enum.IntEnum):
     REPLACE_IF_GREATER = 1
     REPLACE_IF_EQUALS = 2
     ACCUMULATE = 3
+    REMOVE = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +51,20 @@ class AttributeUpdate:
     value: int
     compare_value: int = 0
     expect_absent: bool = False
+
+
+class AttributesNotLoaded(Overloaded):
+    """attributes of {} are not in memory yet"""
+
+    # Raised by a prepare that needs extended attribute values which only
+    # the attribute index has: the caller loads them
+    # (`SegmentContainer.load_attributes`) and prepares again. Never meant to
+    # reach a client; if it did, it is Overloaded (retried).
+
+    def __init__(self, segment: str, ids: list[bytes]) -> None:
+        super().__init__(segment)
+        self.segment = segment
+        self.ids = ids
 
 
 def is_core(attribute_id: bytes) -> bool:
@@ -67,23 +86,26 @@ def check_id(segment: str, attribute_id: bytes, client: bool = True) -> None:
 
 def resolve(
     segment: str,
-    current: Mapping[bytes, int],
+    current: Mapping[bytes, int | None],
     updates: Iterable[AttributeUpdate],
-    into: dict[bytes, int],
+    into: dict[bytes, int | None],
 ) -> None:
     """Check ``updates`` against ``current`` (and earlier updates in ``into``).
 
     Adds the resulting values to ``into``. Raises ConditionalCheckFailed when
     a condition does not hold, BadAttributeUpdate for an invalid update; in
     both cases nothing is changed for the caller, who applies ``into`` only
-    on success.
+    on success. A removal puts ``None`` into ``into``.
     """
     for u in updates:
         check_id(segment, u.id)
         if not INT64_MIN <= u.value <= INT64_MAX:
             raise BadAttributeUpdate(segment, f"value {u.value} is not a signed 64-bit integer")
-        old = into.get(u.id, current.get(u.id))
-        if u.verb == Verb.REPLACE:
+        old = into[u.id] if u.id in into else current.get(u.id)
+        new: int | None
+        if u.verb == Verb.REMOVE:
+            new = None
+        elif u.verb == Verb.REPLACE:
             new = u.value
         elif u.verb == Verb.REPLACE_IF_GREATER:
             if old is not None and u.value <= old:
@@ -110,3 +132,12 @@ def resolve(
         else:  # pragma: no cover - Verb is closed
             raise BadAttributeUpdate(segment, f"unknown verb {u.verb}")
         into[u.id] = new
+
+
+def needs_current(updates: Iterable[AttributeUpdate]) -> list[bytes]:
+    """Extended ids whose current value the updates depend on (all but Replace/Remove)."""
+    return [
+        u.id
+        for u in updates
+        if u.verb not in (Verb.REPLACE, Verb.REMOVE) and len(u.id) == ID_BYTES and not is_core(u.id)
+    ]

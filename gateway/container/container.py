@@ -47,12 +47,15 @@ from gateway.container.attributes import (
     CODEC,
     EVENT_COUNT,
     EVENT_END,
+    AttributesNotLoaded,
     AttributeUpdate,
     check_id,
     is_core,
+    needs_current,
     resolve,
 )
 from gateway.container.interfaces import (
+    AttributeStore,
     JournalTicket,
     NamespaceWatcher,
     OperationJournal,
@@ -100,8 +103,9 @@ from gateway.errors import (
     Unavailable,
 )
 from gateway.journal import JournalStatistics
-from gateway.journal.format import encode_append, encode_attribute_values
+from gateway.journal.format import attribute_records, encode_append, encode_attribute_values
 from gateway.protocol.journal_pb2 import (
+    AttributeIndexUpdated,
     ChunkAdded,
     CreateSegment,
     DeleteSegment,
@@ -116,7 +120,7 @@ from gateway.protocol.journal_pb2 import (
     UpdateAttributes,
 )
 from gateway.protocol.metadata_pb2 import (
-    AttributeValue,
+    AttributeIndexRecord,
     ChunkRecord,
     ContainerSnapshot,
     SegmentRecord,
@@ -127,6 +131,8 @@ from gateway.stats import LATENCY_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)
 
+#: The core attributes there are (they count against ``max_attributes``).
+CORE_IDS = (EVENT_COUNT, CODEC, EVENT_END)
 _LINES = Codec.LINES.number
 _FRAMED = Codec.FRAMED.number
 
@@ -222,6 +228,11 @@ class SegmentContainer:
         self.fenced: GatewayError | None = None
         #: The storage writer, once Tier 2 runs.
         self.storage: StorageListener | None = None
+        #: Reads attribute indexes in Tier 2 (set with ``storage``).
+        self.attribute_store: AttributeStore | None = None
+        #: Extended attribute values read from attribute indexes.
+        self.attributes_loaded = 0
+        self.attributes_evicted = 0
         #: Told about creates, seals, truncations and deletes (the mount).
         self.watchers: list[NamespaceWatcher] = []
         self.checkpoints = 0
@@ -239,6 +250,16 @@ class SegmentContainer:
         self.retention_deleted_segments = 0
         self.retention_deleted_bytes = 0
         self.retention_truncated_bytes = 0
+
+    @property
+    def max_attributes(self) -> int:
+        """Attribute values a segment keeps in memory (``container.max_attributes``)."""
+        return self._cfg.max_attributes
+
+    @property
+    def applied_seq(self) -> int:
+        """Journal sequence of the last operation applied to the committed view."""
+        return self._table.seq
 
     @property
     def read_index(self) -> ReadIndex:
@@ -301,8 +322,104 @@ class SegmentContainer:
         for i in wanted:
             check_id(name, i, client=False)
         if not wanted:
-            return dict(seg.attributes)
-        return {i: seg.attributes[i] for i in wanted if i in seg.attributes}
+            return dict(await self.attribute_range(name, b"", 0))
+        seg = await self._loaded(seg, wanted)
+        found = {i: seg.attributes.get(i) for i in wanted}
+        return {i: v for i, v in found.items() if v is not None}
+
+    async def _loaded(self, seg: Segment, ids: Sequence[bytes]) -> Segment:
+        """``seg`` once memory holds the values of ``ids`` (no await after it returns)."""
+        while seg.missing_attributes(ids):
+            await self.load_attributes(seg.name, ids)
+            now = self._table.by_name.get(seg.name)
+            if now is None or now is not seg:
+                raise SegmentNotFound(seg.name)
+        return seg
+
+    async def load_attributes(self, name: str, ids: Sequence[bytes]) -> None:
+        """Bring the values of ``ids`` from the segment's attribute index into memory.
+
+        The prefetch before an operation that conditions on them (Pravega's
+        attribute pipeline): a value already in memory is never overwritten
+        by the index's older one, and a lookup that overlapped an eviction
+        (whose value it may predate) looks again.
+        """
+        while True:
+            seg = self._table.by_name.get(name)
+            if seg is None:
+                return
+            missing = seg.missing_attributes(ids)
+            if not missing:
+                return
+            if self.attribute_store is None:
+                raise Unavailable(f"the attribute index of {name!r} is in Tier 2, which is off")
+            assert seg.attr_index is not None
+            evictions = seg.attr_evictions
+            # The store takes what it needs of the record before it awaits.
+            found = await self.attribute_store.lookup(seg.id, seg.attr_index, missing)
+            if self._table.by_name.get(name) is not seg or seg.attr_evictions != evictions:
+                continue
+            seg.load_attributes({k: found.get(k) for k in missing})
+            self.attributes_loaded += len(missing)
+            # All of the caller's ids stay, loaded now or before (memory may
+            # exceed the limit by one request's ids until the next eviction).
+            self._evict(seg, keep=ids)
+            return
+
+    def _evict(self, seg: Segment, keep: Sequence[bytes] = ()) -> None:
+        """Keep the segment's attributes in memory within ``container.max_attributes``.
+
+        ``keep``: values just loaded for a waiting caller, which must find them.
+        """
+        limit = self._cfg.max_attributes
+        if len(seg.attributes) > limit:
+            # Oldest loaded first, down to 7/8 of the limit: one pass over
+            # the values now and then, not one per value loaded.
+            self.attributes_evicted += seg.evict_attributes(limit - limit // 8, set(keep))
+
+    async def attribute_range(
+        self, name: str, start: bytes = b"", limit: int = 0
+    ) -> builtins.list[tuple[bytes, int]]:
+        """Attributes with ids >= ``start`` in id order (core ones first), at most ``limit``.
+
+        Memory's committed values (core, not yet indexed, cached) over the
+        index's; 0 = no limit.
+        """
+        await self.wait_settled()
+        stream = self._table.streams.get(name)
+        if stream is not None and stream.durable:
+            members = stream.committed_members()
+            if not members:
+                return []
+            seg = members[-1]
+        else:
+            seg = self._committed(name)
+        out: builtins.list[tuple[bytes, int]] = []
+        index_items: builtins.list[tuple[bytes, int]] = []
+        index = seg.attr_index
+        want = 0
+        if index is not None and index.root_length:
+            if self.attribute_store is None:
+                raise Unavailable(f"the attribute index of {name!r} is in Tier 2, which is off")
+            # Removed ids still in memory hide index entries: ask for that many more.
+            hidden = sum(1 for v in seg.attributes.values() if v is None)
+            want = limit + hidden if limit else 0
+            index_items = await self.attribute_store.range(seg.id, index, start, want)
+            if self._table.by_name.get(seg.name) is not seg:
+                raise SegmentNotFound(seg.name)
+        merged: dict[bytes, int | None] = dict(index_items)
+        # Unless the index gave everything from ``start`` on, memory's values
+        # past its last answer cannot be placed among the index's.
+        complete = not want or len(index_items) < want
+        upper = None if complete else index_items[-1][0]
+        for k, v in seg.attributes.items():
+            if k >= start and (upper is None or k <= upper):
+                merged[k] = v
+        for k in sorted(merged):
+            v = merged[k]
+            if v is not None:
+                out.append((k, v))
+        return out[:limit] if limit else out
 
     async def wait_settled(self) -> None:
         """Wait until everything submitted so far is durable (or failed) and applied."""
@@ -360,14 +477,31 @@ class SegmentContainer:
             self._dirty.add(seg)
         return op
 
-    def _check_attribute_room(
-        self, name: str, current: Mapping[bytes, int], values: Mapping[bytes, int]
-    ) -> None:
-        new_ids = sum(1 for k in values if k not in current)
-        if new_ids and len(current) + new_ids > self._cfg.max_attributes:
-            raise LimitExceeded(
-                f"segment {name!r} would have more than {self._cfg.max_attributes} attributes"
+    def _check_attribute_room(self, seg: Segment, values: Mapping[bytes, int | None]) -> None:
+        """Refuse changes memory cannot hold until the attribute index takes some.
+
+        Extended values not yet indexed stay in memory; ``max_attributes``
+        bounds them. With Tier 2 the storage writer indexes them soon (the
+        caller is told Overloaded, to retry); without it nothing can.
+        """
+        new_ids = sum(
+            1
+            for k in values
+            if not is_core(k) and k not in seg.attr_dirty and k not in seg.p_attributes
+        )
+        if not new_ids:
+            return
+        core = sum(1 for k in CORE_IDS if k in seg.attributes or k in values)
+        if core + seg.extended_in_memory() + new_ids <= self._cfg.max_attributes:
+            return
+        limit = self._cfg.max_attributes
+        if self.storage is not None and not seg.hidden:
+            self.storage.on_attributes(seg)
+            raise Overloaded(
+                f"segment {seg.name!r} has {seg.extended_in_memory()} attribute changes "
+                f"waiting for its attribute index (container.max_attributes = {limit})"
             )
+        raise LimitExceeded(f"segment {seg.name!r} would have more than {limit} attributes")
 
     def _start(self) -> None:
         """Common start of every prepare: settle, and refuse if the journal failed."""
@@ -399,8 +533,9 @@ class SegmentContainer:
             raise InvalidName(
                 name, "it is inside a stream, whose segments the stream itself creates"
             )
-        values: dict[bytes, int] = {}
+        values: dict[bytes, int | None] = {}
         resolve(name, {}, attributes, values)
+        values = {k: v for k, v in values.items() if v is not None}
         if len(values) > self._cfg.max_attributes:
             raise LimitExceeded(f"more than {self._cfg.max_attributes} attributes")
         if codec is not Codec.RAW:
@@ -417,7 +552,12 @@ class SegmentContainer:
         return None
 
     def _prepare_create(
-        self, name: str, values: dict[bytes, int], txn_parent: str = "", txn_deadline_ms: int = 0
+        self,
+        name: str,
+        values: Mapping[bytes, int | None],
+        txn_parent: str = "",
+        txn_deadline_ms: int = 0,
+        attributes_from: Segment | None = None,
     ) -> PendingOperation:
         """Create a segment with resolved attribute values (streams and transactions too)."""
         if name in self._table.by_name:
@@ -433,17 +573,24 @@ class SegmentContainer:
                 segment_id=seg.id,
                 name=name,
                 created_at_ms=seg.created_at_ms,
-                attributes=[AttributeValue(id=k, value=v) for k, v in values.items()],
+                attributes=attribute_records(values),
                 txn_parent=txn_parent,
                 txn_deadline_ms=txn_deadline_ms,
+                attributes_from=attributes_from.id if attributes_from is not None else 0,
             )
         )
         ticket = self._submit((op.SerializeToString(),))
         seg.set_pending_attributes(values)
+        if attributes_from is not None:
+            # Already now, for the appends prepared behind the create: values
+            # memory lacks are in the predecessor's index (the same record,
+            # which the create hands over when it applies).
+            seg.attr_index = attributes_from.attr_index
         self._table.add(seg)
+        from_id = attributes_from.id if attributes_from is not None else 0
 
         def apply(seq: int) -> None:
-            self._table.apply_create(seg, values)
+            self._table.apply_create(seg, values, from_id)
             if not seg.hidden:
                 for w in self.watchers:
                     w.on_created(seg)
@@ -468,11 +615,19 @@ class SegmentContainer:
         seg = self._append_target(name)
         if seg.p_sealed:
             raise SegmentSealed(name)
-        current = seg.pending_attributes()
-        values: dict[bytes, int] = {}
         if writer_id:
             check_id(name, writer_id)
-            stored = current.get(writer_id, 0)
+        missing = seg.missing_attributes(
+            [writer_id, *needs_current(attribute_updates)]
+            if writer_id
+            else needs_current(attribute_updates)
+        )
+        if missing:
+            raise AttributesNotLoaded(seg.name, missing)
+        current = seg.pending_attributes()
+        values: dict[bytes, int | None] = {}
+        if writer_id:
+            stored = current.get(writer_id) or 0
             if stored != previous_event_number:
                 return self._writer_condition_failed(seg, writer_id, previous_event_number)
             if event_number <= previous_event_number:
@@ -483,11 +638,11 @@ class SegmentContainer:
                 )
             values[writer_id] = event_number
         resolve(name, current, attribute_updates, values)
-        values[EVENT_COUNT] = current.get(EVENT_COUNT, 0) + (event_count or 1)
-        codec = current.get(CODEC, 0)
+        values[EVENT_COUNT] = (current.get(EVENT_COUNT) or 0) + (event_count or 1)
+        codec = current.get(CODEC) or 0
         if codec == _LINES and data:
-            end = lines_end(seg.p_length, data, current.get(EVENT_END, 0))
-            if end != current.get(EVENT_END, 0):
+            end = lines_end(seg.p_length, data, current.get(EVENT_END) or 0)
+            if end != (current.get(EVENT_END) or 0):
                 values[EVENT_END] = end
         elif codec == _FRAMED and not writer_id:
             # A writer's appends are whole frames by construction (it
@@ -495,7 +650,7 @@ class SegmentContainer:
             problem = whole_frames(data)
             if problem:
                 raise BadRequest(f"append to framed segment {name!r}: not whole events: {problem}")
-        self._check_attribute_room(name, current, values)
+        self._check_attribute_room(seg, values)
         offset = seg.p_length
         if expected_offset is not None and expected_offset != offset:
             raise BadOffset(name, f"append expected at offset {expected_offset}", offset)
@@ -530,7 +685,7 @@ class SegmentContainer:
         """
 
         def error() -> GatewayError:
-            stored = seg.attributes.get(writer_id, 0)
+            stored = seg.attributes.get(writer_id) or 0
             e = ConditionalCheckFailed(
                 seg.name,
                 f"writer {writer_id.hex()} last stored event {stored}, "
@@ -612,7 +767,10 @@ class SegmentContainer:
         def apply(seq: int) -> None:
             for gone in self._table.apply_delete(seg):
                 if self.storage is not None:
-                    self.storage.on_dropped(gone, list(gone.chunks), deleted=True)
+                    chunks = list(gone.chunks)
+                    if gone.attr_index is not None:
+                        chunks += gone.attr_index.chunks
+                    self.storage.on_dropped(gone, chunks, deleted=True)
             self._signal_pinned_freed()
             if not seg.hidden:
                 for w in self.watchers:
@@ -628,15 +786,18 @@ class SegmentContainer:
         seg = self._append_target(name)
         if seg.p_sealed:
             raise SegmentSealed(name)
+        missing = seg.missing_attributes(needs_current(updates))
+        if missing:
+            raise AttributesNotLoaded(seg.name, missing)
         current = seg.pending_attributes()
-        values: dict[bytes, int] = {}
+        values: dict[bytes, int | None] = {}
         resolve(name, current, updates, values)
-        self._check_attribute_room(name, current, values)
+        self._check_attribute_room(seg, values)
         at_ms = self.now_ms()
         op = Operation(
             update_attributes=UpdateAttributes(
                 segment_id=seg.id,
-                attributes=[AttributeValue(id=k, value=v) for k, v in values.items()],
+                attributes=attribute_records(values),
                 at_ms=at_ms,
             )
         )
@@ -645,6 +806,8 @@ class SegmentContainer:
 
         def apply(seq: int) -> None:
             self._table.apply_attributes(seg, values, at_ms)
+            if self.storage is not None:
+                self.storage.on_attributes(seg)
 
         return self._track(ticket, None, apply, seg)._with_result(lambda: seg.info())
 
@@ -682,15 +845,18 @@ class SegmentContainer:
 
     def _start_successor(self, stream: Stream) -> Segment:
         """Create the stream's next segment, carrying its writers' event numbers."""
-        values: dict[bytes, int] = {}
+        values: dict[bytes, int | None] = {}
+        last = None
         if stream.members:
-            # Exactly-once writers go on from the event number they reached.
+            # Exactly-once writers go on from the event number they reached:
+            # the successor takes over the last segment's attribute index,
+            # and the values memory holds that the index may lack.
             last = stream.members[-1]
             attrs = last.pending_attributes()
             values = {k: v for k, v in attrs.items() if not is_core(k) or k == CODEC}
         name = segment_name(stream.name, stream.p_next_number)
         stream.p_next_number += 1
-        self._prepare_create(name, values)
+        self._prepare_create(name, values, attributes_from=last)
         return self._table.by_name[name]
 
     def _stream_record(
@@ -840,8 +1006,9 @@ class SegmentContainer:
                 raise BadRequest(f"{parent!r} is a transaction; transactions do not nest")
             if target.p_sealed:
                 raise SegmentSealed(parent)
-            if CODEC in target.pending_attributes():  # its events are checked alike
-                values[CODEC] = target.pending_attributes()[CODEC]
+            codec = target.pending_attributes().get(CODEC)
+            if codec is not None:  # its events are checked alike
+                values[CODEC] = codec
         name = f"{TXN_DIR}/{uuid.uuid4().hex}"
         deadline = self.now_ms() + int(timeout * 1000)
         op = self._prepare_create(name, values, txn_parent=parent, txn_deadline_ms=deadline)
@@ -867,20 +1034,24 @@ class SegmentContainer:
         target = self._append_target(txn.txn_parent)
         if target.p_sealed:
             raise SegmentSealed(target.name)
-        current = target.pending_attributes()
         source = txn.pending_attributes()
-        values: dict[bytes, int] = {
-            EVENT_COUNT: current.get(EVENT_COUNT, 0) + source.get(EVENT_COUNT, 0)
+        missing = target.missing_attributes(list(source))
+        if missing:
+            raise AttributesNotLoaded(target.name, missing)
+        current = target.pending_attributes()
+        values: dict[bytes, int | None] = {
+            EVENT_COUNT: (current.get(EVENT_COUNT) or 0) + (source.get(EVENT_COUNT) or 0)
         }
         for k, v in source.items():
-            if not is_core(k):
-                values[k] = max(v, current.get(k, v))
-        self._check_attribute_room(target.name, current, values)
+            if not is_core(k) and v is not None:
+                old = current.get(k)
+                values[k] = v if old is None else max(v, old)
+        self._check_attribute_room(target, values)
         if not txn.p_sealed:
             self.prepare_seal(name)
         offset = target.p_length
         length = txn.p_length
-        if current.get(CODEC, 0) == _LINES:
+        if (current.get(CODEC) or 0) == _LINES:
             # The sealed transaction ends with a whole event, newline or not.
             values[EVENT_END] = offset + length
         at_ms = self.now_ms()
@@ -889,7 +1060,7 @@ class SegmentContainer:
                 target_id=target.id,
                 source_id=txn.id,
                 offset=offset,
-                attributes=[AttributeValue(id=k, value=v) for k, v in values.items()],
+                attributes=attribute_records(values),
                 at_ms=at_ms,
             )
         )
@@ -1049,6 +1220,38 @@ class SegmentContainer:
         pending.storage = True
         return pending._with_result(lambda: added[0])
 
+    def prepare_attribute_index_updated(
+        self, segment_id: int, state: AttributeIndexRecord, chunk: ChunkRecord, through_seq: int
+    ) -> PendingOperation:
+        """Record an uploaded index batch (result: whether it applied; False: garbage)."""
+        self._start()
+        seg = self._pending_by_id(segment_id)
+        op = Operation(
+            attribute_index_updated=AttributeIndexUpdated(
+                segment_id=segment_id,
+                root_offset=state.root_offset,
+                root_length=state.root_length,
+                length=state.length,
+                start=state.start,
+                chunk=chunk,
+                through_seq=through_seq,
+            )
+        )
+        # Reserved: it lets memory and the journal shed attribute values.
+        ticket = self._submit((op.SerializeToString(),), reserved=True)
+        applied: list[bool] = []
+
+        def apply(seq: int) -> None:
+            dropped = self._table.apply_attribute_index(seg, state, chunk, through_seq)
+            applied.append(chunk not in dropped)
+            if dropped and self.storage is not None:
+                self.storage.on_dropped(seg, dropped, deleted=False)
+            self._evict(seg)
+
+        pending = self._track(ticket, None, apply, seg)
+        pending.storage = True
+        return pending._with_result(lambda: applied[0])
+
     def prepare_storage_sealed(self, segment_id: int) -> PendingOperation:
         """Mark a sealed segment whose bytes are all in Tier 2 as sealed there too."""
         self._start()
@@ -1163,10 +1366,19 @@ class SegmentContainer:
         info: SegmentInfo = await self.prepare_create(name, attributes, codec).wait()
         return info
 
+    async def prepared(self, prepare: Callable[[], PendingOperation]) -> PendingOperation:
+        """``prepare()``, after loading the attribute values it needs from the index."""
+        while True:
+            try:
+                return prepare()
+            except AttributesNotLoaded as e:
+                await self.load_attributes(e.segment, e.ids)
+
     async def append(self, name: str, data: Buffer, **kwargs: Any) -> AppendResult:
         """Append; keyword arguments as in `prepare_append`."""
         await self.wait_for_capacity(len(data) + 1024)
-        result: AppendResult = await self.prepare_append(name, data, **kwargs).wait()
+        op = await self.prepared(lambda: self.prepare_append(name, data, **kwargs))
+        result: AppendResult = await op.wait()
         return result
 
     async def seal(self, name: str) -> SegmentInfo:
@@ -1189,7 +1401,8 @@ class SegmentContainer:
     async def update_attributes(self, name: str, updates: Sequence[AttributeUpdate]) -> SegmentInfo:
         """Update attributes."""
         await self.wait_for_capacity(64 + 40 * len(updates))
-        info: SegmentInfo = await self.prepare_update_attributes(name, updates).wait()
+        op = await self.prepared(lambda: self.prepare_update_attributes(name, updates))
+        info: SegmentInfo = await op.wait()
         return info
 
     async def create_stream(
@@ -1226,7 +1439,8 @@ class SegmentContainer:
     async def commit(self, name: str) -> TransactionInfo:
         """Commit a transaction (merge it into its parent)."""
         await self.wait_for_capacity(1024)
-        info: TransactionInfo = await self.prepare_commit(name).wait()
+        op = await self.prepared(lambda: self.prepare_commit(name))
+        info: TransactionInfo = await op.wait()
         return info
 
     async def abort(self, name: str) -> None:
@@ -1254,6 +1468,7 @@ class SegmentContainer:
                 op.error = Unavailable(str(e))
             else:
                 if op._apply is not None:
+                    self._table.seq = seq
                     op._apply(seq)
         if not q:
             self._pending_pinned = 0  # refused appends never reach apply

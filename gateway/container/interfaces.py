@@ -15,7 +15,7 @@ from gateway.buffers import Buffer
 from gateway.container.segment import Segment
 from gateway.errors import JournalError
 from gateway.journal import JournalStatistics
-from gateway.protocol.metadata_pb2 import ChunkRecord
+from gateway.protocol.metadata_pb2 import AttributeIndexRecord, ChunkRecord
 
 
 class JournalTicket(Protocol):
@@ -102,11 +102,34 @@ class StorageListener(Protocol):
     def on_dropped(self, seg: Segment, chunks: list[ChunkRecord], deleted: bool) -> None:
         """Chunks left the segment's metadata (truncated, or the segment ``deleted``)."""
 
+    def on_attributes(self, seg: Segment) -> None:
+        """The segment's extended attributes waiting for its index fill memory: index them."""
+
     async def flush(self, segment_ids: list[int] | None = None) -> None:
         """Flush now; return once what was committed before the call is in Tier 2."""
 
     async def durability_barrier(self) -> None:
         """Return once everything flushed so far is durable in Tier 2."""
+
+
+class AttributeStore(Protocol):
+    """Reads segments' attribute indexes in Tier 2 (`gateway.tier2.attribute_index`).
+
+    Each call takes what it needs of ``index`` before its first await: the
+    caller may change the record afterwards.
+    """
+
+    async def lookup(
+        self, segment_id: int, index: AttributeIndexRecord, ids: Sequence[bytes]
+    ) -> dict[bytes, int]:
+        """The values ``index`` holds for ``ids`` (absent ones left out)."""
+        ...
+
+    async def range(
+        self, segment_id: int, index: AttributeIndexRecord, start: bytes, limit: int
+    ) -> list[tuple[bytes, int]]:
+        """Entries of ``index`` with ids >= ``start`` in order, at most ``limit`` (0: all)."""
+        ...
 
 
 class NamespaceWatcher(Protocol):

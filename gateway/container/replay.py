@@ -10,6 +10,7 @@ live container uses, so a replay and the live run cannot disagree.
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Iterable
 from typing import cast
 
 from cache import CacheStore
@@ -18,7 +19,12 @@ from gateway.container.segment import Segment
 from gateway.container.table import ContainerCorrupt, SegmentTable
 from gateway.journal import ReplayResult, replay_journal
 from gateway.protocol.journal_pb2 import Operation
-from gateway.protocol.metadata_pb2 import ChunkRecord, ContainerSnapshot
+from gateway.protocol.metadata_pb2 import (
+    AttributeIndexRecord,
+    AttributeValue,
+    ChunkRecord,
+    ContainerSnapshot,
+)
 from gateway.readindex import ReadIndex
 
 
@@ -44,6 +50,7 @@ class Replayer:
         if not self.first_seq:
             self.first_seq = seq
             self.based = seq == 1
+        t.seq = seq
         if kind == "checkpoint":
             t.load_snapshot(op.checkpoint.snapshot)
             self.based = True
@@ -60,7 +67,7 @@ class Replayer:
         if kind == "append":
             a = op.append
             seg = self._segment(a.segment_id, seq)
-            values = {v.id: v.value for v in a.attributes}
+            values = _values(a.attributes)
             t.apply_append(seg, a.offset, a.data, values, a.at_ms, self.file)
         elif kind == "create_segment":
             cs = op.create_segment
@@ -70,7 +77,7 @@ class Replayer:
             seg.txn_parent = cs.txn_parent
             seg.txn_deadline_ms = cs.txn_deadline_ms
             t.add(seg)
-            t.apply_create(seg, {v.id: v.value for v in cs.attributes})
+            t.apply_create(seg, _values(cs.attributes), cs.attributes_from)
         elif kind == "seal_segment":
             s = op.seal_segment
             t.apply_seal(self._segment(s.segment_id, seq), s.at_ms)
@@ -81,7 +88,7 @@ class Replayer:
             t.apply_delete(self._segment(op.delete_segment.segment_id, seq))
         elif kind == "update_attributes":
             u = op.update_attributes
-            values = {v.id: v.value for v in u.attributes}
+            values = _values(u.attributes)
             t.apply_attributes(self._segment(u.segment_id, seq), values, u.at_ms)
         elif kind == "chunk_added":
             a2 = op.chunk_added
@@ -98,7 +105,7 @@ class Replayer:
                 self._segment(m.target_id, seq),
                 self._segment(m.source_id, seq),
                 m.offset,
-                {v.id: v.value for v in m.attributes},
+                _values(m.attributes),
                 m.at_ms,
             )
         elif kind == "merge_completed":
@@ -106,6 +113,17 @@ class Replayer:
             t.apply_merge_completed(
                 self._segment(mc.target_id, seq), self._segment(mc.source_id, seq)
             )
+        elif kind == "attribute_index_updated":
+            ai = op.attribute_index_updated
+            chunk = ChunkRecord()
+            chunk.CopyFrom(ai.chunk)
+            state = AttributeIndexRecord(
+                root_offset=ai.root_offset,
+                root_length=ai.root_length,
+                length=ai.length,
+                start=ai.start,
+            )
+            t.apply_attribute_index(self._segment(ai.segment_id, seq), state, chunk, ai.through_seq)
         elif kind == "set_stream":
             t.apply_set_stream(op.set_stream.stream)
         elif kind == "delete_stream":
@@ -126,6 +144,11 @@ class Replayer:
                 f"the journal starts at sequence {self.first_seq} without a checkpoint"
             )
         self.table.settle_replayed(check)
+
+
+def _values(attributes: Iterable[AttributeValue]) -> dict[bytes, int | None]:
+    """Journaled attribute values (a removal is None)."""
+    return {v.id: None if v.removed else v.value for v in attributes}
 
 
 class _DiscardedData:

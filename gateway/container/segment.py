@@ -10,12 +10,18 @@ operation metadata updater). When nothing is in flight the two are equal.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import ChainMap
+from collections.abc import Collection, Iterable, Mapping
 
 from gateway.codec import Codec
-from gateway.container.attributes import CODEC, EVENT_COUNT, EVENT_END
+from gateway.container.attributes import CODEC, EVENT_COUNT, EVENT_END, is_core
 from gateway.container.results import SegmentInfo
-from gateway.protocol.metadata_pb2 import AttributeValue, ChunkRecord, SegmentRecord
+from gateway.protocol.metadata_pb2 import (
+    AttributeIndexRecord,
+    AttributeValue,
+    ChunkRecord,
+    SegmentRecord,
+)
 from gateway.readindex import SegmentView
 
 _LINES = Codec.LINES.number
@@ -25,6 +31,10 @@ class Segment:
     """Metadata of one segment (committed and pending views)."""
 
     __slots__ = (
+        "attr_dirty",
+        "attr_evictions",
+        "attr_index",
+        "attr_moved",
         "attributes",
         "chunks",
         "created_at_ms",
@@ -62,7 +72,21 @@ class Segment:
         self.sealed_in_storage = False
         self.created_at_ms = created_at_ms
         self.last_modified_ms = created_at_ms
-        self.attributes: dict[bytes, int] = {}
+        #: Core attributes, and the extended ones memory holds: those not yet
+        #: in the attribute index (``attr_dirty``) and recently used ones
+        #: (a first-level cache over the index). ``None``: known to have no
+        #: value (removed, or absent from the index when looked up).
+        self.attributes: dict[bytes, int | None] = {}
+        #: Extended ids whose committed value is not in the index yet -> the
+        #: journal sequence of the operation that last changed them.
+        self.attr_dirty: dict[bytes, int] = {}
+        #: The attribute index (None: none yet, so memory holds every value).
+        self.attr_index: AttributeIndexRecord | None = None
+        #: Counts evictions from ``attributes`` (a lookup that overlapped one
+        #: looks again: its answer may predate a change).
+        self.attr_evictions = 0
+        #: The extended attributes moved to the stream's next segment.
+        self.attr_moved = False
         self.chunks: list[ChunkRecord] = []
         #: Sparse event boundaries (metadata.proto SegmentRecord.event_index).
         self.event_index: list[int] = []
@@ -85,18 +109,82 @@ class Segment:
         self.p_deleted = False
         #: Committed into another segment (its merge is submitted).
         self.p_merged = False
-        #: None while equal to ``attributes`` (copied on first pending change).
-        self.p_attributes: dict[bytes, int] | None = None
+        #: Attribute values set by operations in flight (over ``attributes``).
+        self.p_attributes: dict[bytes, int | None] = {}
 
-    def pending_attributes(self) -> Mapping[bytes, int]:
-        """Attribute values including operations in flight."""
-        return self.attributes if self.p_attributes is None else self.p_attributes
+    def pending_attributes(self) -> Mapping[bytes, int | None]:
+        """Attribute values including operations in flight (what memory holds)."""
+        if not self.p_attributes:
+            return self.attributes
+        return ChainMap(self.p_attributes, self.attributes)
 
-    def set_pending_attributes(self, values: Mapping[bytes, int]) -> None:
+    def set_pending_attributes(self, values: Mapping[bytes, int | None]) -> None:
         """Record attribute values of an operation in flight."""
-        if self.p_attributes is None:
-            self.p_attributes = dict(self.attributes)
         self.p_attributes.update(values)
+
+    def missing_attributes(self, ids: Iterable[bytes]) -> list[bytes]:
+        """Extended ids whose value only the attribute index knows (to load first)."""
+        if self.attr_index is None or not self.attr_index.root_length:
+            return []  # no index, or an empty one: memory knows every value
+        return [
+            i
+            for i in ids
+            if i not in self.attributes and i not in self.p_attributes and not is_core(i)
+        ]
+
+    def commit_attributes(self, values: Mapping[bytes, int | None], seq: int) -> None:
+        """Committed attribute values of an operation at journal sequence ``seq``."""
+        self.attributes.update(values)
+        dirty = self.attr_dirty
+        for k in values:
+            if not is_core(k):
+                dirty[k] = seq
+
+    def load_attributes(self, values: Mapping[bytes, int | None]) -> None:
+        """Values read from the index for ids memory does not hold (never over newer ones)."""
+        for k, v in values.items():
+            if k not in self.attributes and k not in self.p_attributes:
+                self.attributes[k] = v
+
+    def evict_attributes(self, keep: int, protect: Collection[bytes] = ()) -> int:
+        """Forget indexed extended values, oldest loaded first, down to ``keep`` in memory.
+
+        Core attributes, values not yet indexed, values of operations in
+        flight and ``protect`` (just loaded for a caller) stay. Returns how
+        many went.
+        """
+        over = len(self.attributes) - keep
+        if over <= 0 or self.attr_index is None:
+            return 0
+        victims = []
+        for k in self.attributes:
+            if (
+                not is_core(k)
+                and k not in self.attr_dirty
+                and k not in self.p_attributes
+                and k not in protect
+            ):
+                victims.append(k)
+                if len(victims) >= over:
+                    break
+        for k in victims:
+            del self.attributes[k]
+        if victims:
+            self.attr_evictions += 1
+        return len(victims)
+
+    def give_attributes(self) -> AttributeIndexRecord | None:
+        """Hand the extended attributes over to a successor: returns the index; keeps none."""
+        index, self.attr_index = self.attr_index, None
+        self.attr_moved = True
+        self.attr_dirty.clear()
+        for k in [k for k in self.attributes if not is_core(k)]:
+            del self.attributes[k]
+        return index
+
+    def extended_in_memory(self) -> int:
+        """Extended values memory must keep: not yet indexed, or set in flight."""
+        return len(self.attr_dirty) + len(self.p_attributes)
 
     def reset_pending(self) -> None:
         """Make the pending view equal the committed view (nothing in flight)."""
@@ -105,7 +193,11 @@ class Segment:
         self.p_sealed = self.sealed
         self.p_deleted = False
         self.p_merged = self.merged_into != 0
-        self.p_attributes = None
+        self.p_attributes = {}
+
+    def core(self, attribute_id: bytes) -> int:
+        """A core attribute's committed value (0 when absent)."""
+        return self.attributes.get(attribute_id) or 0
 
     @property
     def hidden(self) -> bool:
@@ -115,7 +207,7 @@ class Segment:
     @property
     def codec(self) -> Codec:
         """The event codec declared when the segment was created (raw if none)."""
-        return Codec.from_number(self.attributes.get(CODEC, 0))
+        return Codec.from_number(self.core(CODEC))
 
     @property
     def event_end(self) -> int:
@@ -127,9 +219,9 @@ class Segment:
         half a line; the rest follows once its newline is appended, or once
         the segment is sealed (a sealed segment's last line is whole).
         """
-        if self.sealed or self.attributes.get(CODEC, 0) != _LINES:
+        if self.sealed or self.core(CODEC) != _LINES:
             return self.length
-        return max(self.start_offset, min(self.length, self.attributes.get(EVENT_END, 0)))
+        return max(self.start_offset, min(self.length, self.core(EVENT_END)))
 
     @property
     def gone(self) -> bool:
@@ -161,8 +253,8 @@ class Segment:
             sealed_in_storage=self.sealed_in_storage,
             created_at_ms=self.created_at_ms,
             last_modified_ms=self.last_modified_ms,
-            event_count=self.attributes.get(EVENT_COUNT, 0),
-            attribute_count=len(self.attributes),
+            event_count=self.core(EVENT_COUNT),
+            attribute_count=sum(1 for v in self.attributes.values() if v is not None),
             chunk_count=len(self.chunks),
         )
 
@@ -176,8 +268,26 @@ class Segment:
         """The committed view as a snapshot record (Tier-2 metadata snapshots)."""
         return self._record(self.start_offset, self.length, self.sealed, self.attributes)
 
+    def _record_attributes(self, attributes: Mapping[bytes, int | None]) -> list[AttributeValue]:
+        """What a record keeps: core values, and extended ones the index lacks."""
+        if self.attr_index is None:
+            keys: Iterable[bytes] = attributes.keys()
+        else:
+            keys = [k for k in attributes if is_core(k) or k in self.attr_dirty]
+            keys += [k for k in self.p_attributes if k not in self.attr_dirty and not is_core(k)]
+        out = []
+        for k in keys:
+            v = attributes.get(k)
+            if v is None:
+                # Without an index, absent from memory means absent.
+                if self.attr_index is not None and not is_core(k):
+                    out.append(AttributeValue(id=k, removed=True))
+            else:
+                out.append(AttributeValue(id=k, value=v))
+        return out
+
     def _record(
-        self, start_offset: int, length: int, sealed: bool, attributes: Mapping[bytes, int]
+        self, start_offset: int, length: int, sealed: bool, attributes: Mapping[bytes, int | None]
     ) -> SegmentRecord:
         # Storage fields change only when applied, so both views share them.
         return SegmentRecord(
@@ -190,7 +300,7 @@ class Segment:
             sealed_in_storage=self.sealed_in_storage,
             created_at_ms=self.created_at_ms,
             last_modified_ms=self.last_modified_ms,
-            attributes=[AttributeValue(id=k, value=v) for k, v in attributes.items()],
+            attributes=self._record_attributes(attributes),
             chunks=self.chunks,
             # Like the storage fields, kept by applied operations only: a
             # checkpoint may lack the entries of appends still in flight,
@@ -200,11 +310,17 @@ class Segment:
             txn_deadline_ms=self.txn_deadline_ms,
             merged_into=self.merged_into,
             merge_offset=self.merge_offset,
+            attribute_index=self.attr_index,
+            attributes_moved=self.attr_moved,
         )
 
     @classmethod
-    def from_record(cls, r: SegmentRecord) -> Segment:
-        """A durable segment from a snapshot record."""
+    def from_record(cls, r: SegmentRecord, seq: int = 0) -> Segment:
+        """A durable segment from a snapshot record (a checkpoint at journal sequence ``seq``).
+
+        Its extended values are taken as changed at ``seq``: only an index
+        batch taken after the checkpoint surely holds them.
+        """
         s = cls(r.id, r.name, r.created_at_ms)
         s.start_offset = r.start_offset
         s.length = r.length
@@ -212,7 +328,12 @@ class Segment:
         s.sealed = r.sealed
         s.sealed_in_storage = r.sealed_in_storage
         s.last_modified_ms = r.last_modified_ms
-        s.attributes = {a.id: a.value for a in r.attributes}
+        s.attributes = {a.id: None if a.removed else a.value for a in r.attributes}
+        if r.HasField("attribute_index"):
+            s.attr_index = AttributeIndexRecord()
+            s.attr_index.CopyFrom(r.attribute_index)
+        s.attr_dirty = {k: seq for k in s.attributes if not is_core(k)}
+        s.attr_moved = r.attributes_moved
         s.chunks = list(r.chunks)
         s.event_index = list(r.event_index)
         s.txn_parent = r.txn_parent

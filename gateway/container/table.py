@@ -23,7 +23,12 @@ from gateway.container.attributes import EVENT_END
 from gateway.container.segment import Segment
 from gateway.container.streams import Stream, split_member
 from gateway.errors import GatewayError
-from gateway.protocol.metadata_pb2 import ChunkRecord, ContainerSnapshot, StreamRecord
+from gateway.protocol.metadata_pb2 import (
+    AttributeIndexRecord,
+    ChunkRecord,
+    ContainerSnapshot,
+    StreamRecord,
+)
 from gateway.readindex import ReadIndex
 
 #: The ContainerSnapshot format version this code writes and reads (the
@@ -54,6 +59,9 @@ class SegmentTable:
         self.streams: dict[str, Stream] = {}
         #: Transaction segments (merged ones too, until their merge is done).
         self.transactions: set[Segment] = set()
+        #: Journal sequence of the operation being applied (set by the caller:
+        #: the container, or a replay); attribute changes are tagged with it.
+        self.seq = 0
 
     # -- membership ----------------------------------------------------------------
 
@@ -92,10 +100,15 @@ class SegmentTable:
 
     # -- changes to the committed view ---------------------------------------------
 
-    def apply_create(self, seg: Segment, values: Mapping[bytes, int]) -> None:
-        """The segment's create is durable."""
+    def apply_create(
+        self, seg: Segment, values: Mapping[bytes, int | None], attributes_from: int = 0
+    ) -> None:
+        """The segment's create is durable (``attributes_from``: a predecessor's id)."""
         seg.durable = True
-        seg.attributes.update(values)
+        seg.commit_attributes(values, self.seq)
+        pred = self.by_id.get(attributes_from) if attributes_from else None
+        if pred is not None:
+            seg.attr_index = pred.give_attributes()
         stream = self.stream_of(seg.name)
         if stream is not None:
             record = stream[0].record
@@ -106,7 +119,7 @@ class SegmentTable:
         seg: Segment,
         offset: int,
         data: Buffer,
-        values: Mapping[bytes, int],
+        values: Mapping[bytes, int | None],
         at_ms: int,
         file: int,
     ) -> None:
@@ -119,12 +132,12 @@ class SegmentTable:
         seg.length = end
         index = seg.event_index
         if (not index or offset - index[-1] >= EVENT_INDEX_SPACING) and (
-            seg.codec is not Codec.LINES or seg.attributes.get(EVENT_END, 0) == offset
+            seg.codec is not Codec.LINES or seg.core(EVENT_END) == offset
         ):
             # A lines segment's appends may cut lines: only an append that
             # starts just past a newline starts an event.
             index.append(offset)
-        seg.attributes.update(values)
+        seg.commit_attributes(values, self.seq)
         seg.last_modified_ms = at_ms
         self.note_file_usage(file, seg.id, end)
         self.read_index.on_append(seg.id, offset, data)
@@ -184,8 +197,7 @@ class SegmentTable:
             # Appends may cut lines: an append's end is a line's end only
             # if it ends with a newline (known while its bytes are cached).
             return (
-                offset == seg.attributes.get(EVENT_END, 0)
-                or self.read_index.byte_before(seg.id, offset) == 0x0A
+                offset == seg.core(EVENT_END) or self.read_index.byte_before(seg.id, offset) == 0x0A
             )
         if offset == seg.length:
             return True
@@ -237,7 +249,12 @@ class SegmentTable:
         return removed
 
     def apply_merge(
-        self, target: Segment, source: Segment, offset: int, values: Mapping[bytes, int], at_ms: int
+        self,
+        target: Segment,
+        source: Segment,
+        offset: int,
+        values: Mapping[bytes, int | None],
+        at_ms: int,
     ) -> None:
         """The sealed ``source`` is appended to ``target`` at ``offset`` (its length)."""
         if offset != target.length or not source.sealed or source.merged_into:
@@ -254,7 +271,7 @@ class SegmentTable:
             if not index or index[-1] != offset:
                 index.append(offset)
             index.extend(offset + e for e in source.event_index if e > 0)
-        target.attributes.update(values)
+        target.commit_attributes(values, self.seq)
         target.last_modified_ms = at_ms
         source.merged_into = target.id
         source.merge_offset = offset
@@ -316,10 +333,46 @@ class SegmentTable:
         """A stream is gone (its segments were deleted before)."""
         self.streams.pop(name, None)
 
-    def apply_attributes(self, seg: Segment, values: Mapping[bytes, int], at_ms: int) -> None:
+    def apply_attributes(
+        self, seg: Segment, values: Mapping[bytes, int | None], at_ms: int
+    ) -> None:
         """Attribute values changed."""
-        seg.attributes.update(values)
+        seg.commit_attributes(values, self.seq)
         seg.last_modified_ms = at_ms
+
+    def apply_attribute_index(
+        self, seg: Segment, state: AttributeIndexRecord, chunk: ChunkRecord, through_seq: int
+    ) -> list[ChunkRecord]:
+        """A batch of the segment's extended attributes is in its index.
+
+        ``state`` carries the new root, length and start (its chunk list is
+        ignored); ``chunk`` holds the batch's pages. Values changed at or
+        before ``through_seq`` and not since are indexed now. Returns the
+        chunks the new start leaves behind (garbage), or ``[chunk]`` itself
+        when the batch no longer applies (the index moved to a successor, or
+        another batch went first).
+        """
+        index = seg.attr_index
+        old_length = index.length if index is not None else 0
+        if chunk.start_offset != old_length or seg.attr_moved:
+            return [chunk]
+        if index is None:
+            index = seg.attr_index = AttributeIndexRecord()
+        index.root_offset = state.root_offset
+        index.root_length = state.root_length
+        index.length = state.length
+        index.start = state.start
+        if chunk.length:
+            index.chunks.append(chunk)
+        dropped = [c for c in index.chunks if c.start_offset + c.length <= state.start]
+        if dropped:
+            kept = [c for c in index.chunks if c.start_offset + c.length > state.start]
+            del index.chunks[:]
+            index.chunks.extend(kept)
+        dirty = seg.attr_dirty
+        for k in [k for k, s in dirty.items() if s <= through_seq]:
+            del dirty[k]
+        return dropped
 
     # -- journal truncation ----------------------------------------------------------
 
@@ -373,7 +426,7 @@ class SegmentTable:
         for sr in snap.streams:
             self.apply_set_stream(sr)
         for r in snap.segments:
-            self.add(Segment.from_record(r))
+            self.add(Segment.from_record(r, self.seq))
         for seg in sorted(self.by_id.values(), key=lambda s: s.merge_offset):
             if seg.merged_into:
                 target = self.by_id.get(seg.merged_into)

@@ -43,7 +43,11 @@ def live_target(
     """
 
     def chunks_now() -> dict[str, ChunkRecord]:
-        return {c.name: c for s in container.segments() for c in s.chunks}
+        named = {c.name: c for s in container.segments() for c in s.chunks}
+        for s in container.segments():
+            if s.attr_index is not None:
+                named.update((c.name, c) for c in s.attr_index.chunks)
+        return named
 
     def forget_chunk(key: str) -> None:
         if reader is not None:

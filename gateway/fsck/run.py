@@ -44,6 +44,7 @@ from .checks import (
     Options,
     Target,
     check_journal,
+    record_chunks,
     run_snapshot_checks,
     run_target_checks,
     skip,
@@ -155,7 +156,7 @@ async def _from_snapshot(config: Config, options: Options, sink: Sink, replay_er
             await run.done()
         else:
             await run.done(f"{why}; {instead}")
-        records = {c.name: c for s in snap.container.segments for c in s.chunks}
+        records = {c.name: c for s in snap.container.segments for c in record_chunks(s)}
         target = Target(
             online=False,
             node=config.node.id,
@@ -190,7 +191,7 @@ async def run_offline(config: Config, options: Options, sink: Sink) -> None:
         await _from_snapshot(config, options, sink, str(e))
         return
     snapshot = table.committed_snapshot()
-    records = {c.name: c for s in snapshot.segments for c in s.chunks}
+    records = {c.name: c for s in snapshot.segments for c in record_chunks(s)}
     async with AsyncExitStack() as stack:
         layer, tier2_error = await _open_tier2(stack, config)
         store, cache_error = await _open_cache(stack, config)

@@ -213,11 +213,19 @@ def frame_crc_ok(header_bytes: Buffer, payload: Buffer) -> bool:
     return crc32c.crc32c(payload, crc32c.crc32c(h[:_CRC_OFFSET])) == stored
 
 
-def encode_attribute_values(values: Mapping[bytes, int], field_number: int) -> bytes:
+def attribute_records(values: Mapping[bytes, int | None]) -> list[AttributeValue]:
+    """``values`` as AttributeValue messages (``None``: removed)."""
+    return [
+        AttributeValue(id=k, removed=True) if v is None else AttributeValue(id=k, value=v)
+        for k, v in values.items()
+    ]
+
+
+def encode_attribute_values(values: Mapping[bytes, int | None], field_number: int) -> bytes:
     """``values`` as a serialized ``repeated AttributeValue`` field, tag included."""
     out = bytearray()
     tag = varint((field_number << 3) | 2)
-    for attribute_id, value in values.items():
-        body = AttributeValue(id=attribute_id, value=value).SerializeToString()
+    for rec in attribute_records(values):
+        body = rec.SerializeToString()
         out += tag + varint(len(body)) + body
     return bytes(out)

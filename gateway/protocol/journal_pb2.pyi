@@ -14,7 +14,7 @@ class Frame(_message.Message):
     def __init__(self, operations: _Optional[_Iterable[_Union[Operation, _Mapping]]] = ...) -> None: ...
 
 class Operation(_message.Message):
-    __slots__ = ("epoch_started", "checkpoint", "append", "create_segment", "seal_segment", "truncate_segment", "delete_segment", "update_attributes", "chunk_added", "storage_sealed", "merge_segment", "merge_completed", "set_stream", "delete_stream")
+    __slots__ = ("epoch_started", "checkpoint", "append", "create_segment", "seal_segment", "truncate_segment", "delete_segment", "update_attributes", "chunk_added", "storage_sealed", "merge_segment", "merge_completed", "set_stream", "delete_stream", "attribute_index_updated")
     EPOCH_STARTED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     APPEND_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class Operation(_message.Message):
     MERGE_COMPLETED_FIELD_NUMBER: _ClassVar[int]
     SET_STREAM_FIELD_NUMBER: _ClassVar[int]
     DELETE_STREAM_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTE_INDEX_UPDATED_FIELD_NUMBER: _ClassVar[int]
     epoch_started: EpochStarted
     checkpoint: Checkpoint
     append: Append
@@ -43,7 +44,8 @@ class Operation(_message.Message):
     merge_completed: MergeCompleted
     set_stream: SetStream
     delete_stream: DeleteStream
-    def __init__(self, epoch_started: _Optional[_Union[EpochStarted, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., append: _Optional[_Union[Append, _Mapping]] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., seal_segment: _Optional[_Union[SealSegment, _Mapping]] = ..., truncate_segment: _Optional[_Union[TruncateSegment, _Mapping]] = ..., delete_segment: _Optional[_Union[DeleteSegment, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributes, _Mapping]] = ..., chunk_added: _Optional[_Union[ChunkAdded, _Mapping]] = ..., storage_sealed: _Optional[_Union[StorageSealed, _Mapping]] = ..., merge_segment: _Optional[_Union[MergeSegment, _Mapping]] = ..., merge_completed: _Optional[_Union[MergeCompleted, _Mapping]] = ..., set_stream: _Optional[_Union[SetStream, _Mapping]] = ..., delete_stream: _Optional[_Union[DeleteStream, _Mapping]] = ...) -> None: ...
+    attribute_index_updated: AttributeIndexUpdated
+    def __init__(self, epoch_started: _Optional[_Union[EpochStarted, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., append: _Optional[_Union[Append, _Mapping]] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., seal_segment: _Optional[_Union[SealSegment, _Mapping]] = ..., truncate_segment: _Optional[_Union[TruncateSegment, _Mapping]] = ..., delete_segment: _Optional[_Union[DeleteSegment, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributes, _Mapping]] = ..., chunk_added: _Optional[_Union[ChunkAdded, _Mapping]] = ..., storage_sealed: _Optional[_Union[StorageSealed, _Mapping]] = ..., merge_segment: _Optional[_Union[MergeSegment, _Mapping]] = ..., merge_completed: _Optional[_Union[MergeCompleted, _Mapping]] = ..., set_stream: _Optional[_Union[SetStream, _Mapping]] = ..., delete_stream: _Optional[_Union[DeleteStream, _Mapping]] = ..., attribute_index_updated: _Optional[_Union[AttributeIndexUpdated, _Mapping]] = ...) -> None: ...
 
 class EpochStarted(_message.Message):
     __slots__ = ("epoch", "started_at_ms", "software_version")
@@ -76,20 +78,22 @@ class Append(_message.Message):
     def __init__(self, segment_id: _Optional[int] = ..., offset: _Optional[int] = ..., attributes: _Optional[_Iterable[_Union[_metadata_pb2.AttributeValue, _Mapping]]] = ..., at_ms: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class CreateSegment(_message.Message):
-    __slots__ = ("segment_id", "name", "created_at_ms", "attributes", "txn_parent", "txn_deadline_ms")
+    __slots__ = ("segment_id", "name", "created_at_ms", "attributes", "txn_parent", "txn_deadline_ms", "attributes_from")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     TXN_PARENT_FIELD_NUMBER: _ClassVar[int]
     TXN_DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FROM_FIELD_NUMBER: _ClassVar[int]
     segment_id: int
     name: str
     created_at_ms: int
     attributes: _containers.RepeatedCompositeFieldContainer[_metadata_pb2.AttributeValue]
     txn_parent: str
     txn_deadline_ms: int
-    def __init__(self, segment_id: _Optional[int] = ..., name: _Optional[str] = ..., created_at_ms: _Optional[int] = ..., attributes: _Optional[_Iterable[_Union[_metadata_pb2.AttributeValue, _Mapping]]] = ..., txn_parent: _Optional[str] = ..., txn_deadline_ms: _Optional[int] = ...) -> None: ...
+    attributes_from: int
+    def __init__(self, segment_id: _Optional[int] = ..., name: _Optional[str] = ..., created_at_ms: _Optional[int] = ..., attributes: _Optional[_Iterable[_Union[_metadata_pb2.AttributeValue, _Mapping]]] = ..., txn_parent: _Optional[str] = ..., txn_deadline_ms: _Optional[int] = ..., attributes_from: _Optional[int] = ...) -> None: ...
 
 class SealSegment(_message.Message):
     __slots__ = ("segment_id", "at_ms")
@@ -134,6 +138,24 @@ class ChunkAdded(_message.Message):
     chunk: _metadata_pb2.ChunkRecord
     extends_last: bool
     def __init__(self, segment_id: _Optional[int] = ..., chunk: _Optional[_Union[_metadata_pb2.ChunkRecord, _Mapping]] = ..., extends_last: _Optional[bool] = ...) -> None: ...
+
+class AttributeIndexUpdated(_message.Message):
+    __slots__ = ("segment_id", "root_offset", "root_length", "length", "start", "chunk", "through_seq")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ROOT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ROOT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    THROUGH_SEQ_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    root_offset: int
+    root_length: int
+    length: int
+    start: int
+    chunk: _metadata_pb2.ChunkRecord
+    through_seq: int
+    def __init__(self, segment_id: _Optional[int] = ..., root_offset: _Optional[int] = ..., root_length: _Optional[int] = ..., length: _Optional[int] = ..., start: _Optional[int] = ..., chunk: _Optional[_Union[_metadata_pb2.ChunkRecord, _Mapping]] = ..., through_seq: _Optional[int] = ...) -> None: ...
 
 class StorageSealed(_message.Message):
     __slots__ = ("segment_id",)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fgateway/protocol/metadata.proto\x12\x18segment_gateway.metadata\"+\n\x0e\x41ttributeValue\x12\n\n\x02id\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x03\"`\n\x0b\x43hunkRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0cstart_offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\x12\x0e\n\x06\x63rc32c\x18\x04 \x01(\r\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\"\xa5\x03\n\rSegmentRecord\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x04\x12\x0e\n\x06length\x18\x04 \x01(\x04\x12\x16\n\x0estorage_length\x18\x05 \x01(\x04\x12\x0e\n\x06sealed\x18\x06 \x01(\x08\x12\x19\n\x11sealed_in_storage\x18\x07 \x01(\x08\x12\x15\n\rcreated_at_ms\x18\x08 \x01(\x03\x12\x18\n\x10last_modified_ms\x18\t \x01(\x03\x12<\n\nattributes\x18\n \x03(\x0b\x32(.segment_gateway.metadata.AttributeValue\x12\x35\n\x06\x63hunks\x18\x0b \x03(\x0b\x32%.segment_gateway.metadata.ChunkRecord\x12\x13\n\x0b\x65vent_index\x18\x0c \x03(\x04\x12\x12\n\ntxn_parent\x18\r \x01(\t\x12\x17\n\x0ftxn_deadline_ms\x18\x0e \x01(\x03\x12\x13\n\x0bmerged_into\x18\x0f \x01(\x04\x12\x14\n\x0cmerge_offset\x18\x10 \x01(\x04\"\xf0\x01\n\x0cStreamRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rcreated_at_ms\x18\x02 \x01(\x03\x12\x16\n\troll_size\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x18\n\x0broll_age_ms\x18\x04 \x01(\x04H\x01\x88\x01\x01\x12\x18\n\x0bretain_size\x18\x05 \x01(\x04H\x02\x88\x01\x01\x12\x1a\n\rretain_age_ms\x18\x06 \x01(\x04H\x03\x88\x01\x01\x12\x13\n\x0bnext_number\x18\x07 \x01(\x04\x42\x0c\n\n_roll_sizeB\x0e\n\x0c_roll_age_msB\x0e\n\x0c_retain_sizeB\x10\n\x0e_retain_age_ms\"\xb1\x01\n\x11\x43ontainerSnapshot\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x17\n\x0fnext_segment_id\x18\x02 \x01(\x04\x12\x39\n\x08segments\x18\x03 \x03(\x0b\x32\'.segment_gateway.metadata.SegmentRecord\x12\x37\n\x07streams\x18\x04 \x03(\x0b\x32&.segment_gateway.metadata.StreamRecord\"\xb1\x01\n\x10MetadataSnapshot\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x15\n\rcreated_at_ms\x18\x04 \x01(\x03\x12\x18\n\x10software_version\x18\x05 \x01(\t\x12>\n\tcontainer\x18\x06 \x01(\x0b\x32+.segment_gateway.metadata.ContainerSnapshotb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fgateway/protocol/metadata.proto\x12\x18segment_gateway.metadata\"<\n\x0e\x41ttributeValue\x12\n\n\x02id\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x03\x12\x0f\n\x07removed\x18\x03 \x01(\x08\"\x96\x01\n\x14\x41ttributeIndexRecord\x12\x13\n\x0broot_offset\x18\x01 \x01(\x04\x12\x13\n\x0broot_length\x18\x02 \x01(\r\x12\x0e\n\x06length\x18\x03 \x01(\x04\x12\r\n\x05start\x18\x04 \x01(\x04\x12\x35\n\x06\x63hunks\x18\x05 \x03(\x0b\x32%.segment_gateway.metadata.ChunkRecord\"`\n\x0b\x43hunkRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0cstart_offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\x12\x0e\n\x06\x63rc32c\x18\x04 \x01(\r\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\"\x88\x04\n\rSegmentRecord\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x04\x12\x0e\n\x06length\x18\x04 \x01(\x04\x12\x16\n\x0estorage_length\x18\x05 \x01(\x04\x12\x0e\n\x06sealed\x18\x06 \x01(\x08\x12\x19\n\x11sealed_in_storage\x18\x07 \x01(\x08\x12\x15\n\rcreated_at_ms\x18\x08 \x01(\x03\x12\x18\n\x10last_modified_ms\x18\t \x01(\x03\x12<\n\nattributes\x18\n \x03(\x0b\x32(.segment_gateway.metadata.AttributeValue\x12\x35\n\x06\x63hunks\x18\x0b \x03(\x0b\x32%.segment_gateway.metadata.ChunkRecord\x12\x13\n\x0b\x65vent_index\x18\x0c \x03(\x04\x12\x12\n\ntxn_parent\x18\r \x01(\t\x12\x17\n\x0ftxn_deadline_ms\x18\x0e \x01(\x03\x12\x13\n\x0bmerged_into\x18\x0f \x01(\x04\x12\x14\n\x0cmerge_offset\x18\x10 \x01(\x04\x12G\n\x0f\x61ttribute_index\x18\x11 \x01(\x0b\x32..segment_gateway.metadata.AttributeIndexRecord\x12\x18\n\x10\x61ttributes_moved\x18\x12 \x01(\x08\"\xf0\x01\n\x0cStreamRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rcreated_at_ms\x18\x02 \x01(\x03\x12\x16\n\troll_size\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x18\n\x0broll_age_ms\x18\x04 \x01(\x04H\x01\x88\x01\x01\x12\x18\n\x0bretain_size\x18\x05 \x01(\x04H\x02\x88\x01\x01\x12\x1a\n\rretain_age_ms\x18\x06 \x01(\x04H\x03\x88\x01\x01\x12\x13\n\x0bnext_number\x18\x07 \x01(\x04\x42\x0c\n\n_roll_sizeB\x0e\n\x0c_roll_age_msB\x0e\n\x0c_retain_sizeB\x10\n\x0e_retain_age_ms\"\xb1\x01\n\x11\x43ontainerSnapshot\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x17\n\x0fnext_segment_id\x18\x02 \x01(\x04\x12\x39\n\x08segments\x18\x03 \x03(\x0b\x32\'.segment_gateway.metadata.SegmentRecord\x12\x37\n\x07streams\x18\x04 \x03(\x0b\x32&.segment_gateway.metadata.StreamRecord\"\xb1\x01\n\x10MetadataSnapshot\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x15\n\rcreated_at_ms\x18\x04 \x01(\x03\x12\x18\n\x10software_version\x18\x05 \x01(\t\x12>\n\tcontainer\x18\x06 \x01(\x0b\x32+.segment_gateway.metadata.ContainerSnapshotb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,15 +32,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gateway.protocol.metadata_p
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ATTRIBUTEVALUE']._serialized_start=61
-  _globals['_ATTRIBUTEVALUE']._serialized_end=104
-  _globals['_CHUNKRECORD']._serialized_start=106
-  _globals['_CHUNKRECORD']._serialized_end=202
-  _globals['_SEGMENTRECORD']._serialized_start=205
-  _globals['_SEGMENTRECORD']._serialized_end=626
-  _globals['_STREAMRECORD']._serialized_start=629
-  _globals['_STREAMRECORD']._serialized_end=869
-  _globals['_CONTAINERSNAPSHOT']._serialized_start=872
-  _globals['_CONTAINERSNAPSHOT']._serialized_end=1049
-  _globals['_METADATASNAPSHOT']._serialized_start=1052
-  _globals['_METADATASNAPSHOT']._serialized_end=1229
+  _globals['_ATTRIBUTEVALUE']._serialized_end=121
+  _globals['_ATTRIBUTEINDEXRECORD']._serialized_start=124
+  _globals['_ATTRIBUTEINDEXRECORD']._serialized_end=274
+  _globals['_CHUNKRECORD']._serialized_start=276
+  _globals['_CHUNKRECORD']._serialized_end=372
+  _globals['_SEGMENTRECORD']._serialized_start=375
+  _globals['_SEGMENTRECORD']._serialized_end=895
+  _globals['_STREAMRECORD']._serialized_start=898
+  _globals['_STREAMRECORD']._serialized_end=1138
+  _globals['_CONTAINERSNAPSHOT']._serialized_start=1141
+  _globals['_CONTAINERSNAPSHOT']._serialized_end=1318
+  _globals['_METADATASNAPSHOT']._serialized_start=1321
+  _globals['_METADATASNAPSHOT']._serialized_end=1498
 # @@protoc_insertion_point(module_scope)

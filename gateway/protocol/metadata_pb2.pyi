@@ -7,12 +7,28 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AttributeValue(_message.Message):
-    __slots__ = ("id", "value")
+    __slots__ = ("id", "value", "removed")
     ID_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
     id: bytes
     value: int
-    def __init__(self, id: _Optional[bytes] = ..., value: _Optional[int] = ...) -> None: ...
+    removed: bool
+    def __init__(self, id: _Optional[bytes] = ..., value: _Optional[int] = ..., removed: _Optional[bool] = ...) -> None: ...
+
+class AttributeIndexRecord(_message.Message):
+    __slots__ = ("root_offset", "root_length", "length", "start", "chunks")
+    ROOT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ROOT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    root_offset: int
+    root_length: int
+    length: int
+    start: int
+    chunks: _containers.RepeatedCompositeFieldContainer[ChunkRecord]
+    def __init__(self, root_offset: _Optional[int] = ..., root_length: _Optional[int] = ..., length: _Optional[int] = ..., start: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[ChunkRecord, _Mapping]]] = ...) -> None: ...
 
 class ChunkRecord(_message.Message):
     __slots__ = ("name", "start_offset", "length", "crc32c", "epoch")
@@ -29,7 +45,7 @@ class ChunkRecord(_message.Message):
     def __init__(self, name: _Optional[str] = ..., start_offset: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class SegmentRecord(_message.Message):
-    __slots__ = ("id", "name", "start_offset", "length", "storage_length", "sealed", "sealed_in_storage", "created_at_ms", "last_modified_ms", "attributes", "chunks", "event_index", "txn_parent", "txn_deadline_ms", "merged_into", "merge_offset")
+    __slots__ = ("id", "name", "start_offset", "length", "storage_length", "sealed", "sealed_in_storage", "created_at_ms", "last_modified_ms", "attributes", "chunks", "event_index", "txn_parent", "txn_deadline_ms", "merged_into", "merge_offset", "attribute_index", "attributes_moved")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +62,8 @@ class SegmentRecord(_message.Message):
     TXN_DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     MERGED_INTO_FIELD_NUMBER: _ClassVar[int]
     MERGE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_MOVED_FIELD_NUMBER: _ClassVar[int]
     id: int
     name: str
     start_offset: int
@@ -62,7 +80,9 @@ class SegmentRecord(_message.Message):
     txn_deadline_ms: int
     merged_into: int
     merge_offset: int
-    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., start_offset: _Optional[int] = ..., length: _Optional[int] = ..., storage_length: _Optional[int] = ..., sealed: _Optional[bool] = ..., sealed_in_storage: _Optional[bool] = ..., created_at_ms: _Optional[int] = ..., last_modified_ms: _Optional[int] = ..., attributes: _Optional[_Iterable[_Union[AttributeValue, _Mapping]]] = ..., chunks: _Optional[_Iterable[_Union[ChunkRecord, _Mapping]]] = ..., event_index: _Optional[_Iterable[int]] = ..., txn_parent: _Optional[str] = ..., txn_deadline_ms: _Optional[int] = ..., merged_into: _Optional[int] = ..., merge_offset: _Optional[int] = ...) -> None: ...
+    attribute_index: AttributeIndexRecord
+    attributes_moved: bool
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., start_offset: _Optional[int] = ..., length: _Optional[int] = ..., storage_length: _Optional[int] = ..., sealed: _Optional[bool] = ..., sealed_in_storage: _Optional[bool] = ..., created_at_ms: _Optional[int] = ..., last_modified_ms: _Optional[int] = ..., attributes: _Optional[_Iterable[_Union[AttributeValue, _Mapping]]] = ..., chunks: _Optional[_Iterable[_Union[ChunkRecord, _Mapping]]] = ..., event_index: _Optional[_Iterable[int]] = ..., txn_parent: _Optional[str] = ..., txn_deadline_ms: _Optional[int] = ..., merged_into: _Optional[int] = ..., merge_offset: _Optional[int] = ..., attribute_index: _Optional[_Union[AttributeIndexRecord, _Mapping]] = ..., attributes_moved: _Optional[bool] = ...) -> None: ...
 
 class StreamRecord(_message.Message):
     __slots__ = ("name", "created_at_ms", "roll_size", "roll_age_ms", "retain_size", "retain_age_ms", "next_number")

@@ -40,6 +40,7 @@ class AttributeVerb(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REPLACE_IF_GREATER: _ClassVar[AttributeVerb]
     REPLACE_IF_EQUALS: _ClassVar[AttributeVerb]
     ACCUMULATE: _ClassVar[AttributeVerb]
+    REMOVE: _ClassVar[AttributeVerb]
 
 class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -80,6 +81,7 @@ REPLACE: AttributeVerb
 REPLACE_IF_GREATER: AttributeVerb
 REPLACE_IF_EQUALS: AttributeVerb
 ACCUMULATE: AttributeVerb
+REMOVE: AttributeVerb
 INTERNAL: ErrorCode
 SEGMENT_NOT_FOUND: ErrorCode
 SEGMENT_EXISTS: ErrorCode
@@ -351,12 +353,16 @@ class ListSegmentsRequest(_message.Message):
     def __init__(self, prefix: _Optional[str] = ..., limit: _Optional[int] = ..., start_after: _Optional[str] = ..., local_only: _Optional[bool] = ...) -> None: ...
 
 class GetAttributesRequest(_message.Message):
-    __slots__ = ("segment", "ids")
+    __slots__ = ("segment", "ids", "start", "limit")
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
     segment: str
     ids: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, segment: _Optional[str] = ..., ids: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    start: bytes
+    limit: int
+    def __init__(self, segment: _Optional[str] = ..., ids: _Optional[_Iterable[bytes]] = ..., start: _Optional[bytes] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
     __slots__ = ("segment", "offset", "max_length", "wait_ms")
@@ -591,10 +597,12 @@ class SegmentList(_message.Message):
     def __init__(self, segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class Attributes(_message.Message):
-    __slots__ = ("values",)
+    __slots__ = ("values", "next")
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
     values: _containers.RepeatedCompositeFieldContainer[_metadata_pb2.AttributeValue]
-    def __init__(self, values: _Optional[_Iterable[_Union[_metadata_pb2.AttributeValue, _Mapping]]] = ...) -> None: ...
+    next: bytes
+    def __init__(self, values: _Optional[_Iterable[_Union[_metadata_pb2.AttributeValue, _Mapping]]] = ..., next: _Optional[bytes] = ...) -> None: ...
 
 class Done(_message.Message):
     __slots__ = ()

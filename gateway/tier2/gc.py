@@ -66,14 +66,14 @@ async def collect(
     result = GcResult()
     now = time.time() if now is None else now
     objects = await layer.list(names.node_prefix(node))
-    chunks_prefix = names.chunks_prefix(node)
+    chunk_prefixes = (names.chunks_prefix(node), names.attributes_prefix(node))
     meta_prefix = names.meta_prefix(node)
     named = referenced()
     candidates = []
     for obj in objects:
         if obj.key.startswith(meta_prefix):
             continue
-        if not obj.key.startswith(chunks_prefix) or names.chunk_epoch(obj.key) is None:
+        if not obj.key.startswith(chunk_prefixes) or names.chunk_epoch(obj.key) is None:
             result.unknown += 1
             result.unknown_keys.append(obj.key)
             continue

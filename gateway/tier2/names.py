@@ -20,6 +20,8 @@ import gateway
 CHUNK_FORMAT_VERSION = 1
 
 _CHUNK_NAME = re.compile(r"(?:.*/)?chunks/(\d+)/(\d{20})\.e(\d+)\.[0-9a-f]{32}")
+#: Chunks of attribute segments (`gateway.attrindex`): the same shape under attributes/.
+_ATTRIBUTE_CHUNK_NAME = re.compile(r"(?:.*/)?attributes/(\d+)/(\d{20})\.e(\d+)\.[0-9a-f]{32}")
 _SNAPSHOT_NAME = re.compile(r"(?:.*/)?meta/(\d{20})\.e(\d+)\.snapshot")
 
 
@@ -43,9 +45,24 @@ def chunk_key(node: str, segment_id: int, start_offset: int, epoch: int) -> str:
     return f"{node}/chunks/{segment_id}/{start_offset:020d}.e{epoch}.{uuid.uuid4().hex}"
 
 
+def attributes_prefix(node: str) -> str:
+    """Chunks of ``node``'s attribute segments."""
+    return f"{node}/attributes/"
+
+
+def attribute_chunk_key(node: str, segment_id: int, start_offset: int, epoch: int) -> str:
+    """A new, unique key for a chunk of a segment's attribute segment."""
+    return f"{node}/attributes/{segment_id}/{start_offset:020d}.e{epoch}.{uuid.uuid4().hex}"
+
+
+def is_attribute_chunk(key: str) -> bool:
+    """Whether ``key`` names a chunk of an attribute segment (its cached pieces are pages)."""
+    return _ATTRIBUTE_CHUNK_NAME.fullmatch(key) is not None
+
+
 def chunk_epoch(key: str) -> int | None:
-    """The epoch a chunk key carries, or None if ``key`` is not a chunk key."""
-    m = _CHUNK_NAME.fullmatch(key)
+    """The epoch a chunk key (of a segment or an attribute segment) carries, or None."""
+    m = _CHUNK_NAME.fullmatch(key) or _ATTRIBUTE_CHUNK_NAME.fullmatch(key)
     return int(m.group(3)) if m else None
 
 
@@ -53,6 +70,24 @@ def parse_chunk_key(key: str) -> tuple[int, int, int] | None:
     """(segment id, start offset, epoch) of a chunk key, or None if it is not one."""
     m = _CHUNK_NAME.fullmatch(key)
     return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
+
+
+def parse_attribute_chunk_key(key: str) -> tuple[int, int, int] | None:
+    """(segment id, start offset, epoch) of an attribute segment's chunk key, or None."""
+    m = _ATTRIBUTE_CHUNK_NAME.fullmatch(key)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
+
+
+def attribute_index_metadata(
+    root_offset: int, root_length: int, length: int, start: int
+) -> dict[str, str]:
+    """Extra user metadata of an attribute index batch: the tree after it (for recovery)."""
+    return {
+        "index-root-offset": str(root_offset),
+        "index-root-length": str(root_length),
+        "index-length": str(length),
+        "index-start": str(start),
+    }
 
 
 def parse_snapshot_key(key: str) -> tuple[int, int] | None:

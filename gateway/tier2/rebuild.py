@@ -41,6 +41,13 @@ chunk records -- seals, attribute updates (exactly-once writers' event
 numbers included), truncations that deleted no whole chunk, deletions whose
 chunk deletes had not run. docs/OPERATIONS.md says so to operators.
 
+Attribute indexes (``attributes/``) are rebuilt the same way: each batch
+object's metadata also says where the tree was after it, so a segment's
+index is the newest chain of batches that ends at the newest batch (each
+starting where the one before ended, back to its truncation offset); its
+values are those of that batch. An index whose chunks are gone is dropped
+(its segment then has only the attribute values its record carries).
+
 `rebuild` without chunk replay is the check ``import-metadata`` runs on an
 exported snapshot: the same verification and clamping, nothing added.
 """
@@ -56,6 +63,7 @@ import trio
 from gateway.container.names import validate_name
 from gateway.errors import ChunkNotFound, GatewayError, NothingToRecover, SnapshotInvalid
 from gateway.protocol.metadata_pb2 import (
+    AttributeIndexRecord,
     ChunkRecord,
     ContainerSnapshot,
     MetadataSnapshot,
@@ -131,6 +139,8 @@ class RebuildReport:
     dropped: list[tuple[str, str]] = field(default_factory=list)
     #: Chunks named by the snapshot whose objects are gone (or too short).
     missing_chunks: list[str] = field(default_factory=list)
+    #: Segments whose attribute index could not be rebuilt, and why.
+    lost_attribute_indexes: list[tuple[str, str]] = field(default_factory=list)
     #: Chunk objects not used, and why.
     ignored_chunks: list[tuple[str, str]] = field(default_factory=list)
     #: Highest epoch in any snapshot, chunk key or chunk record seen.
@@ -159,6 +169,7 @@ class RebuildReport:
         for n, o in sorted(self.raised_start.items()):
             lines.append(f"{n!r}: its first chunks are gone, it now starts at {o}")
         lines += [f"{n!r} left out: {why}" for n, why in self.dropped]
+        lines += [f"{n!r}: {why}" for n, why in self.lost_attribute_indexes]
         lines += [f"chunk {k} named by the snapshot is gone" for k in self.missing_chunks]
         lines += [f"chunk {k} ignored: {why}" for k, why in self.ignored_chunks]
         if self.chunks_skipped:
@@ -385,6 +396,7 @@ async def rebuild(
             report.new_segments.append(o.record.name)
         if o.gained:
             report.extended[o.record.name] = o.gained
+    await _rebuild_attribute_indexes(layer, node, [o.record for o in kept], replay_chunks, report)
     report.segments = len(kept)
     report.stored_bytes = sum(o.record.length - o.record.start_offset for o in kept)
     max_id = max((i for i, _, _ in objects.values()), default=0)
@@ -621,3 +633,87 @@ async def rebuild_metadata(layer: ChunkLayer, node: str) -> Rebuilt:
             "--recover-from-tier2"
         )
     return rebuilt
+
+
+async def _rebuild_attribute_indexes(
+    layer: ChunkLayer,
+    node: str,
+    records: list[SegmentRecord],
+    replay_chunks: bool,
+    report: RebuildReport,
+) -> None:
+    """Point each record at its newest complete attribute index in Tier 2 (or none)."""
+    listing = await layer.list(names.attributes_prefix(node))
+    by_segment: dict[int, list[tuple[int, int, str, int]]] = defaultdict(list)
+    for obj in listing:
+        parsed = names.parse_attribute_chunk_key(obj.key)
+        if parsed is not None:
+            segment_id, offset, epoch = parsed
+            by_segment[segment_id].append((offset, epoch, obj.key, obj.size))
+    for r in records:
+        index = r.attribute_index
+        found = by_segment.get(r.id, [])
+        keys = {key for _, _, key, _ in found}
+        if replay_chunks and found:
+            newest = max(found)  # the largest offset, then the newest epoch
+            if not r.HasField("attribute_index") or newest[0] >= index.length:
+                rebuilt = await _index_from_batches(layer, r.name, found, newest, report)
+                if rebuilt is not None:
+                    r.attribute_index.CopyFrom(rebuilt)
+                    continue
+        if r.HasField("attribute_index") and any(c.name not in keys for c in index.chunks):
+            report.lost_attribute_indexes.append(
+                (r.name, "its attribute index lost chunks in Tier 2: attribute values "
+                 "not in its record are gone")
+            )  # fmt: skip
+            r.ClearField("attribute_index")
+
+
+async def _index_from_batches(
+    layer: ChunkLayer,
+    segment: str,
+    found: list[tuple[int, int, str, int]],
+    newest: tuple[int, int, str, int],
+    report: RebuildReport,
+) -> AttributeIndexRecord | None:
+    """The index after the ``newest`` batch, with the chain of batches it needs."""
+    info = await layer.stat(newest[2])
+    md = info.metadata
+    try:
+        state = AttributeIndexRecord(
+            root_offset=int(md["index-root-offset"]),
+            root_length=int(md["index-root-length"]),
+            length=int(md["index-length"]),
+            start=int(md["index-start"]),
+        )
+    except (KeyError, ValueError):
+        report.ignored_chunks.append((newest[2], "attribute batch metadata lacks the tree"))
+        return None
+    # Back from the newest batch: each batch starts where an earlier one ended.
+    by_end: dict[int, tuple[int, int, str, int]] = {}
+    for item in sorted(found):
+        end = item[0] + item[3]
+        if end not in by_end or item[1] > by_end[end][1]:
+            by_end[end] = item
+    chain = [newest]
+    while chain[-1][0] > state.start:
+        before = by_end.get(chain[-1][0])
+        if before is None:
+            report.lost_attribute_indexes.append(
+                (segment, f"its attribute index misses the batch ending at {chain[-1][0]}")
+            )
+            return None
+        chain.append(before)
+    for offset, epoch, key, size in reversed(chain):
+        if offset + size > state.start:
+            info = await layer.stat(key)
+            state.chunks.append(
+                ChunkRecord(
+                    name=key,
+                    start_offset=offset,
+                    length=size,
+                    crc32c=int(info.metadata.get("crc32c", "0"), 16),
+                    epoch=epoch,
+                )
+            )
+    return state

@@ -9,6 +9,13 @@ flushed when
 - it is sealed (then it is also marked sealed in storage), or
 - someone asks (`StorageWriter.flush`, the ``flush`` command).
 
+The same flush also writes the segment's extended attributes that changed
+since its last index batch into its attribute index (`gateway.attrindex`):
+only the latest value of each, as one batch of B+tree pages in one new
+object, then journals ``AttributeIndexUpdated``; after that memory may drop
+them. Attributes alone make a segment due when ``container.max_attributes``
+/ 2 of them wait (or memory is full of them), else by ``flush_interval``.
+
 A flush reads the unflushed bytes through the read index, uploads them as a
 new chunk -- or, on bindings with append, appends them to the segment's last
 chunk if this epoch wrote it and it is below ``tier2.max_chunk_size`` --, and
@@ -46,8 +53,9 @@ from gateway.config import Tier2Config
 from gateway.container.container import SegmentContainer
 from gateway.container.segment import Segment
 from gateway.errors import GatewayError, Overloaded, SegmentNotFound, Tier2Error
-from gateway.protocol.metadata_pb2 import ChunkRecord
+from gateway.protocol.metadata_pb2 import AttributeIndexRecord, ChunkRecord
 from gateway.tier2 import gc, names
+from gateway.tier2.attribute_index import AttributeIndexStore
 from gateway.tier2.layer import ChunkLayer
 from gateway.tier2.reader import ChunkReader
 from gateway.tier2.snapshots import build_snapshot, object_metadata
@@ -104,8 +112,11 @@ class StorageWriter:
         node: str,
         epoch: int,
         reader: ChunkReader,
+        attributes: AttributeIndexStore | None = None,
     ) -> None:
         self.container = container
+        #: Writes and reads attribute indexes (the container reads through it too).
+        self.attributes = attributes or AttributeIndexStore(layer, node, reader.store)
         self.layer = layer
         self.cfg = config
         self.node = node
@@ -144,6 +155,8 @@ class StorageWriter:
         self.gc_passes = 0
         self.gc_deleted = 0
         self.gc_failures = 0
+        #: Segments whose waiting attribute changes must be indexed now.
+        self._attr_urgent: set[int] = set()
 
     def oldest_unflushed_age(self) -> float:
         """Seconds since the oldest byte not yet in Tier 2 became due (0 if none)."""
@@ -170,6 +183,28 @@ class StorageWriter:
             self._wake.set()
         elif seg.length - seg.storage_length >= self.cfg.flush_size and seg.id not in self._busy:
             self._wake.set()
+        if seg.attr_dirty and seg.id not in self._attr_urgent and self._attributes_due(seg):
+            self._attr_urgent.add(seg.id)
+            self._wake.set()
+
+    def on_attributes(self, seg: Segment) -> None:
+        """Extended attributes changed; index them soon if many wait."""
+        if seg.id not in self._unflushed:
+            self._unflushed[seg.id] = trio.current_time()
+            self._wake.set()
+        if self._attributes_due(seg) and seg.id not in self._attr_urgent:
+            self._attr_urgent.add(seg.id)
+            self._wake.set()
+
+    def _attributes_due(self, seg: Segment) -> bool:
+        return len(seg.attr_dirty) * 2 >= self.container.max_attributes or (
+            seg.extended_in_memory() >= self.container.max_attributes
+        )
+
+    @staticmethod
+    def _attributes_waiting(seg: Segment) -> bool:
+        """Extended attribute changes this writer can index (not a transaction's)."""
+        return bool(seg.attr_dirty) and not seg.hidden and not seg.attr_moved
 
     def on_seal(self, seg: Segment) -> None:
         """A sealed segment is flushed right away and sealed in storage."""
@@ -196,7 +231,9 @@ class StorageWriter:
             self._unflushed.pop(seg.id, None)
             self._urgent.pop(seg.id, None)
             self._failures.pop(seg.id, None)
+            self._attr_urgent.discard(seg.id)
             self.reader.forget_segment(seg.id)
+            self.attributes.forget(seg.id)
         self._wake.set()
         self._progress.set()  # flush waiters re-check: the segment may be gone
 
@@ -238,7 +275,11 @@ class StorageWriter:
             raise self.fenced
 
     def _needs_flush(self, seg: Segment) -> bool:
-        return seg.storage_length < seg.length or (seg.sealed and not seg.sealed_in_storage)
+        return (
+            seg.storage_length < seg.length
+            or (seg.sealed and not seg.sealed_in_storage)
+            or self._attributes_waiting(seg)
+        )
 
     def _start_due_flushes(self) -> float:
         """Start the flushes that are due; return when the next one will be."""
@@ -272,6 +313,7 @@ class StorageWriter:
             due = since + self.cfg.flush_interval
             if (
                 self._is_urgent(seg)
+                or seg_id in self._attr_urgent
                 or self._merge_ready(seg)
                 or seg.length - seg.storage_length >= self.cfg.flush_size
                 or (seg.sealed and seg.storage_length >= seg.length)
@@ -388,6 +430,64 @@ class StorageWriter:
             await self._upload(seg, start, data, crc, extends)
         if seg.sealed and not seg.sealed_in_storage and seg.storage_length >= seg.length:
             await self.container.prepare_storage_sealed(seg.id).wait()
+        await self._flush_attributes(seg_id)
+
+    async def _flush_attributes(self, seg_id: int) -> None:
+        """Write the segment's waiting attribute changes into its index (one batch)."""
+        self._attr_urgent.discard(seg_id)
+        seg = self.container.segment_by_id(seg_id)
+        if seg is None or not self._attributes_waiting(seg):
+            return
+        # The committed values now, and the journal position they reflect:
+        # a value changed after this stays waiting for the next batch.
+        through = self.container.applied_seq
+        changes = {k: seg.attributes.get(k) for k in seg.attr_dirty}
+        index = AttributeIndexRecord()
+        if seg.attr_index is not None:
+            index.CopyFrom(seg.attr_index)
+        self._check_fence()
+        written = await self.attributes.write_batch(
+            seg.id, seg.name, index, changes, self.epoch, self.uploading
+        )
+        batch, chunk = written
+        try:
+            failpoints.hit("after_attribute_upload")
+            state = AttributeIndexRecord(
+                root_offset=batch.state.root_offset,
+                root_length=batch.state.root_length,
+                length=batch.state.length,
+                start=batch.state.start,
+            )
+            applied = await self._record_attributes(seg, state, chunk, through)
+        finally:
+            self.uploading.discard(chunk.name)
+        if applied:
+            self.attributes.committed(seg.id, index, batch)
+            self.flushes += 1
+            self._flushed_since_snapshot.set()
+
+    async def _record_attributes(
+        self, seg: Segment, state: AttributeIndexRecord, chunk: ChunkRecord, through: int
+    ) -> bool:
+        """Journal an uploaded index batch (retrying while the journal refuses, as for chunks)."""
+        give_up = trio.current_time() + self.cfg.retry_deadline
+        wait = 0.05
+        while True:
+            try:
+                applied: bool = await self.container.prepare_attribute_index_updated(
+                    seg.id, state, chunk, through
+                ).wait()
+                return applied
+            except SegmentNotFound:
+                if chunk.length:
+                    self._deletes.append((chunk.name, seg.id))
+                    self._deletes_ready.set()
+                return False
+            except Overloaded:
+                if trio.current_time() + wait > give_up:
+                    raise
+            await trio.sleep(wait)
+            wait = min(MAX_RECORD_WAIT, wait * 2)
 
     def _flush_source(self, source: Segment) -> None:
         """A merged source must reach Tier 2 before its target can go on."""
@@ -475,10 +575,13 @@ class StorageWriter:
         if segment_ids is None:
             segment_ids = [s.id for s in self.container.segments() if self._needs_flush(s)]
         targets: dict[int, int] = {}
+        through = self.container.applied_seq
         for seg_id in segment_ids:
             seg = self.container.segment_by_id(seg_id)
             if seg is not None and self._needs_flush(seg):
                 targets[seg_id] = seg.length
+                if self._attributes_waiting(seg):
+                    self._attr_urgent.add(seg_id)
                 self._unflushed.setdefault(seg_id, trio.current_time())
                 self._urgent[seg_id] = max(seg.length, self._urgent.get(seg_id, 0))
                 # A request skips the backoff of earlier failures.
@@ -493,6 +596,10 @@ class StorageWriter:
                 done = seg is None or (
                     seg.storage_length >= target
                     and (not seg.sealed or seg.sealed_in_storage or seg.length > target)
+                    and not (
+                        self._attributes_waiting(seg)
+                        and any(s <= through for s in seg.attr_dirty.values())
+                    )
                 )
                 if done:
                     del targets[seg_id]
@@ -509,7 +616,11 @@ class StorageWriter:
 
     def _still_named(self, key: str, seg_id: int) -> bool:
         seg = self.container.segment_by_id(seg_id)
-        return seg is not None and any(c.name == key for c in seg.chunks)
+        if seg is None:
+            return False
+        if any(c.name == key for c in seg.chunks):
+            return True
+        return seg.attr_index is not None and any(c.name == key for c in seg.attr_index.chunks)
 
     async def _run_deletes(self) -> None:
         while True:
@@ -576,6 +687,12 @@ class StorageWriter:
 
     def _referenced(self) -> set[str]:
         named = {c.name for s in self.container.segments() for c in s.chunks}
+        named |= {
+            c.name
+            for s in self.container.segments()
+            if s.attr_index is not None
+            for c in s.attr_index.chunks
+        }
         return named | self.uploading
 
     async def _run_gc(self) -> None:
