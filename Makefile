@@ -49,6 +49,8 @@ bench: install
 	$(PY) bench/spark_read.py --write-table docs/PERFORMANCE.md
 	$(PY) bench/cluster_read.py --write-table docs/PERFORMANCE.md
 	$(PY) bench/streams.py --write-table docs/PERFORMANCE.md
+	$(PY) bench/spark_stream.py --write-table docs/PERFORMANCE.md
+	$(PY) bench/attributes.py --write-table docs/PERFORMANCE.md
 
 # dist/segment-gateway_<version>_<arch>.deb: the daemon in a venv under
 # /opt/segment-gateway (Debian's python3), the systemd units, a default

@@ -184,6 +184,44 @@ class GatewayCollector(Collector):
         yield CounterMetricFamily(
             f"{PREFIX}_tier2_flush_failures", "Flushes that failed", value=w.flush_failures
         )
+        ai = writer.attributes.statistics()
+        lookups = CounterMetricFamily(
+            f"{PREFIX}_attribute_index_lookups",
+            "Attribute values looked up in attribute indexes, by where the pages were",
+            labels=["path"],
+        )
+        lookups.add_metric(["memory"], ai.inline_lookups)
+        lookups.add_metric(["worker"], ai.lookups - ai.inline_lookups)
+        yield lookups
+        pages = CounterMetricFamily(
+            f"{PREFIX}_attribute_index_page_reads",
+            "Attribute index pages read, by source",
+            labels=["source"],
+        )
+        pages.add_metric(["rocksdb"], ai.rocksdb_page_hits)
+        pages.add_metric(["tier2"], ai.tier2_page_reads)
+        yield pages
+        yield CounterMetricFamily(
+            f"{PREFIX}_attribute_index_batches",
+            "Attribute index batches written",
+            value=ai.batches,
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_attribute_index_batch_bytes",
+            "Bytes of attribute index pages written",
+            value=ai.batch_bytes,
+        )
+        c = self.node.container
+        yield CounterMetricFamily(
+            f"{PREFIX}_attributes_loaded",
+            "Attribute values brought into memory from attribute indexes",
+            value=c.attributes_loaded,
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_attributes_evicted",
+            "Indexed attribute values dropped from memory (container.max_attributes)",
+            value=c.attributes_evicted,
+        )
 
     def _embedded_s3(self) -> Iterator[Metric]:
         from gateway.tier2.embedded import STATES

@@ -54,6 +54,12 @@ def commit(t: BTree, store: Store, changes: dict[bytes, int | None]) -> None:
     batch = t.prepare(changes)
     assert len(store.data) == t.state.length
     store.data += batch.data
+    # The pages the batch says it replaced are dead: garble them (a read of
+    # a live one there would fail its CRC).
+    sizes = dict(batch.pages)
+    for offset in batch.replaced:
+        n = sizes.get(offset) or 16
+        store.data[offset : offset + n] = b"\xdd" * n
     t.commit(batch)
     store.truncate(t.state.start)
 

@@ -302,3 +302,39 @@ def test_attributes_match_a_dict_model_on_seaweedfs(
         # Each example its own node id: the bucket is shared by the examples.
         config = config_for(pathlib.Path(d), node_id=f"n{random.randrange(10**9)}")
         trio.run(_run_model, config, s3_storage, script)
+
+
+async def test_recovery_from_tier2_finds_the_newest_index(tmp_path: pathlib.Path) -> None:
+    from gateway.tier2.attribute_index import AttributeIndexStore
+    from gateway.tier2.rebuild import rebuild_metadata
+
+    storage = MemoryStorage()
+    config = config_for(tmp_path, max_attributes=64, snapshot_interval="1h")
+    async with running(config, storage) as (c, w):
+        await c.create("s")
+        for i in range(300):
+            await writer_append(c, "s", key(i), 0)
+        await c.flush()
+        await w.upload_snapshot()  # the snapshot names this index and its chunks
+        old = c._committed("s").attr_index
+        assert old is not None
+        old_chunks = {ch.name for ch in old.chunks}
+        # Many batches after the snapshot: progressive compaction moves the
+        # head on and the chunks the snapshot names are deleted.
+        for rnd in range(1, 6):
+            for i in range(0, 300, 3):
+                await writer_append(c, "s", key(i), rnd)
+            await c.flush()
+        seg = c._committed("s")
+        assert seg.attr_index is not None
+        assert not old_chunks & {ch.name for ch in seg.attr_index.chunks}
+    layer = ChunkLayer(storage, max_concurrency=4)
+    rebuilt = await rebuild_metadata(layer, "node-1")
+    (record,) = rebuilt.container.segments
+    index = record.attribute_index
+    assert index.root_length and index.chunks
+    store = AttributeIndexStore(layer, "node-1")
+    assert await store.verify(record.id, index) == []
+    got = dict(await store.range(record.id, index, b"", 0))
+    assert got == {key(i): 6 if i % 3 == 0 else 1 for i in range(300)}
+    assert not rebuilt.report.lost_attribute_indexes

@@ -14,7 +14,7 @@ from gateway.container.attributes import AttributeUpdate, Verb
 from gateway.errors import ConditionalCheckFailed, GatewayError, Overloaded
 from gateway.tier2 import names
 from gateway.tier2.filesystem import FileStorage
-from tests.helpers.daemon import Daemon, run_cli
+from tests.helpers.daemon import Daemon, run_cli, scrape
 
 # Daemons: `make test-fast` leaves these out.
 pytestmark = pytest.mark.slow
@@ -94,6 +94,14 @@ async def test_hundred_thousand_writers_survive_sigkill(tmp_path: pathlib.Path) 
                     await f.wait()
                 assert getattr(e.value, "last_event_number", None) == (2 if i % 10 == 0 else 1)
             assert (await c.info("many")).event_count == expected_events
+            m = await trio.to_thread.run_sync(scrape, daemon.metrics_port)
+            p = "segment_gateway_"
+            assert m[p + "attributes_loaded_total"] >= 6  # the old writers came from the index
+            assert (
+                m[p + 'attribute_index_lookups_total{path="memory"}']
+                + m[p + 'attribute_index_lookups_total{path="worker"}']
+                >= 1
+            )
             extended = {k: v async for k, v in c.iter_attributes("many", batch=10_000) if k[0]}
             assert len(extended) == WRITERS
             assert sum(extended.values()) == expected_events
@@ -213,5 +221,27 @@ def test_attrs_command_and_bad_input(tmp_path: pathlib.Path) -> None:
         assert r.returncode != 0 and "nope" in r.stderr
         stat = run_cli("stat", "s", "--connect", daemon.address)
         assert stat.returncode == 0 and '"attributes"' in stat.stdout
+    finally:
+        daemon.kill()
+
+
+@pytest.mark.timeout(180)
+def test_cli_appends_never_run_out_of_attributes(tmp_path: pathlib.Path) -> None:
+    # The repro: each `append` is a new exactly-once writer, whose id
+    # stays on the segment. With max_attributes = 8, the eighth used to fail.
+    root = tmp_path / "tier2"
+    daemon = Daemon(tmp_path / "node", CONFIG.format(root=root, max_attributes=8))
+    daemon.start()
+    try:
+        for i in range(12):
+            r = run_cli("append", "--create", "s", "--connect", daemon.address,
+                        input_text=f"line {i}\n")  # fmt: skip
+            assert r.returncode == 0, (i, r.stderr)
+        with SyncClient(daemon.address) as c:
+            assert c.info("s").event_count == 12
+            assert c.read("s", 0, 1000).data == b"".join(b"line %d\n" % i for i in range(12))
+        out = run_cli("attrs", "s", "--connect", daemon.address)
+        writers = [line for line in out.stdout.splitlines() if not line.startswith("0" * 30)]
+        assert len(writers) == 12, out.stdout
     finally:
         daemon.kill()

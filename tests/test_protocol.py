@@ -114,6 +114,12 @@ CASES: list[tuple[str, Step, type[GatewayError], Callable[[Any], bool]]] = [
      lambda e: "trimmed" in str(e)),
     ("append not whole frames", lambda c: c.append("framed", b"\0\0\0\x09abc"), BadRequest,
      lambda e: "not whole events" in str(e)),
+    ("attribute range bad start", lambda c: c.attribute_range("s", b"short"), BadRequest,
+     lambda e: "16 bytes" in str(e)),
+    ("attribute range missing", lambda c: c.attribute_range("nope"), SegmentNotFound,
+     lambda e: True),
+    ("remove a core attribute", lambda c: c.update_attributes("s", [
+        AttributeUpdate(EVENT_COUNT, Verb.REMOVE, 0)]), BadAttributeUpdate, lambda e: True),
 ]  # fmt: skip
 
 

@@ -100,6 +100,8 @@ class Batch:
     changed: int
     #: The pages parsed already (`BTree.commit` caches them).
     parsed: tuple[_Page, ...] = field(default=(), repr=False, compare=False)
+    #: Offsets of the live pages this batch replaces (dead once it is stored).
+    replaced: tuple[int, ...] = ()
 
 
 class _Page:
@@ -406,6 +408,7 @@ class BTree:
             return Batch(b"", (), state, 0)
         writer = self._writer = _Writer(state.length)
         self._changed = 0
+        self._replaced: list[int] = []
         root = self._root()
         if root is None:
             base = _Page(LEAF, [], bytearray())
@@ -413,12 +416,18 @@ class BTree:
         else:
             force = self._lowest_path(root) if self.compaction else None
             pages = self._apply(root, items, force)
+            self._replaced.append(root.offset)
         if not pages:
             # Every key went: the empty tree (nothing live, all of it truncatable).
             end = writer.cursor
             new = TreeState(0, 0, end, end)
             return Batch(
-                b"".join(writer.parts), _layout(writer), new, self._changed, tuple(writer.pages)
+                b"".join(writer.parts),
+                _layout(writer),
+                new,
+                self._changed,
+                tuple(writer.pages),
+                tuple(self._replaced),
             )
         entries = [writer.emit(p) for p in pages]
         while len(entries) > 1:
@@ -431,7 +440,10 @@ class BTree:
         top = writer.pages[-1]
         # An index root with one child gives way to it (repeatedly).
         root_offset, root_length = top.offset, top.length
+        dead = set(self._replaced)
         while top.kind == INDEX and len(top.keys) == 1:
+            # Written in this batch, but dead at once.
+            dead.add(top.offset)
             root_offset, root_length, _ = top.child(0)
             nxt = next((p for p in writer.pages if p.offset == root_offset), None)
             if nxt is None:
@@ -440,7 +452,12 @@ class BTree:
         low = self._subtree_low(root_offset, root_length, writer)
         new = TreeState(root_offset, root_length, writer.cursor, low)
         return Batch(
-            b"".join(writer.parts), _layout(writer), new, self._changed, tuple(writer.pages)
+            b"".join(writer.parts),
+            _layout(writer),
+            new,
+            self._changed,
+            tuple(writer.pages),
+            tuple(sorted(dead)),
         )
 
     def _subtree_low(self, offset: int, length: int, writer: _Writer) -> int:
@@ -500,6 +517,7 @@ class BTree:
             child = self._load(offset, length)
             sub_force = force[1:] if force and i == forced_child else None
             replaced = self._apply(child, groups[i], sub_force)
+            self._replaced.append(offset)
             for rp in replaced:
                 entry = writer.emit(rp)
                 new_keys.append(entry[:KEY_BYTES])

@@ -617,17 +617,23 @@ class SegmentContainer:
             raise SegmentSealed(name)
         if writer_id:
             check_id(name, writer_id)
-        missing = seg.missing_attributes(
-            [writer_id, *needs_current(attribute_updates)]
-            if writer_id
-            else needs_current(attribute_updates)
-        )
-        if missing:
-            raise AttributesNotLoaded(seg.name, missing)
-        current = seg.pending_attributes()
+        index = seg.attr_index
+        if index is not None and index.root_length:
+            wanted = needs_current(attribute_updates) if attribute_updates else []
+            if writer_id:
+                wanted.append(writer_id)
+            missing = seg.missing_attributes(wanted) if wanted else None
+            if missing:
+                raise AttributesNotLoaded(seg.name, missing)
+        # Pending values without a ChainMap per append (this is the hot path).
+        pending, committed = seg.p_attributes, seg.attributes
+
+        def current(k: bytes) -> int | None:
+            return pending[k] if k in pending else committed.get(k)
+
         values: dict[bytes, int | None] = {}
         if writer_id:
-            stored = current.get(writer_id) or 0
+            stored = current(writer_id) or 0
             if stored != previous_event_number:
                 return self._writer_condition_failed(seg, writer_id, previous_event_number)
             if event_number <= previous_event_number:
@@ -637,12 +643,13 @@ class SegmentContainer:
                     f"{previous_event_number}",
                 )
             values[writer_id] = event_number
-        resolve(name, current, attribute_updates, values)
-        values[EVENT_COUNT] = (current.get(EVENT_COUNT) or 0) + (event_count or 1)
-        codec = current.get(CODEC) or 0
+        if attribute_updates:
+            resolve(name, seg.pending_attributes(), attribute_updates, values)
+        values[EVENT_COUNT] = (current(EVENT_COUNT) or 0) + (event_count or 1)
+        codec = current(CODEC) or 0
         if codec == _LINES and data:
-            end = lines_end(seg.p_length, data, current.get(EVENT_END) or 0)
-            if end != (current.get(EVENT_END) or 0):
+            end = lines_end(seg.p_length, data, current(EVENT_END) or 0)
+            if end != (current(EVENT_END) or 0):
                 values[EVENT_END] = end
         elif codec == _FRAMED and not writer_id:
             # A writer's appends are whole frames by construction (it

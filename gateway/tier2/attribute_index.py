@@ -61,6 +61,8 @@ class AttributeIndexStatistics:
     """Counters of an `AttributeIndexStore`."""
 
     lookups: int
+    #: Of ``lookups``: answered from parsed pages on the event loop.
+    inline_lookups: int
     ranges: int
     batches: int
     batch_bytes: int
@@ -224,6 +226,7 @@ class AttributeIndexStore:
         pages = self.pages.statistics()
         return AttributeIndexStatistics(
             lookups=self.lookups,
+            inline_lookups=self.inline_lookups,
             ranges=self.ranges,
             batches=self.batches,
             batch_bytes=self.batch_bytes,
