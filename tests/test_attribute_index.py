@@ -338,3 +338,48 @@ async def test_recovery_from_tier2_finds_the_newest_index(tmp_path: pathlib.Path
     got = dict(await store.range(record.id, index, b"", 0))
     assert got == {key(i): 6 if i % 3 == 0 else 1 for i in range(300)}
     assert not rebuilt.report.lost_attribute_indexes
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_recovery_of_a_stream_whose_index_moved_along(tmp_path: pathlib.Path) -> None:
+    from gateway.tier2.attribute_index import AttributeIndexStore
+    from gateway.tier2.rebuild import rebuild_metadata
+
+    storage = MemoryStorage()
+    config = config_for(tmp_path, max_attributes=2048, snapshot_interval="1h")
+    events: dict[bytes, int] = {}
+    async with running(config, storage) as (c, w):
+        await c.create_stream("st", {"roll_size": 10_000, "retain_size": 5})
+        await writer_append(c, "st", key(0), 0)
+        events[key(0)] = 1
+        await c.flush()
+        await w.upload_snapshot()  # before most of it: members come from chunks
+        # 10,000 writers (an index of a dozen leaves) fill the first segment...
+        for i in range(1, 10_000):
+            await writer_append(c, "st", key(i), 0)
+            events[key(i)] = 1
+        await c.flush()
+        # ...the next one takes the index over and rewrites only a few pages.
+        for i in range(10):
+            await writer_append(c, "st", key(i), events[key(i)])
+            events[key(i)] += 1
+        await c.flush()
+        await c.enforce_streams()  # retention deletes the first segment
+        stream = c._table.streams["st"]
+        assert [m.name for m in stream.members] == ["st/000000000002"]
+    layer = ChunkLayer(storage, max_concurrency=4)
+    rebuilt = await rebuild_metadata(layer, "node-1")
+    members = sorted(
+        (r for r in rebuilt.container.segments if r.name.startswith("st/")), key=lambda r: r.name
+    )
+    current = members[-1]
+    assert current.attribute_index.root_length, rebuilt.report.summary()
+    # Part of its index was written while earlier segments held it.
+    holders = {names.parse_attribute_chunk_key(ch.name)[0] for ch in current.attribute_index.chunks}  # type: ignore[index]
+    assert holders - {current.id}, holders
+    store = AttributeIndexStore(layer, "node-1")
+    assert await store.verify(current.id, current.attribute_index) == []
+    got = dict(await store.range(current.id, current.attribute_index, b"", 0))
+    # What the newest batch holds: every writer's value as of the last flush.
+    assert got == events

@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 import trio
 
 from gateway.container.names import validate_name
+from gateway.container.streams import split_member
 from gateway.errors import ChunkNotFound, GatewayError, NothingToRecover, SnapshotInvalid
 from gateway.protocol.metadata_pb2 import (
     AttributeIndexRecord,
@@ -650,18 +651,33 @@ async def _rebuild_attribute_indexes(
         if parsed is not None:
             segment_id, offset, epoch = parsed
             by_segment[segment_id].append((offset, epoch, obj.key, obj.size))
+    listed = {obj.key for obj in listing}
+    live = {r.id for r in records}
+    gone = {i for i in by_segment if i not in live}
     for r in records:
         index = r.attribute_index
-        found = by_segment.get(r.id, [])
-        keys = {key for _, _, key, _ in found}
-        if replay_chunks and found:
+        # A stream's segment may hold an index it took over from the segment
+        # before it: those batches' keys carry that segment's id, and their
+        # offsets go on in the same attribute segment.
+        ids = {r.id}
+        for c in index.chunks:
+            parsed = names.parse_attribute_chunk_key(c.name)
+            if parsed is not None:
+                ids.add(parsed[0])
+        if split_member(r.name) is not None:
+            # ...and that one may be gone by now (retention), unnamed by any
+            # record: the chain of batches (each ending where the next
+            # starts) decides which of those objects belong.
+            ids |= gone
+        found = [item for i in sorted(ids) for item in by_segment.get(i, [])]
+        if replay_chunks and by_segment.get(r.id):
             newest = max(found)  # the largest offset, then the newest epoch
             if not r.HasField("attribute_index") or newest[0] >= index.length:
                 rebuilt = await _index_from_batches(layer, r.name, found, newest, report)
                 if rebuilt is not None:
                     r.attribute_index.CopyFrom(rebuilt)
                     continue
-        if r.HasField("attribute_index") and any(c.name not in keys for c in index.chunks):
+        if r.HasField("attribute_index") and any(c.name not in listed for c in index.chunks):
             report.lost_attribute_indexes.append(
                 (r.name, "its attribute index lost chunks in Tier 2: attribute values "
                  "not in its record are gone")
