@@ -309,15 +309,9 @@ class SegmentContainer:
         outcome of all its earlier appends.
         """
         await self.wait_settled()
-        stream = self._table.streams.get(name)
-        if stream is not None and stream.durable:
-            # A stream's writers: the newest segment carries their event numbers.
-            members = stream.committed_members()
-            if not members:
-                return {}
-            seg = members[-1]
-        else:
-            seg = self._committed(name)
+        seg = self._attribute_holder(name)
+        if seg is None:
+            return {}
         wanted = list(ids)
         for i in wanted:
             check_id(name, i, client=False)
@@ -326,6 +320,15 @@ class SegmentContainer:
         seg = await self._loaded(seg, wanted)
         found = {i: seg.attributes.get(i) for i in wanted}
         return {i: v for i, v in found.items() if v is not None}
+
+    def _attribute_holder(self, name: str) -> Segment | None:
+        """The segment whose attributes ``name`` answers with (None: an empty stream)."""
+        stream = self._table.streams.get(name)
+        if stream is None or not stream.durable:
+            return self._committed(name)
+        # A stream's writers: the newest segment carries their event numbers.
+        members = stream.committed_members()
+        return members[-1] if members else None
 
     async def _loaded(self, seg: Segment, ids: Sequence[bytes]) -> Segment:
         """``seg`` once memory holds the values of ``ids`` (no await after it returns)."""
@@ -386,14 +389,9 @@ class SegmentContainer:
         index's; 0 = no limit.
         """
         await self.wait_settled()
-        stream = self._table.streams.get(name)
-        if stream is not None and stream.durable:
-            members = stream.committed_members()
-            if not members:
-                return []
-            seg = members[-1]
-        else:
-            seg = self._committed(name)
+        seg = self._attribute_holder(name)
+        if seg is None:
+            return []
         out: builtins.list[tuple[bytes, int]] = []
         index_items: builtins.list[tuple[bytes, int]] = []
         index = seg.attr_index

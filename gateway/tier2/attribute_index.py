@@ -22,8 +22,9 @@ back to the event loop (`trio.from_thread`) for the retry policy.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import crc32c
 import trio
@@ -33,6 +34,8 @@ from gateway.attrindex.btree import Batch, BTree, IndexCorrupt, PageCache, TreeS
 from gateway.protocol.metadata_pb2 import AttributeIndexRecord, ChunkRecord
 from gateway.tier2 import names
 from gateway.tier2.layer import ChunkLayer
+
+T = TypeVar("T")
 
 #: Parsed pages kept in memory by default (the seed: a tree's second level of
 #: a billion attributes is ~32 MiB).
@@ -148,30 +151,22 @@ class AttributeIndexStore:
             else:
                 self.inline_lookups += 1
                 return found
-        tree = self.tree(segment_id, index)
-        async with self._thread:
-            return await trio.to_thread.run_sync(tree.get, list(ids))
+        return await self._in_thread(self.tree(segment_id, index).get, list(ids))
 
     async def range(
         self, segment_id: int, index: AttributeIndexRecord, start: bytes, limit: int
     ) -> list[tuple[bytes, int]]:
         """Entries with ids >= ``start`` in order, at most ``limit`` (0: all)."""
         self.ranges += 1
-        tree = self.tree(segment_id, index)
-        async with self._thread:
-            return await trio.to_thread.run_sync(tree.range, start, limit)
+        return await self._in_thread(self.tree(segment_id, index).range, start, limit)
 
     async def verify(self, segment_id: int, index: AttributeIndexRecord) -> list[str]:
         """fsck: the problems of one index ([] when it is healthy)."""
-        tree = self.tree(segment_id, index)
-        async with self._thread:
-            return await trio.to_thread.run_sync(tree.verify)
+        return await self._in_thread(self.tree(segment_id, index).verify)
 
     async def count(self, segment_id: int, index: AttributeIndexRecord) -> int:
         """How many attributes the index holds (walks every leaf)."""
-        tree = self.tree(segment_id, index)
-        async with self._thread:
-            return await trio.to_thread.run_sync(tree.count)
+        return await self._in_thread(self.tree(segment_id, index).count)
 
     async def write_batch(
         self,
@@ -192,8 +187,7 @@ class AttributeIndexStore:
         caller removes it once the batch is journaled or abandoned.
         """
         tree = self.tree(segment_id, index)
-        async with self._thread:
-            batch = await trio.to_thread.run_sync(tree.prepare, dict(changes))
+        batch = await self._in_thread(tree.prepare, dict(changes))
         crc = int(crc32c.crc32c(batch.data))
         key = names.attribute_chunk_key(self.node, segment_id, index.length, epoch)
         chunk = ChunkRecord(
@@ -212,6 +206,11 @@ class AttributeIndexStore:
         self.batches += 1
         self.batch_bytes += len(batch.data)
         return batch, chunk
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in the one worker thread tree work uses at a time."""
+        async with self._thread:
+            return await trio.to_thread.run_sync(fn, *args)
 
     def committed(self, segment_id: int, index: AttributeIndexRecord, batch: Batch) -> None:
         """The batch is journaled: keep its pages parsed (the next batch starts from them)."""

@@ -41,6 +41,7 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import crc32c
@@ -50,7 +51,7 @@ from gateway import failpoints
 from gateway.aio import crc32c_of
 from gateway.buffers import Buffer
 from gateway.config import Tier2Config
-from gateway.container.container import SegmentContainer
+from gateway.container.container import PendingOperation, SegmentContainer
 from gateway.container.segment import Segment
 from gateway.errors import GatewayError, Overloaded, SegmentNotFound, Tier2Error
 from gateway.protocol.metadata_pb2 import AttributeIndexRecord, ChunkRecord
@@ -458,36 +459,20 @@ class StorageWriter:
                 length=batch.state.length,
                 start=batch.state.start,
             )
-            applied = await self._record_attributes(seg, state, chunk, through)
+            applied = await self._journal_upload(
+                lambda: self.container.prepare_attribute_index_updated(
+                    seg.id, state, chunk, through
+                )
+            )
+            if not applied and self.container.segment_by_id(seg.id) is None and chunk.length:
+                self._deletes.append((chunk.name, seg.id))  # the segment went meanwhile
+                self._deletes_ready.set()
         finally:
             self.uploading.discard(chunk.name)
         if applied:
             self.attributes.committed(seg.id, index, batch)
             self.flushes += 1
             self._flushed_since_snapshot.set()
-
-    async def _record_attributes(
-        self, seg: Segment, state: AttributeIndexRecord, chunk: ChunkRecord, through: int
-    ) -> bool:
-        """Journal an uploaded index batch (retrying while the journal refuses, as for chunks)."""
-        give_up = trio.current_time() + self.cfg.retry_deadline
-        wait = 0.05
-        while True:
-            try:
-                applied: bool = await self.container.prepare_attribute_index_updated(
-                    seg.id, state, chunk, through
-                ).wait()
-                return applied
-            except SegmentNotFound:
-                if chunk.length:
-                    self._deletes.append((chunk.name, seg.id))
-                    self._deletes_ready.set()
-                return False
-            except Overloaded:
-                if trio.current_time() + wait > give_up:
-                    raise
-            await trio.sleep(wait)
-            wait = min(MAX_RECORD_WAIT, wait * 2)
 
     def _flush_source(self, source: Segment) -> None:
         """A merged source must reach Tier 2 before its target can go on."""
@@ -537,7 +522,13 @@ class StorageWriter:
         self._flushed_since_snapshot.set()
 
     async def _record_chunk(self, seg: Segment, record: ChunkRecord, extends: bool) -> bool:
-        """Journal an uploaded chunk; whether it was added (False: truncated away or deleted).
+        """Journal an uploaded chunk; whether it was added (False: truncated away or deleted)."""
+        return await self._journal_upload(
+            lambda: self.container.prepare_chunk_added(seg.id, record, extends_last=extends)
+        )
+
+    async def _journal_upload(self, prepare: Callable[[], PendingOperation]) -> bool:
+        """Journal what an upload did; its result (False if the segment is gone).
 
         While the journal refuses (its disk full: the reserve exhausted, or a
         client group refused ahead of this record), try again for up to
@@ -547,10 +538,8 @@ class StorageWriter:
         wait = 0.05
         while True:
             try:
-                added: bool = await self.container.prepare_chunk_added(
-                    seg.id, record, extends_last=extends
-                ).wait()
-                return added
+                done: bool = await prepare().wait()
+                return done
             except SegmentNotFound:
                 return False
             except Overloaded:
