@@ -706,6 +706,12 @@ class SegmentContainer:
             op.error = error()
         else:
             self._inflight.append(op)
+            # Keep the writer's value in memory until the answer is built:
+            # an index batch applied meanwhile must not evict it (a pending
+            # value, unchanged, is never evicted; the reset drops it).
+            if writer_id not in seg.p_attributes:
+                seg.p_attributes[writer_id] = seg.attributes.get(writer_id)
+                self._dirty.add(seg)
         return op
 
     def prepare_seal(self, name: str) -> PendingOperation:
