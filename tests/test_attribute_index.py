@@ -125,6 +125,24 @@ async def test_writer_ids_leave_memory_and_come_back_from_the_index(tmp_path: pa
         assert await w.attributes.verify(c._committed("s").id, c._committed("s").attr_index) == []
 
 
+async def test_a_duplicates_answer_survives_an_eviction(tmp_path: pathlib.Path) -> None:
+    async with running(config_for(tmp_path, max_attributes=16), MemoryStorage()) as (c, _):
+        await c.create("s")
+        for i in range(20):
+            await writer_append(c, "s", key(i), 0)
+        await c.flush()
+        await c.load_attributes("s", [key(3)])  # in memory, and in the index
+        in_flight = [c.prepare_append("s", b"x") for _ in range(5)]
+        dup = c.prepare_append("s", b"d", writer_id=key(3), event_number=1, previous_event_number=0)
+        # What an index batch applied before the answer is built would do.
+        c._committed("s").evict_attributes(0)
+        with pytest.raises(ConditionalCheckFailed) as e:
+            await dup.wait()
+        assert getattr(e.value, "last_event_number", None) == 1
+        for op in in_flight:
+            await op.wait()
+
+
 async def test_without_tier2_the_limit_still_refuses(tmp_path: pathlib.Path) -> None:
     config = make_config(tmp_path, container={"max_attributes": 4})
     async with open_node(config) as node:
