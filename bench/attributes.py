@@ -121,6 +121,7 @@ def run_seed_case(n: int, batch: int, compaction: bool, update: bool) -> dict[st
             batches += 1
     s = tree.state
     return {
+        "attributes": n,
         "batch": batch,
         "compaction": compaction,
         "batches": batches,
@@ -130,9 +131,11 @@ def run_seed_case(n: int, batch: int, compaction: bool, update: bool) -> dict[st
     }
 
 
-def part_seed(n: int) -> dict[str, Any]:
+def part_seed(n: int, tables: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"attributes": n, "table1": [], "table2": []}
     for table, update, seed in (("table1", False, SEED_TABLE_1), ("table2", True, SEED_TABLE_2)):
+        if table not in tables:
+            continue
         for batch in (10, 100, 1000):
             for compaction in (False, True):
                 case = run_seed_case(n, batch, compaction, update)
@@ -357,24 +360,25 @@ def table_lines(doc: dict[str, Any]) -> list[str]:
     lines.append(f"Machine: {doc['machine']}; {doc['date']}.")
     seed = doc.get("seed")
     if seed:
-        n = seed["attributes"]
         lines += [
             "",
-            f"Seed 003's experiments, {n:,} attributes, index size in Tier 2 after truncation "
-            "(MB; without compaction nothing before the oldest untouched page can go, so the "
-            "seed's figure there is what was written):",
+            "Seed 003's experiments (the seed: 1,000,000 attributes), index size in Tier 2 "
+            "after truncation in MB; without compaction the seed's figure is what was written "
+            "(nothing before the oldest untouched page can go), ours is given both ways:",
             "",
-            "| table | batch | ours, no compaction: after truncation / written | seed, no "
-            "compaction | ours, progressive compaction | seed, progressive compaction | seconds |",
-            "|---|---|---|---|---|---|---|",
+            "| table | attributes | batch | ours, no compaction: after truncation / written "
+            "| seed, no compaction | ours, progressive compaction | seed, progressive "
+            "compaction | seconds (no / with) |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for name, label in (("table1", "1: sorted inserts"), ("table2", "2: random updates")):
-            cases = seed[name]
-            for batch in (10, 100, 1000):
+            cases = seed.get(name) or []
+            for batch in sorted({c["batch"] for c in cases}):
                 off = next(c for c in cases if c["batch"] == batch and not c["compaction"])
                 on = next(c for c in cases if c["batch"] == batch and c["compaction"])
                 lines.append(
-                    f"| {label} | {batch} | {off['size_after_truncation_mb']:,} / "
+                    f"| {label} | {on.get('attributes', seed['attributes']):,} | {batch} | "
+                    f"{off['size_after_truncation_mb']:,} / "
                     f"{off['written_mb']:,} | {off['seed_mb']:,} | "
                     f"{on['size_after_truncation_mb']:,} | {on['seed_mb']:,} | "
                     f"{off['seconds']} / {on['seconds']} |"
@@ -421,7 +425,14 @@ def table_lines(doc: dict[str, Any]) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes, one run")
-    ap.add_argument("--parts", default="seed,writers,lookup", help="comma-separated parts")
+    ap.add_argument("--parts", default="table1,table2,writers,lookup", help="comma-separated parts")
+    ap.add_argument(
+        "--merge",
+        type=pathlib.Path,
+        nargs="+",
+        metavar="JSON",
+        help="run nothing: merge the parts of earlier outputs (later files win) for the table",
+    )
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--write-table", type=pathlib.Path, metavar="MD")
     args = ap.parse_args()
@@ -433,8 +444,22 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "quick": args.quick,
     }
-    if "seed" in parts:
-        doc["seed"] = part_seed(100_000 if args.quick else 1_000_000)
+    if args.merge:
+        for path in args.merge:
+            earlier = json.loads(path.read_text())
+            for part in ("writers", "lookup"):
+                if part in earlier:
+                    doc[part] = earlier[part]
+            if "seed" in earlier:
+                seed = doc.setdefault("seed", {"attributes": earlier["seed"]["attributes"]})
+                for table in ("table1", "table2"):
+                    if earlier["seed"].get(table):
+                        seed[table] = earlier["seed"][table]
+                        seed["attributes"] = earlier["seed"]["attributes"]
+        parts = set()
+    tables = [t for t in ("table1", "table2") if t in parts]
+    if tables:
+        doc["seed"] = part_seed(100_000 if args.quick else 1_000_000, tables)
     if "writers" in parts:
         counts = [10, 10_000, 100_000] if args.quick else [10, 10_000, 1_000_000]
         doc["writers"] = part_writers(counts, 20_000 if args.quick else 100_000, repeat)
