@@ -220,6 +220,14 @@ class Unavailable(GatewayError):
     wire_code = "UNAVAILABLE"
 
 
+class IndexMoved(Unavailable):
+    """unavailable: attribute index of segment id {} moved on while read ({} gone); retry"""
+
+    # A reader that took an index record before an await may find chunks
+    # the storage writer deleted since (a newer batch moved the head past
+    # them). The container looks again with the record as it is now.
+
+
 class BadRequest(GatewayError):
     """bad request: {}"""
 

@@ -401,3 +401,36 @@ async def test_recovery_of_a_stream_whose_index_moved_along(tmp_path: pathlib.Pa
     got = dict(await store.range(current.id, current.attribute_index, b"", 0))
     # What the newest batch holds: every writer's value as of the last flush.
     assert got == events
+
+
+async def test_a_reader_with_an_old_record_is_told_the_index_moved(tmp_path: pathlib.Path) -> None:
+    from gateway.errors import IndexMoved
+    from gateway.protocol.metadata_pb2 import AttributeIndexRecord
+
+    storage = MemoryStorage()
+    async with running(config_for(tmp_path, max_attributes=64), storage) as (c, w):
+        await c.create("s")
+        for i in range(40):
+            await writer_append(c, "s", key(i), 0)
+        await c.flush()
+        seg = c._committed("s")
+        old = AttributeIndexRecord()
+        assert seg.attr_index is not None
+        old.CopyFrom(seg.attr_index)
+        # Batches after it move the head past its chunks; they get deleted.
+        for rnd in range(1, 4):
+            for i in range(40):
+                await writer_append(c, "s", key(i), rnd)
+            await c.flush()
+        gone = {ch.name for ch in old.chunks} - {ch.name for ch in seg.attr_index.chunks}
+        assert gone
+        with trio.fail_after(10):
+            while {o.key for o in storage.list(names.attributes_prefix("node-1"))} & gone:  # noqa: ASYNC110 - polls a store without events
+                await trio.sleep(0.01)
+        w.attributes.pages.drop(seg.id)  # nothing parsed: the lookup must read
+        with pytest.raises(IndexMoved):
+            await w.attributes.lookup(seg.id, old, [key(1)])
+        assert not {b[0] for b in c.read_index.store.blocks()} & gone  # nothing cached again
+        # The container looks with the record as it is now.
+        seg.evict_attributes(0)
+        assert await c.get_attributes("s", [key(1)]) == {key(1): 4}

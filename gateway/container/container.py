@@ -88,6 +88,7 @@ from gateway.errors import (
     BadRequest,
     ConditionalCheckFailed,
     GatewayError,
+    IndexMoved,
     InvalidName,
     JournalClosed,
     JournalError,
@@ -358,8 +359,14 @@ class SegmentContainer:
                 raise Unavailable(f"the attribute index of {name!r} is in Tier 2, which is off")
             assert seg.attr_index is not None
             evictions = seg.attr_evictions
+            where = seg.attr_index.length
             # The store takes what it needs of the record before it awaits.
-            found = await self.attribute_store.lookup(seg.id, seg.attr_index, missing)
+            try:
+                found = await self.attribute_store.lookup(seg.id, seg.attr_index, missing)
+            except IndexMoved:
+                if seg.attr_index is None or seg.attr_index.length == where:
+                    raise  # not moved on: a chunk really is missing
+                continue
             if self._table.by_name.get(name) is not seg or seg.attr_evictions != evictions:
                 continue
             seg.load_attributes({k: found.get(k) for k in missing})
@@ -402,7 +409,16 @@ class SegmentContainer:
             # Removed ids still in memory hide index entries: ask for that many more.
             hidden = sum(1 for v in seg.attributes.values() if v is None)
             want = limit + hidden if limit else 0
-            index_items = await self.attribute_store.range(seg.id, index, start, want)
+            for attempt in range(10):
+                where = index.length
+                try:
+                    index_items = await self.attribute_store.range(seg.id, index, start, want)
+                    break
+                except IndexMoved:
+                    # Look again with the record as it is now, unless it did
+                    # not move (a chunk is really missing) or keeps moving.
+                    if seg.attr_index is not index or index.length == where or attempt == 9:
+                        raise
             if self._table.by_name.get(seg.name) is not seg:
                 raise SegmentNotFound(seg.name)
         merged: dict[bytes, int | None] = dict(index_items)

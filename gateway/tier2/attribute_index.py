@@ -22,6 +22,7 @@ back to the event loop (`trio.from_thread`) for the retry policy.
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -31,6 +32,7 @@ import trio
 
 from cache import CacheStore
 from gateway.attrindex.btree import Batch, BTree, IndexCorrupt, PageCache, TreeState
+from gateway.errors import ChunkNotFound, IndexMoved
 from gateway.protocol.metadata_pb2 import AttributeIndexRecord, ChunkRecord
 from gateway.tier2 import names
 from gateway.tier2.layer import ChunkLayer
@@ -42,6 +44,8 @@ T = TypeVar("T")
 DEFAULT_PAGE_CACHE = 64 * 1024 * 1024
 
 
+#: Deleted chunk names remembered (readers holding an older record are brief).
+_GONE_KEPT = 10_000
 #: Lookups of at most this many ids try the parsed pages on the event loop first.
 _INLINE_LOOKUP = 16
 
@@ -84,10 +88,13 @@ class AttributeIndexStore:
         node: str,
         cache: CacheStore | None = None,
         page_cache_bytes: int = DEFAULT_PAGE_CACHE,
+        cache_writes: bool = True,
     ) -> None:
         self.layer = layer
         self.node = node
         self.cache = cache
+        #: False: read the RocksDB cache but never fill it (fsck beside a daemon).
+        self.cache_writes = cache_writes
         self.pages = PageCache(page_cache_bytes)
         self._thread = trio.CapacityLimiter(1)
         self.lookups = 0
@@ -98,6 +105,10 @@ class AttributeIndexStore:
         self.batch_bytes = 0
         self.tier2_page_reads = 0
         self.rocksdb_page_hits = 0
+        #: Chunks deleted lately (truncated away): a reader with an older
+        #: record must neither read them nor cache their pages again.
+        self._gone: set[str] = set()
+        self._gone_order: deque[str] = deque()
 
     def tree(self, segment_id: int, index: AttributeIndexRecord, compaction: bool = True) -> BTree:
         """The tree ``index`` describes; its reader runs in a worker thread (`run_in_thread`)."""
@@ -112,21 +123,28 @@ class AttributeIndexStore:
                     f"{offset + length}) lies in no chunk (truncated away?)"
                 )
             chunk = chunks[i]
+            if chunk.name in self._gone:
+                raise IndexMoved(segment_id, chunk.name)
             rel = offset - chunk.start_offset
             if self.cache is not None:
                 data = self.cache.get_block(chunk.name, rel)
                 if data is not None and len(data) == length:
                     self.rocksdb_page_hits += 1
                     return data
-            data = trio.from_thread.run(self.layer.read, chunk.name, rel, length)
+            try:
+                data = trio.from_thread.run(self.layer.read, chunk.name, rel, length)
+            except ChunkNotFound:
+                raise IndexMoved(segment_id, chunk.name) from None
             self.tier2_page_reads += 1
             if len(data) != length:
                 raise IndexCorrupt(
                     f"attribute index of segment id {segment_id}: {chunk.name} is short at "
                     f"{rel} (page [{offset}, {offset + length}))"
                 )
-            if self.cache is not None:
+            if self.cache is not None and self.cache_writes:
                 self.cache.put_block(chunk.name, rel, data)
+                if chunk.name in self._gone:  # deleted meanwhile: no stale copy stays
+                    self.cache.drop_chunk(chunk.name)
             return data
 
         return BTree(
@@ -215,6 +233,15 @@ class AttributeIndexStore:
     def committed(self, segment_id: int, index: AttributeIndexRecord, batch: Batch) -> None:
         """The batch is journaled: keep its pages parsed (the next batch starts from them)."""
         self.tree(segment_id, index).commit(batch)
+
+    def forget_chunk(self, key: str) -> None:
+        """A chunk of an attribute segment was deleted (called before its cache is dropped)."""
+        if key in self._gone:
+            return
+        self._gone.add(key)
+        self._gone_order.append(key)
+        while len(self._gone_order) > _GONE_KEPT:
+            self._gone.discard(self._gone_order.popleft())
 
     def forget(self, segment_id: int) -> None:
         """The segment is gone: drop its parsed pages."""

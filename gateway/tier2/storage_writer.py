@@ -630,6 +630,7 @@ class StorageWriter:
 
     async def _forget_chunk(self, key: str) -> None:
         """A chunk object is gone: drop its blocks from memory and the cache store."""
+        self.attributes.forget_chunk(key)  # first: a reader caching it now drops it again
         self.reader.drop_chunk(key)
         await trio.to_thread.run_sync(self.reader.store.drop_chunk, key)
 
