@@ -36,9 +36,20 @@ In both, an active ``lines`` segment ends at its last newline
 line is whole.
 
 Sealed segments never change again (short of a truncation), so their
-attributes and names are cached for ``fuse.sealed_timeout`` and their pages
-survive a reopen (``keep_cache``). Active segments grow: ``fuse.active_timeout``
-(at most 1 s), so ``stat`` and ``tail -f`` see growth, and no ``keep_cache``.
+attributes and names are cached for ``fuse.sealed_timeout``. Active segments
+grow: ``fuse.active_timeout`` (at most 1 s), so ``stat`` and ``tail -f`` see
+growth. The pages of both survive a reopen (``keep_cache``): a byte below a
+segment's committed length never changes, so what the kernel cached stays
+true, and a re-read of an active segment runs at page-cache speed too. What
+can change is pushed to the kernel: a truncation (zeros below the new start)
+and a deletion drop the inode's pages (`on_truncated`, `on_deleted`). Growth
+needs nothing from here: when the kernel refreshes the attributes and finds a
+new size it drops the file's cached pages itself (FUSE without
+``FUSE_CAP_EXPLICIT_INVAL_DATA``, which pyfuse3 does not let a filesystem ask
+for), so the zero-filled end of the old last page is never served as data.
+The trimmed view of an active segment is the exception: its first byte may
+still move (`trim_start` finds a later boundary as the index grows), so its
+pages are kept only once the segment is sealed.
 """
 
 from __future__ import annotations
@@ -429,7 +440,7 @@ class SegmentVFS:
     # -- files -----------------------------------------------------------------------
 
     def open(self, inode: int, flags: int) -> Opened:
-        """Open a segment for reading; sealed ones keep their cached pages."""
+        """Open a segment for reading; its pages survive (the trimmed view's once sealed)."""
         if flags & WRITE_FLAGS:
             raise FsError(errno.EROFS)
         plain, trimmed = _trimmed(inode)
@@ -450,7 +461,8 @@ class SegmentVFS:
             self._files[fh] = _Handle(seg.id, None, events_file(seg))
             return Opened(fh, direct_io=True)
         self._files[fh] = _Handle(seg.id, Prefetcher(self.source, self.read_ahead))
-        return Opened(fh, keep_cache=seg.sealed and not direct, direct_io=direct)
+        # Active segments too: bytes below the committed length never change.
+        return Opened(fh, keep_cache=not direct, direct_io=direct)
 
     async def read(self, fh: int, off: int, size: int) -> Buffer:
         """Bytes of the segment: zeros below its start offset, short at its end."""

@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -25,7 +26,7 @@ from hypothesis import strategies as st
 from gateway.client import SyncClient, open_client
 from gateway.tier2.embedded import EmbeddedS3
 from gateway.tier2.s3 import S3Storage
-from tests.helpers.daemon import ROOT
+from tests.helpers.daemon import ROOT, scrape
 from tests.helpers.mount import MountedDaemon, mount_entry, mounted_daemon, require_fuse, run
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
@@ -307,6 +308,89 @@ def read_until(proc: subprocess.Popen[bytes], got: bytearray, expected: bytes, s
         if not chunk:
             time.sleep(0.02)
     assert bytes(got) == expected, f"tail printed {bytes(got)!r}, expected {expected!r}"
+
+
+def fuse_read_bytes(daemon: MountedDaemon) -> float:
+    """Bytes the daemon has served to the mount's reads so far."""
+    return scrape(daemon.metrics_port)["segment_gateway_fuse_read_bytes_total"]
+
+
+def wait_for_size(path: pathlib.Path, size: int, s: float = 5.0) -> None:
+    """Until ``stat`` shows ``size`` (the kernel's copy refreshes within active_timeout)."""
+    deadline = time.monotonic() + s
+    while os.stat(path).st_size != size:
+        assert time.monotonic() < deadline, f"{path}: size {os.stat(path).st_size}, not {size}"
+        time.sleep(0.02)
+
+
+@pytest.mark.timeout(120)
+def test_an_active_segment_is_read_again_from_the_page_cache(tmp_path: pathlib.Path) -> None:
+    """keep_cache for active segments: a re-read costs the daemon nothing, and
+    growth, truncation and reads during appends still show the right bytes."""
+    rng = random.Random(17)
+    with mounted_daemon(tmp_path) as daemon, SyncClient(daemon.address) as c:
+        path = daemon.mnt / "grow/s"
+        c.create("grow/s")
+        # The end falls inside a page: the kernel caches that page zero-filled.
+        data = rng.randbytes(6 * MiB + 1234)
+        for i in range(0, len(data), MiB):
+            c.append("grow/s", data[i : i + MiB])
+        wait_for_size(path, len(data))
+        assert run("cat", path).stdout == data
+        served = fuse_read_bytes(daemon)
+        assert served >= len(data)
+        for _ in range(2):  # new opens, new processes: the pages are still there
+            assert run("cat", path).stdout == data
+        assert fuse_read_bytes(daemon) == served, "a re-read went to the daemon"
+
+        # Growth: the old last page must not be served zero-filled.
+        tail = rng.randbytes(100 * KiB + 7)
+        c.append("grow/s", tail)
+        data += tail
+        wait_for_size(path, len(data))
+        assert run("cat", path).stdout == data
+        assert run("tail", "-c", "5000", path).stdout == data[-5000:]
+
+        # Truncation: zeros below the start, at once for a new open.
+        c.truncate("grow/s", 3 * MiB + 17)
+        expected = bytes(3 * MiB + 17) + data[3 * MiB + 17 :]
+        deadline = time.monotonic() + 5
+        while (got := run("cat", path).stdout) != expected:
+            assert time.monotonic() < deadline, "truncated bytes still read back"
+            time.sleep(0.05)
+
+        # Reading while it grows fast: never stale zeros, never short of the
+        # size the kernel reported when the read started.
+        stop = time.monotonic() + 4
+        appended = [len(data)]
+
+        def writer() -> None:
+            with SyncClient(daemon.address) as w:
+                while time.monotonic() < stop:
+                    piece = rng.randbytes(rng.choice([1, 100, 3000, 4096, 70 * KiB]))
+                    w.append("grow/s", piece)
+                    expected_parts.append(piece)
+                    appended[0] += len(piece)
+
+        expected_parts: list[bytes] = [expected]
+        thread = threading.Thread(target=writer)
+        thread.start()
+        reads = 0
+        try:
+            while time.monotonic() < stop:
+                with open(path, "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    got = f.read()
+                whole = b"".join(expected_parts)
+                assert len(got) >= size, f"short read: {len(got)} < {size}"
+                assert got == whole[: len(got)], "the bytes read differ from those appended"
+                reads += 1
+        finally:
+            thread.join(30)
+        assert reads > 5
+        whole = b"".join(expected_parts)
+        wait_for_size(path, len(whole))
+        assert run("cat", path).stdout == whole
 
 
 @pytest.fixture
