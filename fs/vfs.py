@@ -55,6 +55,7 @@ pages are kept only once the segment is sealed.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import errno
 import grp
@@ -77,6 +78,7 @@ from gateway.container.attributes import EVENT_COUNT, is_core
 from gateway.container.names import TRIMMED_DIR
 from gateway.container.segment import Segment
 from gateway.errors import GatewayError
+from gateway.tier2.reader import random_access
 
 log = logging.getLogger(__name__)
 
@@ -482,8 +484,12 @@ class SegmentVFS:
         view = seg.view()
         assert handle.prefetcher is not None
         handle.prefetcher.on_read(view, off, size)
+        # A reader with no read-ahead window is not sequential: a Tier-2 miss
+        # fetches the pages it reads, not their whole block.
+        random = handle.prefetcher.window == 0
         try:
-            data = await self.source.read(view, off, size)
+            with random_access() if random else contextlib.nullcontext():
+                data = await self.source.read(view, off, size)
         except GatewayError as e:
             if self.source.segment_by_id(handle.segment_id) is None:
                 # Deleted while this read waited (its chunks go with it): stale, not broken.

@@ -32,6 +32,7 @@ from gateway.container.segment import Segment
 from gateway.errors import Tier2Error
 from gateway.protocol.metadata_pb2 import ChunkRecord
 from gateway.readindex import SegmentView
+from gateway.tier2.reader import in_random_access
 
 MiB = 1024 * 1024
 CONFIG = FuseConfig(active_timeout=1.0, sealed_timeout=300.0)
@@ -44,6 +45,8 @@ class MemorySource:
         self.by_id: dict[int, Segment] = {}
         self.data: dict[int, bytes] = {}
         self.prefetched: list[tuple[int, int]] = []
+        #: (offset, whether the read was made within `random_access`), per read.
+        self.reads: list[tuple[int, bool]] = []
         self.fail_reads = False
         self.watchers: list[NamespaceWatcher] = []
 
@@ -67,6 +70,7 @@ class MemorySource:
         return self.by_id.get(segment_id)
 
     async def read(self, seg: SegmentView, offset: int, size: int) -> Buffer:
+        self.reads.append((offset, in_random_access()))
         if self.fail_reads:
             raise Tier2Error("GET failed: the server is down")
         data = self.data[seg.id]
@@ -176,6 +180,8 @@ async def test_reads_zeros_below_start_short_at_end_and_read_ahead() -> None:
     assert src.prefetched and src.prefetched[0][0] == 200
     assert await vfs.read(opened.fh, 8 * MiB - 10, 100) == bytes(range(246, 256))
     assert await vfs.read(opened.fh, 8 * MiB, 100) == b""
+    # Sequential reads fetch whole blocks; a seek (no read-ahead window) only its pages.
+    assert src.reads == [(0, False), (8 * MiB - 10, True)]
     vfs.release(opened.fh)
     assert vfs.statistics()["open_files"] == 0
     assert errno_of(vfs.open, SEGMENT_INODE_BASE + 1, os.O_WRONLY) == errno.EROFS
