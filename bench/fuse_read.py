@@ -42,6 +42,17 @@ Reads from S3 or a cold disk are timed by the wall clock around the dd
 processes (opens included); page-cache reads (a GiB in ~0.1 s) by dd's own
 clock, median of 3 dd runs.
 
+* **active** (the page cache across opens of a segment still being
+  written): two segments of --active-size bytes (default 256 MiB; 1 MiB
+  appends), one left active, one sealed, written in the same daemon. With
+  the page cache dropped, each is read 3 times with dd, a new open each
+  time, alternately; the re-reads' MB/s (dd's own clock) of the active one
+  against the sealed one's, and the bytes the daemon wrote meanwhile (its
+  replies to the kernel's reads go through ``write``: ``wchar``), which a
+  re-read from the page cache leaves at ~0. Then 1 MiB is appended to the
+  active one and, once ``stat`` shows it, the file read once more: what
+  growth costs (the kernel drops the file's pages when it sees a new size).
+
 Every sequential read is checked: a CRC32C of the bytes read back through
 each mount (right after its timed dd) against the expected one; every
 4 KiB read is compared with the expected bytes.
@@ -52,7 +63,9 @@ RocksDB warm ≥ 1 GB/s.
 
 Prints one JSON document (progress on stderr); with --write-table also
 rewrites the FUSE section of docs/PERFORMANCE.md. Needs root (drop_caches,
-mounts, apt-get). --quick: 1 round, a 256 MiB segment.
+mounts, apt-get). --quick: 1 round, a 256 MiB segment. --parts runs only
+some systems (e.g. ``--parts ours,boto3,active``; default: all); the table
+is written only for a full run.
 """
 
 from __future__ import annotations
@@ -95,6 +108,7 @@ from common import (  # noqa: E402
 
 from gateway import __version__  # noqa: E402
 from gateway.client import SyncClient  # noqa: E402
+from gateway.errors import SegmentNotFound  # noqa: E402
 from gateway.tier2.embedded import EmbeddedS3  # noqa: E402
 from gateway.tier2.s3 import S3Storage  # noqa: E402
 
@@ -109,6 +123,11 @@ TARGET_COLD_VS_S3FS = 1.25
 TARGET_COLD_VS_RCLONE = 2.0
 TARGET_WARM_VS_LOCAL = 0.7
 TARGET_ROCKSDB_MBPS = 1000.0
+#: 4 KiB random reads from a cold state against boto3's 4 KiB ranged GETs.
+TARGET_IOPS_VS_BOTO3 = 0.8
+TARGET_FIRST_BYTE_VS_BOTO3 = 2.0
+#: Re-reads of an active segment against those of a sealed one.
+TARGET_ACTIVE_VS_SEALED = 0.8
 
 SEGMENT = "bench/seg"
 PREFIX = "gw"
@@ -122,6 +141,10 @@ IOPS_READS = 200
 IOPS_THREADS = 4
 IOPS_SECONDS = 10.0
 RAW_THREADS = 8
+#: The active-segment case: its segments, and reads of each (the first fills the page cache).
+ACTIVE_SEGMENT = "bench/active"
+SEALED_COPY = "bench/sealed-copy"
+ACTIVE_READS = 3
 RAW_RANGE = 8 * MiB
 #: The RocksDB-warm read counts as served by the cache when SeaweedFS wrote
 #: less than this share of the segment meanwhile (its logs, heartbeats).
@@ -155,6 +178,8 @@ RANDOM_SYSTEMS = {
     "boto3": "boto3 ranged GET",
     "local": "local file",
 }
+#: What --parts can name: the systems of every round, and the active-segment case.
+PARTS = ("ours", "s3fs", "rclone_off", "rclone_full", "boto3", "local", "active")
 
 
 def log(message: str) -> None:
@@ -391,9 +416,10 @@ class Bench:
 
     # -- set-up
 
-    def start(self) -> None:
-        self.s3fs = ensure_s3fs()
-        self.rclone = ensure_rclone()
+    def start(self, peers: bool = True) -> None:
+        if peers:
+            self.s3fs = ensure_s3fs()
+            self.rclone = ensure_rclone()
         log("starting SeaweedFS")
         self.server.start()
         s = self.server
@@ -748,6 +774,73 @@ class Bench:
 
     # -- boto3 and the local file
 
+    def run_active(self, rnd: int, size: int) -> dict[str, Any]:
+        """An active and a sealed segment of ``size`` bytes, each read `ACTIVE_READS` times."""
+        content = self.expected.content[:size]
+        paths = {"active": self.mnt / ACTIVE_SEGMENT, "sealed": self.mnt / SEALED_COPY}
+        out: dict[str, Any] = {}
+        with self.daemon(wipe_cache=False) as address, SyncClient(address) as c:
+            for name in (ACTIVE_SEGMENT, SEALED_COPY):
+                with contextlib.suppress(SegmentNotFound):
+                    c.delete(name)  # left by an interrupted round
+                c.create(name)
+                for i in range(0, size, APPEND):
+                    c.append(name, content[i : i + APPEND])
+            c.seal(SEALED_COPY)
+            for path in paths.values():
+                self._wait_size(path, size)
+            drop_page_cache()
+            reads: dict[str, list[dict[str, float]]] = {"active": [], "sealed": []}
+            for _ in range(ACTIVE_READS):
+                for kind, path in paths.items():
+                    reads[kind].append(self._served_dd(path, size))
+            for kind in paths:
+                again = reads[kind][1:]
+                out[kind] = {
+                    "first_MBps": reads[kind][0]["MBps"],
+                    "first_served_MiB": reads[kind][0]["served_MiB"],
+                    "reread_MBps": statistics.median(r["MBps"] for r in again),
+                    "reread_served_MiB": [r["served_MiB"] for r in again],
+                }
+            out["ratio"] = out["active"]["reread_MBps"] / out["sealed"]["reread_MBps"]
+            for kind, path in paths.items():
+                Expected(content, crc32c.crc32c(content)).check_files(f"{kind} segment", [path])
+            # Growth: the kernel drops the pages when it sees the new size.
+            tail = random.Random(SEED + 3000 + rnd).randbytes(APPEND)
+            c.append(ACTIVE_SEGMENT, tail)
+            self._wait_size(paths["active"], size + len(tail))
+            grown = self._served_dd(paths["active"], size + len(tail))
+            out["after_growth"] = {"MBps": grown["MBps"], "served_MiB": grown["served_MiB"]}
+            whole = content + tail
+            Expected(whole, crc32c.crc32c(whole)).check_files("grown segment", [paths["active"]])
+            for name in (ACTIVE_SEGMENT, SEALED_COPY):
+                c.delete(name)
+        a, s = out["active"], out["sealed"]
+        log(
+            f"round {rnd} active segment re-read {a['reread_MBps']:.0f} MB/s, sealed "
+            f"{s['reread_MBps']:.0f} MB/s ({out['ratio']:.2f}x); the daemon served "
+            f"{a['reread_served_MiB']} / {s['reread_served_MiB']} MiB on the re-reads, "
+            f"{grown['served_MiB']:.0f} MiB after 1 MiB of growth"
+        )
+        return out
+
+    @staticmethod
+    def _wait_size(path: pathlib.Path, size: int) -> None:
+        deadline = time.monotonic() + MOUNT_TIMEOUT
+        while not path.exists() or path.stat().st_size != size:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{path} did not reach {size} bytes")
+            time.sleep(0.05)
+
+    def _served_dd(self, path: pathlib.Path, size: int) -> dict[str, float]:
+        """One dd of ``path`` (MB/s by dd's clock), checked; the MiB the daemon wrote meanwhile."""
+        w0 = proc_io(self.daemon_pid, "wchar")
+        _, own, length = dd([path])
+        served = (proc_io(self.daemon_pid, "wchar") - w0) / MiB
+        if length != size:
+            raise AssertionError(f"dd read {length} bytes of {path}, expected {size}")
+        return {"MBps": size / own / 1e6, "served_MiB": served}
+
     def run_boto3(self, rnd: int, latency: list[int], iops: list[int]) -> dict[str, Any]:
         assert self.storage is not None
         client, bucket = self.storage.client, self.server.bucket
@@ -845,8 +938,11 @@ def du(path: pathlib.Path) -> int:
 # -- driving the rounds ---------------------------------------------------------------------
 
 
-def run(bench: Bench, repeat: int) -> dict[str, Any]:
+def run(
+    bench: Bench, repeat: int, parts: tuple[str, ...] = PARTS, active_size: int = 256 * MiB
+) -> dict[str, Any]:
     seq: dict[str, list[dict[str, float]]] = {}
+    active: list[dict[str, Any]] = []
     first: dict[str, list[float]] = {}
     iops: dict[str, list[dict[str, float]]] = {}
     warming: list[dict[str, float]] = []
@@ -874,7 +970,9 @@ def run(bench: Bench, repeat: int) -> dict[str, Any]:
             ),
             ("boto3", functools.partial(bench.run_boto3, rnd, latency, iops_offsets)),
             ("local", functools.partial(bench.run_local, rnd, latency, iops_offsets)),
+            ("active", functools.partial(bench.run_active, rnd, active_size)),
         ]
+        systems = [(name, fn) for name, fn in systems if name in parts]
         # Rotate the order, so that no system always runs first or after another.
         k = rnd % len(systems)
         for name, fn in systems[k:] + systems[:k]:
@@ -887,6 +985,8 @@ def run(bench: Bench, repeat: int) -> dict[str, Any]:
                 iops.setdefault(name, []).append(out["iops"])
             if "warming" in out:
                 warming.append(out["warming"])
+            if name == "active":
+                active.append(out)
     sequential: dict[str, dict[str, Any]] = {}
     for mode, runs in seq.items():
         sequential[mode] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
@@ -903,10 +1003,54 @@ def run(bench: Bench, repeat: int) -> dict[str, Any]:
         for name in RANDOM_SYSTEMS
         if name in first
     }
-    return {"sequential": sequential, "random_4k": random_reads, "warming": warming}
+    result = {"sequential": sequential, "random_4k": random_reads, "warming": warming}
+    if active:
+        result["active_segment"] = {
+            "size": active_size,
+            "reread_vs_sealed": statistics.median(r["ratio"] for r in active),
+            "ratio_runs": [r["ratio"] for r in active],
+            "rounds": active,
+        }
+    return result
 
 
 def targets(result: dict[str, Any]) -> dict[str, Any]:
+    """The targets a full run measures (a run of some --parts: the random-read ratios only)."""
+    out = random_targets(result)
+    if any(m not in result["sequential"] for m in SEQ_MODES):
+        return out
+    return {**_sequential_targets(result), **out}
+
+
+def random_targets(result: dict[str, Any]) -> dict[str, Any]:
+    """Ours against boto3's 4 KiB ranged GETs, and the active segment's re-read ratio."""
+    out: dict[str, Any] = {}
+    r = result["random_4k"]
+    if "ours" in r and "boto3" in r:
+        out["random_iops_vs_boto3"] = {
+            "value": r["ours"]["iops"] / r["boto3"]["iops"], "target": TARGET_IOPS_VS_BOTO3,
+        }  # fmt: skip
+        out["first_byte_vs_boto3"] = {
+            "value": r["ours"]["first_byte_p50_ms"] / r["boto3"]["first_byte_p50_ms"],
+            "target_at_most": TARGET_FIRST_BYTE_VS_BOTO3,
+        }
+        out["random_iops_vs_boto3"]["met"] = (
+            out["random_iops_vs_boto3"]["value"] >= TARGET_IOPS_VS_BOTO3
+        )
+        out["first_byte_vs_boto3"]["met"] = (
+            out["first_byte_vs_boto3"]["value"] <= TARGET_FIRST_BYTE_VS_BOTO3
+        )
+    a = result.get("active_segment")
+    if a is not None:
+        out["active_reread_vs_sealed"] = {
+            "value": a["reread_vs_sealed"],
+            "target": TARGET_ACTIVE_VS_SEALED,
+            "met": a["reread_vs_sealed"] >= TARGET_ACTIVE_VS_SEALED,
+        }
+    return out
+
+
+def _sequential_targets(result: dict[str, Any]) -> dict[str, Any]:
     s = {k: v["MBps"] for k, v in result["sequential"].items()}
     cold = s["ours_cold"]
     checks = {
@@ -1056,6 +1200,8 @@ def source_version() -> str:
 
 
 def peer_versions(bench: Bench) -> str:
+    if not bench.s3fs:
+        return "no FUSE peers run"
     s3fs = subprocess.run([bench.s3fs, "--version"], capture_output=True, text=True).stdout
     rclone = subprocess.run([bench.rclone, "version"], capture_output=True, text=True).stdout
     s3fs_v = s3fs.split("V", 1)[1].split()[0] if "V" in s3fs else "?"
@@ -1073,7 +1219,20 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=1 * GiB, help="segment bytes (default 1 GiB)")
     parser.add_argument("--write-table", type=pathlib.Path, metavar="PERFORMANCE.md")
     parser.add_argument("--quick", action="store_true", help="smoke test: 1 round, 256 MiB")
+    parser.add_argument(
+        "--parts", default=",".join(PARTS),
+        help=f"comma-separated systems to run (default all: {','.join(PARTS)})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--active-size", type=int, default=256 * MiB,
+        help="bytes of each segment of the active-segment case (default 256 MiB)",
+    )  # fmt: skip
     args = parser.parse_args()
+    parts = tuple(p for p in args.parts.split(",") if p)
+    if unknown := sorted(set(parts) - set(PARTS)):
+        parser.error(f"unknown --parts {unknown}; choose from {','.join(PARTS)}")
+    if args.write_table and set(parts) != set(PARTS):
+        parser.error("--write-table needs a full run (every part)")
     if args.quick:
         args.repeat, args.size = 1, 256 * MiB
     size = max(args.size // MiB, LATENCY_SAMPLES + 1) * MiB
@@ -1095,15 +1254,17 @@ def main() -> int:
         "iops_threads": IOPS_THREADS,
         "iops_reads": IOPS_READS,
         "latency_samples_per_round": LATENCY_SAMPLES,
+        "parts": list(parts),
     }
     bench = Bench(work, size)
     try:
-        bench.start()
+        bench.start(peers=bool({"s3fs", "rclone_off", "rclone_full"} & set(parts)))
         result["peers"] = peer_versions(bench)
         bench.build()
         result["chunks"] = len(bench.chunks)
         result["chunk_sizes_MiB"] = [c.length / MiB for c in bench.chunks]
-        result.update(run(bench, args.repeat))
+        active_size = min(args.active_size // MiB, size // MiB) * MiB
+        result.update(run(bench, args.repeat, parts, active_size))
     finally:
         bench.stop()
         shutil.rmtree(work, ignore_errors=True)
