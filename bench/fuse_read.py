@@ -45,8 +45,8 @@ clock, median of 3 dd runs.
 * **active** (the page cache across opens of a segment still being
   written): two segments of --active-size bytes (default 256 MiB; 1 MiB
   appends), one left active, one sealed, written in the same daemon. With
-  the page cache dropped, each is read 3 times with dd, a new open each
-  time, alternately; the re-reads' MB/s (dd's own clock) of the active one
+  the page cache dropped, each is read 5 times with dd, a new open each
+  time, alternately (each first in turn); the re-reads' MB/s (dd's own clock) of the active one
   against the sealed one's, and the bytes the daemon wrote meanwhile (its
   replies to the kernel's reads go through ``write``: ``wchar``), which a
   re-read from the page cache leaves at ~0. Then 1 MiB is appended to the
@@ -144,7 +144,7 @@ RAW_THREADS = 8
 #: The active-segment case: its segments, and reads of each (the first fills the page cache).
 ACTIVE_SEGMENT = "bench/active"
 SEALED_COPY = "bench/sealed-copy"
-ACTIVE_READS = 3
+ACTIVE_READS = 5
 RAW_RANGE = 8 * MiB
 #: The RocksDB-warm read counts as served by the cache when SeaweedFS wrote
 #: less than this share of the segment meanwhile (its logs, heartbeats).
@@ -791,9 +791,10 @@ class Bench:
                 self._wait_size(path, size)
             drop_page_cache()
             reads: dict[str, list[dict[str, float]]] = {"active": [], "sealed": []}
-            for _ in range(ACTIVE_READS):
-                for kind, path in paths.items():
-                    reads[kind].append(self._served_dd(path, size))
+            for i in range(ACTIVE_READS):
+                # Each first in turn: a dd's speed moves with the machine's load.
+                for kind in sorted(paths, reverse=bool(i % 2)):
+                    reads[kind].append(self._served_dd(paths[kind], size))
             for kind in paths:
                 again = reads[kind][1:]
                 out[kind] = {
