@@ -40,15 +40,15 @@ class MemoryCache:
         """Drop every append of the segment; the bytes dropped."""
         return self._drop([k for k in self.appends if k[0] == segment_id])
 
-    def pinned_room(self, nbytes: int) -> bool:
+    def pinned_room(self, nbytes: int, held: int = 0) -> bool:
         """Whether ``nbytes`` more stay within the pinned share of the budget.
 
-        Also True when nothing is pinned (as `cache.CacheStore.pinned_room`),
-        so one append larger than the share can still go through.
+        ``held`` counts as pinned too. Also True when nothing is pinned (as
+        `cache.CacheStore.pinned_room`), so one append larger than the share
+        can still go through.
         """
-        return (
-            self.pinned_bytes == 0 or self.pinned_bytes + nbytes <= self.budget * self.pinned_share
-        )
+        pinned = self.pinned_bytes + held
+        return pinned == 0 or pinned + nbytes <= self.budget * self.pinned_share
 
     def _drop(self, keys: list[tuple[int, int]]) -> int:
         freed = sum(len(self.appends.pop(k)) for k in keys)

@@ -480,14 +480,17 @@ class CacheStore:
 
     # Budget --------------------------------------------------------------
 
-    def pinned_room(self, nbytes: int) -> bool:
+    def pinned_room(self, nbytes: int, held: int = 0) -> bool:
         """True if ``nbytes`` more pinned data stays within the pinned limit.
 
-        Also True when nothing is pinned, so that one append larger than the
-        pinned share can still go through rather than wait forever.
+        ``held``: unflushed bytes kept elsewhere (journal files, memory) that
+        count as pinned too. Also True when nothing is pinned, so that one
+        append larger than the pinned share can still go through rather than
+        wait forever.
         """
         with self._lock:
-            return self._pinned_bytes == 0 or self._pinned_bytes + nbytes <= self._pinned_limit
+            pinned = self._pinned_bytes + held
+            return pinned == 0 or pinned + nbytes <= self._pinned_limit
 
     def statistics(self) -> CacheStatistics:
         """Counters and sizes now."""

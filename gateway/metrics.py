@@ -135,6 +135,8 @@ class GatewayCollector(Collector):
         yield counter(f"{PREFIX}_cache_evictions", "Blocks evicted", value=cache.evictions)
         cache_bytes = g(f"{PREFIX}_cache_bytes", "Bytes in the cache", labels=["kind"])
         cache_bytes.add_metric(["pinned"], cache.pinned_bytes)
+        # Unflushed bytes read back from the journal files (not copied into the cache).
+        cache_bytes.add_metric(["journal"], self.node.read_index.located_bytes)
         cache_bytes.add_metric(["block"], cache.block_bytes)
         yield cache_bytes
         yield g(f"{PREFIX}_cache_budget_bytes", "Cache budget", value=cache.budget_bytes)

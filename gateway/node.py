@@ -100,39 +100,43 @@ async def _open_parts(
     table = SegmentTable(read_index)
     replayer = Replayer(table)
     started = time.monotonic()
-    async with open_journal(
-        config.journal_dir, config.journal, replayer.replay, replayer.on_file
-    ) as journal:
-        replayer.finish()
-        container = SegmentContainer(config.container, table, journal, config.streams)
-        log.info(
-            "container: recovered %d segment(s) in %.2fs",
-            container.segment_count,
-            time.monotonic() - started,
-        )
-        async with service_nursery() as nursery:
-            nursery.start_soon(container.run_maintenance)
-            nursery.start_soon(container.run_streams)
-            nursery.start_soon(read_index.run_store_queue)
-            writer = None
-            if tier2 is not None and reader is not None:
-                await nursery.start(reader.run)
-                writer = StorageWriter(
-                    container, tier2, config.tier2, config.node.id, journal.epoch, reader
-                )
-                container.storage = writer
-                container.attribute_store = writer.attributes
-                await nursery.start(writer.run)
-            node = Node(config, store, read_index, journal, container, reader, writer)
-            try:
-                yield node
-                await container.wait_settled()
-                if journal.failed is None and journal.statistics().frames_since_checkpoint:
-                    await container.checkpoint()
-            finally:
-                container.close()
-                # Shielded so a cancelled shutdown still empties the queue, but
-                # bounded: the data is in the journal either way.
-                with trio.CancelScope(shield=True), trio.move_on_after(30):
-                    await read_index.wait_written()
-                nursery.cancel_scope.cancel()
+    try:
+        async with open_journal(
+            config.journal_dir, config.journal, replayer.replay, replayer.on_file
+        ) as journal:
+            replayer.finish()
+            container = SegmentContainer(config.container, table, journal, config.streams)
+            log.info(
+                "container: recovered %d segment(s) in %.2fs",
+                container.segment_count,
+                time.monotonic() - started,
+            )
+            async with service_nursery() as nursery:
+                nursery.start_soon(container.run_maintenance)
+                nursery.start_soon(container.run_streams)
+                nursery.start_soon(read_index.run_store_queue)
+                writer = None
+                if tier2 is not None and reader is not None:
+                    await nursery.start(reader.run)
+                    writer = StorageWriter(
+                        container, tier2, config.tier2, config.node.id, journal.epoch, reader
+                    )
+                    container.storage = writer
+                    container.attribute_store = writer.attributes
+                    await nursery.start(writer.run)
+                node = Node(config, store, read_index, journal, container, reader, writer)
+                try:
+                    yield node
+                    await container.wait_settled()
+                    if journal.failed is None and journal.statistics().frames_since_checkpoint:
+                        await container.checkpoint()
+                finally:
+                    container.close()
+                    # Shielded so a cancelled shutdown still empties the queue, but
+                    # bounded: the data is in the journal either way.
+                    with trio.CancelScope(shield=True), trio.move_on_after(30):
+                        await read_index.wait_written()
+                    nursery.cancel_scope.cancel()
+    finally:
+        # After every task that could read is done.
+        read_index.close()

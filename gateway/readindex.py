@@ -1,9 +1,13 @@
 """The read index: where every committed byte of every segment is (Pravega's ReadIndex).
 
-One read path serves the protocol, the CLI and (later) the FUSE mount. Per
-segment the index holds sorted entries, one per append, saying where the
-bytes are: in the cache's pinned key space (unflushed append data, keyed by
-segment id and offset) or, once Tier 2 exists, in a chunk. Entries are added
+One read path serves the protocol, the CLI and the FUSE mount. Per segment
+the index holds sorted entries, one per append, saying where the bytes are:
+in the journal file the append was written to (read back with ``pread``,
+usually from the page cache), in the cache's pinned key space (appends
+replayed at start, and those of a journal that keeps no files), or, once
+Tier 2 exists, in a chunk. Keeping unflushed data only in the journal halves
+what the disk writes per appended byte: a second copy in RocksDB was
+written to the disk again by its memtable flushes. Entries are added
 only when the segment container applies a durable append, so a read never
 sees an unacknowledged byte, and always sees an acknowledged one.
 
@@ -17,6 +21,8 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
+import pathlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -51,8 +57,9 @@ class AppendStore(Protocol):
     def drop_segment(self, segment_id: int) -> int:
         """Drop every append of the segment; the bytes dropped."""
 
-    def pinned_room(self, nbytes: int) -> bool:
-        """Whether ``nbytes`` more pinned bytes stay within their share of the budget."""
+    def pinned_room(self, nbytes: int, held: int = 0) -> bool:
+        """Whether ``nbytes`` more pinned bytes stay within their share of the budget
+        (``held``: pinned bytes kept outside the store)."""
 
 
 class FlushedBytes(Protocol):
@@ -88,6 +95,22 @@ class _SegmentIndex:
     #: The latest storage length (a reader's view may be older than a flush
     #: that dropped entries while it waited for Tier 2).
     flushed: int = 0
+
+
+class _JournalFile:
+    """A journal file that holds appended bytes the index reads back, open for reading.
+
+    The descriptor stays open while any entry needs it, even after the
+    journal deletes the file (it does so only once the bytes are in Tier 2
+    and their entries are gone, but a read may still be under way).
+    """
+
+    __slots__ = ("fd", "path", "refs")
+
+    def __init__(self, path: pathlib.Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.refs = 0
 
 
 @dataclass(frozen=True)
@@ -130,19 +153,55 @@ class ReadIndex:
         self._applying = False
         self._recent: OrderedDict[tuple[int, int], bytes] = OrderedDict()
         self._recent_bytes = 0
+        #: Entries whose bytes are read from their journal file: (file, where, length).
+        self._located: dict[tuple[int, int], tuple[_JournalFile, int, int]] = {}
+        self._files: dict[pathlib.Path, _JournalFile] = {}
+        #: Bytes of the entries in ``_located`` (they count as pinned: see `pinned_bytes`).
+        self.located_bytes = 0
         self.reads = 0
         self.bytes_read = 0
 
     # -- fed by the container (committed operations) ----------------------------
 
-    def on_append(self, segment_id: int, offset: int, data: Buffer) -> None:
-        """A durable append: keep its bytes (pinned) and index them."""
+    @property
+    def pinned_bytes(self) -> int:
+        """Unflushed bytes the index holds outside Tier 2 that the cache store does not count.
+
+        Those read from journal files and those queued for the store: the
+        budget for unflushed data (`cache.CacheStore.pinned_room`) covers
+        them too, wherever they are kept.
+        """
+        return self.located_bytes + self.unwritten_bytes
+
+    def on_append(
+        self,
+        segment_id: int,
+        offset: int,
+        data: Buffer,
+        where: tuple[pathlib.Path, int] | None = None,
+    ) -> None:
+        """A durable append: index its bytes and keep them until they are in Tier 2.
+
+        ``where``: the journal file holding them and their position in it;
+        the bytes are then read from there. Without it they are put in the
+        cache store (pinned).
+        """
         if not len(data):
             return
-        if self._background:
-            self._unwritten[(segment_id, offset)] = data
-            self.unwritten_bytes += len(data)
-        self._store_op("put", segment_id, offset, data)
+        key = (segment_id, offset)
+        if where is not None:
+            path, at = where
+            f = self._files.get(path)
+            if f is None:
+                f = self._files[path] = _JournalFile(path)
+            f.refs += 1
+            self._located[key] = (f, at, len(data))
+            self.located_bytes += len(data)
+        else:
+            if self._background:
+                self._unwritten[key] = data
+                self.unwritten_bytes += len(data)
+            self._store_op("put", segment_id, offset, data)
         idx = self._segments.get(segment_id)
         if idx is None:
             idx = self._segments[segment_id] = _SegmentIndex()
@@ -296,6 +355,22 @@ class ReadIndex:
         data = self._recent.pop((segment_id, start), None)
         if data is not None:
             self._recent_bytes -= len(data)
+        located = self._located.pop((segment_id, start), None)
+        if located is not None:
+            f, _, length = located
+            self.located_bytes -= length
+            f.refs -= 1
+            if not f.refs:
+                del self._files[f.path]
+                os.close(f.fd)
+
+    def close(self) -> None:
+        """Close the journal files entries were read from (the node is stopping)."""
+        for f in self._files.values():
+            os.close(f.fd)
+        self._files.clear()
+        self._located.clear()
+        self.located_bytes = 0
 
     def _remember(self, key: tuple[int, int], data: bytes) -> None:
         if len(data) > RECENT_BYTES // 4:
@@ -323,6 +398,19 @@ class ReadIndex:
         unwritten = self._unwritten.get(key)
         if unwritten is not None:
             return bytes(unwritten)
+        located = self._located.get(key)
+        if located is not None:
+            # Inline too: a pread of the page cache costs about what a
+            # RocksDB get does, and releases the GIL while it copies.
+            f, at, length = located
+            data = os.pread(f.fd, length, at)
+            if len(data) != length:
+                raise ReadIndexCorrupt(
+                    f"journal file {f.path} ends before the {length} bytes at {at} "
+                    f"of segment {segment_id} offset {start}"
+                )
+            self._remember(key, data)
+            return data
         # Inline, whatever the size: rocksdict holds the GIL for a whole get,
         # so a worker thread would not free the event loop, only add its hop
         # (measured: a 1 MiB get takes ~120 us, a thread round trip 60-150 us).

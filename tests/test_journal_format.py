@@ -17,6 +17,7 @@ from gateway.journal.format import (
     encode_group,
     encode_header,
     frame_crc_ok,
+    last_part_offsets,
     operation_prefix,
 )
 from gateway.journal.replay import FileEnd, FrameRecord, read_frames
@@ -81,6 +82,31 @@ def _group(ops: list[bytes]) -> tuple[list[bytes], list[int], list[int]]:
         ends.append(len(parts))
         sizes.append(len(prefix) + len(o))
     return parts, ends, sizes
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=70_000), min_size=1, max_size=25),
+    max_frame=st.integers(min_value=64, max_value=100_000),
+)
+def test_append_data_lies_where_last_part_offsets_says(sizes: list[int], max_frame: int) -> None:
+    """The read index preads unflushed data from where the journal says it wrote it."""
+    parts: list[bytes] = []
+    ends: list[int] = []
+    lengths: list[int] = []
+    datas = [bytes([i % 251 + 1]) * n for i, n in enumerate(sizes)]
+    for i, data in enumerate(datas):
+        head, body = encode_append(9, i, data)
+        prefix = operation_prefix(len(head) + len(body))
+        parts += [prefix, head, body]
+        ends.append(len(parts))
+        lengths.append(len(prefix) + len(head) + len(body))
+    buffers, _, _ = encode_group(parts, ends, lengths, 1, 1, max_frame)
+    written = b"".join(buffers)
+    offsets = last_part_offsets(parts, ends, lengths, max_frame)
+    assert len(offsets) == len(datas)
+    for at, data in zip(offsets, datas, strict=True):
+        assert written[at : at + len(data)] == data
 
 
 @settings(max_examples=150, deadline=None)

@@ -342,13 +342,55 @@ async def test_stalled_cache_writes_do_not_block_reads_or_the_loop(
         await c.create("s")
         data = random.Random(3).randbytes(200_000)
         await c.append("s", data)
-        # The put is stuck in the worker thread, and the loop goes on: the
-        # append was acknowledged and its bytes read back from memory.
+        # Appended bytes are read back from their journal file: no store write.
+        assert index.located_bytes == len(data) and index.unwritten_bytes == 0
+        # Replayed appends (no file position) go through the store queue: a
+        # put stuck in the worker thread, and the loop goes on, its bytes
+        # served from memory meanwhile.
+        index.on_append(12345, 0, data)
         assert await trio.to_thread.run_sync(stalling.wait, 10)
         assert index.unwritten_bytes >= len(data)
-        assert (await c.read("s", 0, len(data))).data == data  # served from memory
+        assert index._cached(12345, 0) == data  # served from memory
+        assert (await c.read("s", 0, len(data))).data == data
         await c.append("s", b"more")  # the loop still takes appends
         release.set()
         await index.wait_written()
         assert index.unwritten_bytes == 0
+        assert index._cached(12345, 0) == data  # now from the store
+        index.on_delete(12345)
         assert (await c.read("s", 1000, 10)).data == data[1000:1010]
+
+
+async def test_unflushed_bytes_are_read_from_their_journal_file(tmp_path: pathlib.Path) -> None:
+    """Appended bytes are not copied into the cache: the journal file holds them until Tier 2."""
+    config = make_config(tmp_path)  # 1 MiB journal files: the appends span several
+    rng = random.Random(11)
+    datas = [rng.randbytes(rng.randrange(1, 300_000)) for _ in range(16)]
+    async with open_node(config) as node:
+        c = node.container
+        index = c.read_index
+        await c.create("s")
+        await c.create("t")
+        offsets = [(await c.append("s", d)).offset for d in datas]
+        await c.append("t", b"other")
+        assert index.located_bytes == sum(map(len, datas)) + 5
+        assert node.store.statistics().pinned_bytes == 0
+        files = set(index._files)
+        assert len(files) >= 3 and all(p.parent == config.journal_dir for p in files)
+        whole = b"".join(datas)
+        assert (await c.read("s", 0, len(whole))).data == whole
+        for off, d in zip(offsets, datas, strict=True):
+            half = len(d) // 2
+            assert (await c.read("s", off + half, len(d) - half)).data == d[half:]
+        # Truncation drops the entries below it; a file no entry needs is closed.
+        cut = offsets[8]
+        await c.truncate("s", cut)
+        assert index.located_bytes == len(whole) - cut + 5
+        assert len(index._files) < len(files)
+        assert (await c.read("s", cut, len(whole))).data == whole[cut:]
+        await c.delete("s")
+        assert index.located_bytes == 5 and len(index._files) == 1
+    assert not index._files  # closed with the node
+    # A restart replays the journal: "t" is read back from the store now.
+    async with open_node(config) as node:
+        assert (await node.container.read("t", 0, 5)).data == b"other"

@@ -690,7 +690,9 @@ class SegmentContainer:
             self.appends += 1
             self.append_bytes += len(data)
             self.append_latency.observe(time.monotonic() - prepared)
-            self._table.apply_append(seg, offset, data, values, at_ms, self._file_of(seq))
+            self._table.apply_append(
+                seg, offset, data, values, at_ms, self._file_of(seq), ticket.location()
+            )
             if self.storage is not None:
                 self.storage.on_append(seg)
 
@@ -1317,13 +1319,14 @@ class SegmentContainer:
 
     def _pinned_room(self, nbytes: int) -> bool:
         index = self.read_index
-        return index.store.pinned_room(nbytes + self._pending_pinned + index.unwritten_bytes)
+        return index.store.pinned_room(nbytes, self._pending_pinned + index.pinned_bytes)
 
     async def wait_for_capacity(self, nbytes: int, reserved: bool = False) -> None:
         """Wait until the journal and the cache can take ``nbytes``; else Overloaded.
 
-        Unflushed append data is pinned in the cache until it is in Tier 2;
-        when it reaches its share of the cache budget, appends wait for room
+        Unflushed append data is pinned (in its journal file or in the
+        cache) until it is in Tier 2; when it reaches its share of the cache
+        budget, appends wait for room
         (truncation, deletion, or a flush) and after ``overload_timeout`` are
         refused: memory and disk stay bounded. While the journal's disk is
         full, changes wait too, unless ``reserved`` (deletions and

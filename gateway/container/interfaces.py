@@ -8,6 +8,7 @@ in memory.
 
 from __future__ import annotations
 
+import pathlib
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -30,6 +31,9 @@ class JournalTicket(Protocol):
 
     async def wait(self) -> int:
         """Wait until the operation is durable; return its sequence number."""
+
+    def location(self) -> tuple[pathlib.Path, int] | None:
+        """Where a durable operation's last part (an append's data) lies on disk, if in a file."""
 
 
 class OperationJournal(Protocol):

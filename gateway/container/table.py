@@ -15,6 +15,7 @@ Tier 2 or of waiting.
 from __future__ import annotations
 
 import bisect
+import pathlib
 from collections.abc import Iterator, Mapping, Sequence
 
 from gateway.buffers import Buffer
@@ -122,8 +123,13 @@ class SegmentTable:
         values: Mapping[bytes, int | None],
         at_ms: int,
         file: int,
+        where: tuple[pathlib.Path, int] | None = None,
     ) -> None:
-        """An append landed in journal file ``file``: grow the segment, index the bytes."""
+        """An append landed in journal file ``file``: grow the segment, index the bytes.
+
+        ``where``: the path of that file and where the data lies in it, if known
+        (the read index then reads it from there rather than keeping a copy).
+        """
         if offset != seg.length:
             raise ContainerCorrupt(
                 f"append to segment {seg.name!r} at offset {offset}, but its length is {seg.length}"
@@ -140,7 +146,7 @@ class SegmentTable:
         seg.commit_attributes(values, self.seq)
         seg.last_modified_ms = at_ms
         self.note_file_usage(file, seg.id, end)
-        self.read_index.on_append(seg.id, offset, data)
+        self.read_index.on_append(seg.id, offset, data, where)
 
     def note_file_usage(self, file: int, segment_id: int, end: int) -> None:
         """Journal file ``file`` holds the segment's bytes up to ``end``."""

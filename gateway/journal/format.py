@@ -24,7 +24,7 @@ offset   size  field
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import crc32c
@@ -169,12 +169,8 @@ def encode_group(
     sequence number is ``first_sequence``.
     """
     buffers: list[Buffer] = []
-    i, n, seq, total, frames, part_start = 0, len(sizes), first_sequence, 0, 0, 0
-    while i < n:
-        j, size = i + 1, sizes[i]
-        while j < n and size + sizes[j] <= max_frame_bytes:
-            size += sizes[j]
-            j += 1
+    seq, total, frames, part_start = first_sequence, 0, 0, 0
+    for i, j, size in _frames(sizes, max_frame_bytes):
         payload = _coalesce(parts[part_start : ends[j - 1]])
         buffers.append(encode_header(payload, size, j - i, seq, first_sequence, epoch))
         buffers.extend(payload)
@@ -182,8 +178,38 @@ def encode_group(
         frames += 1
         seq += j - i
         part_start = ends[j - 1]
-        i = j
     return buffers, total, frames
+
+
+def _frames(sizes: Sequence[int], max_frame_bytes: int) -> Iterator[tuple[int, int, int]]:
+    """How `encode_group` cuts operations into frames: (first, past the last, payload bytes)."""
+    i, n = 0, len(sizes)
+    while i < n:
+        j, size = i + 1, sizes[i]
+        while j < n and size + sizes[j] <= max_frame_bytes:
+            size += sizes[j]
+            j += 1
+        yield i, j, size
+        i = j
+
+
+def last_part_offsets(
+    parts: Sequence[Buffer], ends: Sequence[int], sizes: Sequence[int], max_frame_bytes: int
+) -> list[int]:
+    """Where each operation's last part lands, from the start of `encode_group`'s output.
+
+    An append's data is its last part (`encode_append`), so this is where
+    its bytes lie in the journal file: the read index reads unflushed data
+    from there instead of keeping a second copy.
+    """
+    offsets: list[int] = []
+    at = 0
+    for i, j, _ in _frames(sizes, max_frame_bytes):
+        at += HEADER_SIZE
+        for k in range(i, j):
+            offsets.append(at + sizes[k] - len(parts[ends[k] - 1]))
+            at += sizes[k]
+    return offsets
 
 
 def decode_header(buf: Buffer) -> FrameHeader:

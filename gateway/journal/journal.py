@@ -61,7 +61,7 @@ from gateway.journal.files import (
     ReserveFile,
     fsync_directory,
 )
-from gateway.journal.format import encode_group, operation_prefix
+from gateway.journal.format import encode_group, last_part_offsets, operation_prefix
 from gateway.journal.replay import ReplayCallback, ReplayResult, replay_journal
 from gateway.protocol.journal_pb2 import Checkpoint, EpochStarted, Operation
 from gateway.stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
@@ -87,8 +87,8 @@ class _Group:
     """Operations written together and made durable by one fdatasync."""
 
     __slots__ = (
-        "count", "created", "done", "ends", "error", "first_sequence", "nbytes", "parts",
-        "reserved", "roll", "sizes",
+        "count", "created", "data_at", "done", "ends", "error", "first_sequence", "nbytes",
+        "parts", "path", "reserved", "roll", "sizes",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -111,6 +111,9 @@ class _Group:
         self.reserved = True
         #: Start a new file with this group (a checkpoint that frees the old ones).
         self.roll = False
+        #: Once written: the file, and per operation where its last part lies in it.
+        self.path: pathlib.Path | None = None
+        self.data_at: list[int] = []
 
 
 class Ticket:
@@ -140,6 +143,18 @@ class Ticket:
         """Wait until the operation is durable; return its sequence number."""
         await self._group.done.wait()
         return self.result()
+
+    def location(self) -> tuple[pathlib.Path, int] | None:
+        """The journal file holding a durable operation, and where its last part lies in it.
+
+        For an append that last part is its data (`encode_append`); the bytes
+        stay there until the file is deleted, which happens only once they
+        are in Tier 2. None if the operation is not durable.
+        """
+        group = self._group
+        if group.error is not None or group.path is None or not group.done.is_set():
+            return None
+        return group.path, group.data_at[self._index]
 
 
 @dataclass(frozen=True)
@@ -544,7 +559,15 @@ class Journal:
             group.parts, group.ends, group.sizes, first, self.epoch, self._cfg.max_frame_bytes
         )
         f = self._allocate(group, first, total)
+        base = f.size
         f.write(buffers)
+        group.path = f.path
+        group.data_at = [
+            base + at
+            for at in last_part_offsets(
+                group.parts, group.ends, group.sizes, self._cfg.max_frame_bytes
+            )
+        ]
         failpoints.hit("journal_sync")
         started = time.perf_counter()
         f.sync()

@@ -51,6 +51,10 @@ class MemoryTicket:
         await self._done.wait()
         return self.result()
 
+    def location(self) -> None:
+        """No file holds it: the read index keeps the data itself."""
+        return None
+
 
 class MemoryJournal:
     """An ordered log of operations in memory (see the module docstring)."""
