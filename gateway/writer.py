@@ -15,6 +15,10 @@ and resends the rest, unchanged and in order: every event lands exactly once.
 Codecs (docs/FORMATS.md, "Event codecs"): ``raw`` (events as they are),
 ``lines`` (each event followed by ``\\n``; events must not contain one) and
 ``framed`` (4-byte big-endian length, then the event).
+
+Bulk producers that have events already encoded (a block of whole lines
+read from a file) hand them over with `SegmentWriter.write_encoded`: one
+append per block, no per-event Python work and no copy.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import trio
 
 from gateway.aio import service_nursery
 from gateway.client import Client, ResponseFuture, open_client
-from gateway.codec import Codec
+from gateway.codec import Codec, whole_frames
 from gateway.container.results import TransactionInfo
 from gateway.errors import (
     ConditionalCheckFailed,
@@ -66,7 +70,7 @@ class _Resync(Exception):
 class _Batch:
     first: int  # number of the first event in it
     last: int  # number of the last event in it
-    data: bytes
+    data: bytes  # the encoded events, as sent (and resent)
 
     @property
     def count(self) -> int:
@@ -130,6 +134,8 @@ class SegmentWriter:
         self._failed: GatewayError | None = None
         #: Highest event number known to be stored.
         self.acked_event = 0
+        #: The daemon's largest append (its Hello answer); 0: not known.
+        self.max_append_bytes = 0
         #: When the writer last started failing without an acknowledgement since.
         self._broken_since: float | None = None
         self.reconnects = 0
@@ -168,6 +174,39 @@ class SegmentWriter:
                 await self._wait_progress()
         elif self._buf_events == 1:
             self._linger_start.set()
+
+    async def write_encoded(self, data: bytes, events: int | None = None) -> int:
+        """Queue a block of events already encoded by the writer's codec, as one append.
+
+        ``data`` must be exactly what `write` would have sent for its events:
+        for ``lines`` each event followed by ``\\n`` (the last byte is one),
+        for ``framed`` whole frames, for ``raw`` any bytes. ``events`` is how
+        many events it holds: counted when None (raw: one), checked when
+        given. A block that is not whole events, or is larger than the
+        daemon's ``max_append_bytes``, is refused (ValueError) with nothing
+        queued. The events get the next numbers, after anything written
+        before; returns how many there are. ``data`` is sent as it is,
+        without a copy, and kept until it is acknowledged (it may be resent).
+        Waits like `write` when the window is full.
+        """
+        if self._failed is not None:
+            raise self._failed
+        if self.max_append_bytes and len(data) > self.max_append_bytes:
+            raise ValueError(
+                f"a block of {len(data)} bytes is larger than the daemon's largest append "
+                f"({self.max_append_bytes} bytes)"
+            )
+        found = _count_encoded(self.codec, data, events)
+        self._cut()  # what write() buffered goes first: numbers stay in order
+        first = self._next_event
+        self._next_event = first + found
+        self._unsent.append(_Batch(first, first + found - 1, data))
+        self._window += len(data)
+        self._has_work.set()
+        await trio.lowlevel.checkpoint()
+        while self._window > self._max_inflight:
+            await self._wait_progress()
+        return found
 
     def _cut(self) -> None:
         """Turn the buffered events into a batch ready to send."""
@@ -270,6 +309,8 @@ class SegmentWriter:
                     ssl_context=self._ssl_context,
                     server_hostname=self._server_hostname,
                 ) as client:
+                    if client.server_hello is not None:
+                        self.max_append_bytes = client.server_hello.max_append_bytes
                     stored = (await client.get_attributes(self.segment, [self.writer_id])).get(
                         self.writer_id, 0
                     )
@@ -373,6 +414,33 @@ class SegmentWriter:
             self.acked_event = batch.last
             self._broken_since = None
             self._signal_progress()
+
+
+def _count_encoded(codec: Codec, data: bytes, events: int | None) -> int:
+    """How many events of ``codec`` ``data`` holds (``events`` if given and right).
+
+    Raises ValueError when ``data`` is not whole events or ``events`` is wrong.
+    """
+    if codec is Codec.LINES:
+        if not data.endswith(b"\n"):
+            raise ValueError("a block of lines must end with a newline")
+        found = data.count(b"\n")  # in C, ~0.3 ms per MiB: no per-event Python
+    elif codec is Codec.FRAMED:
+        view = memoryview(data)
+        n, pos, found = len(view), 0, 0
+        unpack = _LENGTH.unpack_from
+        while pos + 4 <= n:
+            pos += 4 + unpack(view, pos)[0]
+            found += 1
+        if pos != n or not n:
+            raise ValueError(f"a block of frames: {whole_frames(view) or 'it is empty'}")
+    else:
+        found = 1 if events is None else events
+    if events is not None and events != found:
+        raise ValueError(f"the block holds {found} {codec.value} event(s), not {events}")
+    if found < 1:
+        raise ValueError(f"a block holds at least one event, not {found}")
+    return found
 
 
 @asynccontextmanager
