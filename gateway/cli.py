@@ -319,14 +319,87 @@ def _cmd_create(args: argparse.Namespace) -> int:
     return _run_client(args, run)
 
 
-def _read_events(stream: BinaryIO, mode: str) -> Any:
-    """Events from an input stream, each with the input bytes it took: lines, or raw chunks."""
-    if mode == "raw":
-        while chunk := stream.read(64 * 1024):
-            yield chunk, len(chunk)
-        return
+#: Input read per append by `append --raw` and `append` (lines): large
+#: enough that per-append costs vanish, within the daemon's max_append_bytes.
+APPEND_BLOCK = 4 << 20
+#: Bytes `append` keeps unacknowledged: a few journal groups (journal.
+#: max_group_bytes, 8 MiB), so the journal always has the next fdatasync's
+#: worth waiting; below the daemon's server.max_inflight_bytes (32 MiB).
+APPEND_WINDOW = 16 << 20
+
+
+def _read_lines(stream: BinaryIO) -> Any:
+    """Events from an input stream, one per line, each with the input bytes it took."""
     for line in stream:
         yield (line[:-1] if line.endswith(b"\n") else line), len(line)
+
+
+def _read_some(stream: BinaryIO, size: int, regular: bool) -> bytes:
+    """Up to ``size`` bytes; b"" at the end. From a pipe or terminal, what is there now
+    (at least one byte), so a slow producer's input is appended as it comes."""
+    if regular:
+        return stream.read(size)
+    import select
+
+    data = stream.read1(size)  # type: ignore[attr-defined]
+    if not data or len(data) >= size:
+        return data  # type: ignore[no-any-return]
+    parts, n = [data], len(data)
+    while n < size and select.select([stream], [], [], 0)[0]:
+        more = stream.read1(size - n)  # type: ignore[attr-defined]
+        if not more:
+            break  # the end: the next call says so
+        parts.append(more)
+        n += len(more)
+    return b"".join(parts)
+
+
+def _read_blocks(stream: BinaryIO, lines: bool, size: int) -> Any:
+    """The input as blocks of encoded events, each with the input bytes it took.
+
+    Raw: each read is one event. Lines: whole lines, each ending with the
+    newline that the lines codec encodes an event with, so a block is
+    exactly what writing its lines one by one would have sent; a last line
+    without a newline is one event all the same (the newline is added).
+    Blocks are at most ``size`` bytes, but for a line that is longer alone.
+    """
+    regular = _is_regular(stream)
+    if not lines:
+        while chunk := _read_some(stream, size, regular):
+            yield chunk, len(chunk)
+        return
+    rest = b""  # a line begun in the last read
+    while chunk := _read_some(stream, size - len(rest) if len(rest) < size else size, regular):
+        cut = chunk.rfind(b"\n") + 1
+        if not cut:
+            rest += chunk
+            continue
+        if len(rest) + cut > size:
+            # A line longer than a block ends here: a block of its own, so
+            # no block is longer than the longest line or ``size``.
+            first = chunk.find(b"\n") + 1
+            yield rest + chunk[:first], len(rest) + first
+            rest, chunk, cut = b"", chunk[first:], cut - first
+            if not cut:
+                rest = chunk
+                continue
+        # One copy per byte (the block must be one immutable buffer: it is
+        # kept until acknowledged, for resends).
+        whole = cut == len(chunk) and not rest
+        block = chunk if whole else b"".join((rest, memoryview(chunk)[:cut]))
+        rest = chunk[cut:]
+        yield block, len(block)
+    if rest:
+        yield rest + b"\n", len(rest)
+
+
+def _is_regular(stream: BinaryIO) -> bool:
+    import stat
+
+    try:
+        return stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 class _StoredInput:
@@ -334,7 +407,10 @@ class _StoredInput:
 
     Events are numbered in input order, so the input offset where an event
     ends tells, once the writer's stored event number is known, how many
-    input bytes are in the segment. Only the offsets of events not yet
+    input bytes are in the segment. Input is added a batch at a time (one
+    event, or a block of them sent as one append); the daemon stores a
+    writer's events an append at a time, so its stored event number always
+    ends a batch and the offset is exact. Only the batches not yet
     acknowledged are kept (about a window's worth).
     """
 
@@ -343,21 +419,23 @@ class _StoredInput:
         self.first_event = first_event
         #: Input bytes read and handed to the writer.
         self.offset = 0
-        #: Input bytes known to be stored (those of events before ``_next``).
+        #: Input bytes known to be stored (those of events up to a stored one).
         self.stored = 0
-        self._next = first_event
-        self._ends: collections.deque[int] = collections.deque()
+        self._last = first_event - 1  # the last event added
+        #: (number of a batch's last event, input offset where it ends), in order.
+        self._ends: collections.deque[tuple[int, int]] = collections.deque()
 
-    def add(self, consumed: int) -> None:
-        """The next event took ``consumed`` bytes of the input."""
+    def add(self, consumed: int, events: int = 1) -> None:
+        """The next ``events`` events took ``consumed`` bytes of the input."""
         self.offset += consumed
-        self._ends.append(self.offset)
+        self._last += events
+        self._ends.append((self._last, self.offset))
 
     def advance(self, stored_event: int) -> int:
         """Events up to ``stored_event`` are stored; returns the input bytes stored."""
-        while self._ends and self._next <= stored_event:
-            self.stored = self._ends.popleft()
-            self._next += 1
+        ends = self._ends
+        while ends and ends[0][0] <= stored_event:
+            self.stored = ends.popleft()[1]
         return self.stored
 
 
@@ -382,6 +460,7 @@ def _cmd_append(args: argparse.Namespace) -> int:
     import uuid
 
     from gateway.client import open_client
+    from gateway.errors import TooLarge
     from gateway.writer import SegmentWriter, WriterFailed, open_segment_writer
 
     address, token = _connect(args)
@@ -437,7 +516,8 @@ def _cmd_append(args: argparse.Namespace) -> int:
             async with open_client(address, token, **tls) as client:
                 with contextlib.suppress(SegmentExists):
                     await client.create(args.segment, codec=mode)
-        # Reading the input blocks; for a CLI feeding one writer that is fine.
+        # Framed input is read here, a line at a time (blocking the loop while
+        # it waits); lines and raw input in blocks, in a thread.
         source: BinaryIO = open(args.file, "rb") if args.file else sys.stdin.buffer  # noqa: SIM115, ASYNC230
         size = os.fstat(source.fileno()).st_size if args.file else 0
         count = nbytes = 0
@@ -452,17 +532,47 @@ def _cmd_append(args: argparse.Namespace) -> int:
                 token=token,
                 writer_id=writer_id,
                 reconnect_timeout=args.timeout,
+                max_inflight_bytes=APPEND_WINDOW,
                 **tls,
             ) as w:
                 track = _StoredInput(w.next_event_number)
-                for event, consumed in _read_events(source, mode):
-                    # Counted before the write: a write that fails may have
-                    # queued (and sent) its event already.
-                    track.add(consumed)
-                    await w.write(event)
-                    track.advance(w.acked_event)
-                    count += 1
-                    nbytes += len(event)
+                # Counted before the write: a write that fails may have
+                # queued (and sent) its events already.
+                if mode == "framed":
+                    for event, consumed in _read_lines(source):
+                        track.add(consumed)
+                        await w.write(event)
+                        track.advance(w.acked_event)
+                        count += 1
+                        nbytes += len(event)
+                else:
+                    # Blocks of whole events, one append each, no per-event work.
+                    lines = mode == "lines"
+                    most = min(APPEND_BLOCK, w.max_append_bytes or APPEND_BLOCK)
+                    blocks = _read_blocks(source, lines, most)
+                    # Read in a thread: the writer sends and takes acks meanwhile,
+                    # and a slow producer's lines go out as they come.
+                    while item := await trio.to_thread.run_sync(
+                        next, blocks, None, abandon_on_cancel=True
+                    ):
+                        block, consumed = item
+                        if w.max_append_bytes and len(block) > w.max_append_bytes:
+                            raise TooLarge(
+                                f"the line at byte {track.offset} of the input, with its newline,",
+                                len(block),
+                                w.max_append_bytes,
+                            )
+                        first = w.next_event_number
+                        try:
+                            await w.write_encoded(block)
+                        finally:
+                            # Queued (and perhaps sent), even if waiting then failed.
+                            events = w.next_event_number - first
+                            if events:
+                                track.add(consumed, events)
+                        track.advance(w.acked_event)
+                        count += events
+                        nbytes += len(block) - events if lines else len(block)
         except WriterFailed as e:
             if w is None:
                 raise
@@ -842,7 +952,8 @@ def build_parser() -> argparse.ArgumentParser:
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--framed", action="store_true",
                      help="write each line as a framed event (length + payload)")  # fmt: skip
-    fmt.add_argument("--raw", action="store_true", help="append the input bytes as they are")
+    fmt.add_argument("--raw", action="store_true", help="append the input bytes as they are "
+                     "(each read of up to 4 MiB is one event)")  # fmt: skip
     p.add_argument("--create", action="store_true",
                    help="create the segment if missing, with the codec of the input "
                    "(lines, framed or raw)")  # fmt: skip
