@@ -12,8 +12,6 @@ import pathlib
 import random
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -31,6 +29,7 @@ from gateway.tier2.layer import ChunkLayer
 from gateway.tier2.memory import MemoryStorage
 from gateway.tier2.storage import ChunkStorage
 from gateway.tier2.storage_writer import StorageWriter
+from tests.helpers.inprocess import running
 from tests.helpers.segments import make_config
 
 
@@ -58,17 +57,6 @@ def config_for(
         container={"max_attributes": max_attributes},
         node={"id": node_id},
     )
-
-
-@asynccontextmanager
-async def running(
-    config: Config, storage: ChunkStorage
-) -> AsyncIterator[tuple[SegmentContainer, StorageWriter]]:
-    layer = ChunkLayer(storage, max_concurrency=4, retry_deadline=config.tier2.retry_deadline)
-    async with open_node(config, layer) as node:
-        writer = node.storage_writer
-        assert writer is not None
-        yield node.container, writer
 
 
 async def retrying(c: SegmentContainer, fn: Any) -> Any:

@@ -19,9 +19,10 @@ from gateway.errors import Overloaded
 from gateway.tier2.embedded import EmbeddedS3
 from gateway.tier2.s3 import S3Storage
 from gateway.tier2.storage import ChunkStorage
+from tests.helpers.inprocess import running
 from tests.helpers.s3proxy import S3FaultProxy
 from tests.helpers.segments import make_config
-from tests.test_tier2_writer import chunk_bytes, read_all, running
+from tests.test_tier2_writer import chunk_bytes, read_all
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
 pytestmark = pytest.mark.slow

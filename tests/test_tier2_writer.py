@@ -11,8 +11,6 @@ import pathlib
 import random
 import shutil
 import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -28,7 +26,7 @@ from gateway.tier2.filesystem import FileStorage
 from gateway.tier2.layer import ChunkLayer
 from gateway.tier2.memory import MemoryStorage
 from gateway.tier2.storage import ChunkStorage
-from gateway.tier2.storage_writer import StorageWriter
+from tests.helpers.inprocess import running
 from tests.helpers.segments import make_config
 
 KiB = 1024
@@ -58,18 +56,6 @@ def storage(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> ChunkStor
         s3: ChunkStorage = request.getfixturevalue("s3_storage")
         return s3
     return MemoryStorage(supports_append=False)
-
-
-@asynccontextmanager
-async def running(
-    config: Config, storage: ChunkStorage
-) -> AsyncIterator[tuple[SegmentContainer, StorageWriter]]:
-    layer = ChunkLayer(storage, max_concurrency=4, retry_deadline=config.tier2.retry_deadline)
-    async with open_node(config, layer) as node:
-        container = node.container
-        writer = node.storage_writer
-        assert writer is not None
-        yield container, writer
 
 
 def chunk_bytes(storage: ChunkStorage, container: SegmentContainer, name: str) -> bytes:

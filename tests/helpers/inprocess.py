@@ -1,4 +1,4 @@
-"""Run the container and protocol server inside the test's trio loop."""
+"""Run the container, storage writer and protocol server inside the test's trio loop."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from gateway.config import Config
 from gateway.container.container import SegmentContainer
 from gateway.node import open_node
 from gateway.server import Server
+from gateway.tier2.layer import ChunkLayer
+from gateway.tier2.storage import ChunkStorage
+from gateway.tier2.storage_writer import StorageWriter
 
 
 @dataclass
@@ -34,3 +37,15 @@ async def served(config: Config) -> AsyncIterator[Served]:
                 yield Served(container, server, f"{host}:{port}")
             finally:
                 nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def running(
+    config: Config, storage: ChunkStorage
+) -> AsyncIterator[tuple[SegmentContainer, StorageWriter]]:
+    """The container and its storage writer over ``storage`` (no server)."""
+    layer = ChunkLayer(storage, max_concurrency=4, retry_deadline=config.tier2.retry_deadline)
+    async with open_node(config, layer) as node:
+        writer = node.storage_writer
+        assert writer is not None
+        yield node.container, writer
