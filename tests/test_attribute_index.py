@@ -361,10 +361,18 @@ async def test_recovery_of_a_stream_whose_index_moved_along(tmp_path: pathlib.Pa
         events[key(0)] = 1
         await c.flush()
         await w.upload_snapshot()  # before most of it: members come from chunks
-        # 10,000 writers (an index of a dozen leaves) fill the first segment...
-        for i in range(1, 10_000):
-            await writer_append(c, "st", key(i), 0)
-            events[key(i)] = 1
+        # 10,000 writers (an index of a dozen leaves) fill the first segment,
+        # 64 at a time: one at a time, each append waits for its own fdatasync.
+        pending = iter(range(1, 10_000))
+
+        async def first_events() -> None:
+            for i in pending:
+                await writer_append(c, "st", key(i), 0)
+                events[key(i)] = 1
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(64):
+                nursery.start_soon(first_events)
         await c.flush()
         # ...the next one takes the index over and rewrites only a few pages.
         for i in range(10):
