@@ -43,6 +43,7 @@ bench: install
 	@scripts/bootstrap.sh fio
 	$(PY) bench/journal.py --write-table docs/PERFORMANCE.md
 	$(PY) bench/ingest.py --write-table docs/PERFORMANCE.md
+	$(PY) bench/cli_append.py --write-table docs/PERFORMANCE.md
 	$(PY) bench/read.py --write-table docs/PERFORMANCE.md
 	$(PY) bench/tier2.py --write-table docs/PERFORMANCE.md
 	$(PY) bench/fuse_read.py --write-table docs/PERFORMANCE.md
