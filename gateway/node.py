@@ -102,7 +102,11 @@ async def _open_parts(
     started = time.monotonic()
     try:
         async with open_journal(
-            config.journal_dir, config.journal, replayer.replay, replayer.on_file
+            config.journal_dir,
+            config.journal,
+            replayer.replay,
+            replayer.on_file,
+            on_data=replayer.on_data,
         ) as journal:
             replayer.finish()
             container = SegmentContainer(config.container, table, journal, config.streams)

@@ -18,6 +18,7 @@ from gateway.journal.format import (
     encode_header,
     frame_crc_ok,
     last_part_offsets,
+    operation_ends,
     operation_prefix,
 )
 from gateway.journal.replay import FileEnd, FrameRecord, read_frames
@@ -107,6 +108,15 @@ def test_append_data_lies_where_last_part_offsets_says(sizes: list[int], max_fra
     assert len(offsets) == len(datas)
     for at, data in zip(offsets, datas, strict=True):
         assert written[at : at + len(data)] == data
+    # Replay finds the same places from the frames alone.
+    found: list[int] = []
+    for r in read_frames(written, pathlib.Path("mem")):
+        if isinstance(r, FrameRecord):
+            op_ends = operation_ends(r.payload)
+            assert op_ends is not None and len(op_ends) == r.header.operation_count
+            for end, op in zip(op_ends, r.operations(), strict=True):
+                found.append(r.offset + HEADER_SIZE + end - len(op.append.data))
+    assert found == offsets
 
 
 @settings(max_examples=150, deadline=None)

@@ -391,6 +391,8 @@ async def test_unflushed_bytes_are_read_from_their_journal_file(tmp_path: pathli
         await c.delete("s")
         assert index.located_bytes == 5 and len(index._files) == 1
     assert not index._files  # closed with the node
-    # A restart replays the journal: "t" is read back from the store now.
+    # A restart replays the journal and finds "t"'s bytes where they lie.
     async with open_node(config) as node:
+        assert node.read_index.located_bytes == 5
+        assert node.store.statistics().pinned_bytes == 0
         assert (await node.container.read("t", 0, 5)).data == b"other"

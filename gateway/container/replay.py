@@ -38,15 +38,23 @@ class Replayer:
         #: sequence 1, or a checkpoint has been loaded.
         self.based = False
         self.first_seq = 0
+        #: Where the data of the append replayed next lies (`on_data`), if known.
+        self._where: tuple[pathlib.Path, int] | None = None
 
     def on_file(self, first_seq: int) -> None:
         """The operations that follow are in the journal file starting at ``first_seq``."""
         self.file = first_seq
 
+    def on_data(self, path: pathlib.Path, at: int) -> None:
+        """The data of the append replayed next lies in ``path`` at ``at``: the read
+        index reads it from there instead of copying it into the cache."""
+        self._where = (path, at)
+
     def replay(self, seq: int, op: Operation) -> None:
         """Apply one durable operation."""
         t = self.table
         kind = op.WhichOneof("kind")
+        where, self._where = self._where, None
         if not self.first_seq:
             self.first_seq = seq
             self.based = seq == 1
@@ -60,7 +68,7 @@ class Replayer:
             # in that checkpoint, but the data (and where it lies) still matters.
             a = op.append
             t.note_file_usage(self.file, a.segment_id, a.offset + len(a.data))
-            t.read_index.on_append(a.segment_id, a.offset, a.data)
+            t.read_index.on_append(a.segment_id, a.offset, a.data, where)
             return
         if not self.based or kind == "epoch_started":
             return
@@ -68,7 +76,7 @@ class Replayer:
             a = op.append
             seg = self._segment(a.segment_id, seq)
             values = _values(a.attributes)
-            t.apply_append(seg, a.offset, a.data, values, a.at_ms, self.file)
+            t.apply_append(seg, a.offset, a.data, values, a.at_ms, self.file, where)
         elif kind == "create_segment":
             cs = op.create_segment
             if cs.name in t.by_name or cs.segment_id in t.by_id:

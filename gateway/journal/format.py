@@ -193,6 +193,36 @@ def _frames(sizes: Sequence[int], max_frame_bytes: int) -> Iterator[tuple[int, i
         i = j
 
 
+def operation_ends(payload: Buffer) -> list[int] | None:
+    """Where each Operation of a Frame payload ends (offsets in the payload).
+
+    None if the payload is not a plain sequence of ``operations`` fields
+    (the decoder, not this, says whether it is valid).
+    """
+    view = memoryview(payload)
+    ends: list[int] = []
+    at, n = 0, len(view)
+    while at < n:
+        if view[at] != _OPERATION_TAG:
+            return None
+        at += 1
+        length = shift = 0
+        while True:
+            if at >= n or shift > 63:
+                return None
+            b = view[at]
+            at += 1
+            length |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                break
+        at += length
+        if at > n:
+            return None
+        ends.append(at)
+    return ends
+
+
 def last_part_offsets(
     parts: Sequence[Buffer], ends: Sequence[int], sizes: Sequence[int], max_frame_bytes: int
 ) -> list[int]:

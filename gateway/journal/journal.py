@@ -62,7 +62,7 @@ from gateway.journal.files import (
     fsync_directory,
 )
 from gateway.journal.format import encode_group, last_part_offsets, operation_prefix
-from gateway.journal.replay import ReplayCallback, ReplayResult, replay_journal
+from gateway.journal.replay import DataCallback, ReplayCallback, ReplayResult, replay_journal
 from gateway.protocol.journal_pb2 import Checkpoint, EpochStarted, Operation
 from gateway.stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
 
@@ -809,12 +809,14 @@ async def open_journal(
     replay: ReplayCallback | None = None,
     on_file: Callable[[int], None] | None = None,
     min_epoch: int = 1,
+    on_data: DataCallback | None = None,
 ) -> AsyncIterator[Journal]:
     """Lock, replay and open the journal in ``directory`` for appending.
 
     ``replay(seq, op)`` is called for every operation already in the journal,
     in order, before this returns -- from a worker thread, since recovery
-    reads files; ``on_file(first_seq)`` before the operations of each file.
+    reads files; ``on_file(first_seq)`` before the operations of each file;
+    ``on_data(path, at)`` before an append whose data lies in ``path`` at ``at``.
     A torn tail is cut off; corruption raises JournalCorrupt and leaves the
     files untouched. The new epoch (one more than the journal's highest,
     and at least ``min_epoch``) is journaled before the journal is handed
@@ -826,7 +828,9 @@ async def open_journal(
     lock = DirectoryLock(directory)
     journal: Journal | None = None
     try:
-        recovered = await trio.to_thread.run_sync(replay_journal, directory, replay, True, on_file)
+        recovered = await trio.to_thread.run_sync(
+            replay_journal, directory, replay, True, on_file, on_data
+        )
         journal = Journal(directory, config, recovered, min_epoch)
         if not await trio.to_thread.run_sync(journal._open_reserve):
             journal._become_short_of_space()

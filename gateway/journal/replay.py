@@ -40,6 +40,7 @@ from gateway.journal.format import (
     FrameHeader,
     decode_header,
     frame_crc_ok,
+    operation_ends,
 )
 from gateway.protocol.journal_pb2 import Frame, Operation
 
@@ -49,6 +50,8 @@ ZERO_END = "zero-filled header (end of written data)"
 
 #: Called once per recovered operation, in sequence order, with its sequence number.
 ReplayCallback = Callable[[int, Operation], None]
+#: ``on_data(path, at)``: the next append replayed has its data in ``path`` at ``at``.
+DataCallback = Callable[[pathlib.Path, int], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,11 +185,15 @@ def replay_journal(
     replay: ReplayCallback | None = None,
     repair: bool = False,
     on_file: Callable[[int], None] | None = None,
+    on_data: DataCallback | None = None,
 ) -> ReplayResult:
     """Read the whole journal in ``directory``, calling ``replay`` for each operation.
 
     ``on_file(first_seq)`` is called before the operations of each file that
     holds frames (an owner that tracks which file holds what needs it).
+    ``on_data(path, at)`` is called just before ``replay`` of an append whose
+    data lies in file ``path`` at ``at`` (checked byte for byte), so that its
+    owner can read it from there rather than keep a copy.
 
     With ``repair`` (the writer's open, under the directory lock) a torn tail
     is cut off and files without frames are deleted, durably. Without it the
@@ -237,9 +244,18 @@ def replay_journal(
                     seq = h.first_sequence
                     if not has_frames and on_file is not None:
                         on_file(jf.first_sequence)
-                    for op in item.operations():
-                        if op.WhichOneof("kind") == "checkpoint":
+                    operations = item.operations()
+                    ends = operation_ends(item.payload) if on_data is not None else None
+                    payload_at = item.offset + HEADER_SIZE
+                    for k, op in enumerate(operations):
+                        kind = op.WhichOneof("kind")
+                        if kind == "checkpoint":
                             result.checkpoints.append(seq)
+                        if on_data is not None and ends is not None and kind == "append":
+                            n = len(op.append.data)
+                            at = payload_at + ends[k] - n
+                            if n and data[at : at + n] == op.append.data:
+                                on_data(jf.path, at)
                         if replay is not None:
                             replay(seq, op)
                         seq += 1
