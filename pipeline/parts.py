@@ -11,10 +11,11 @@ described in `pipeline.source`.
 
 from __future__ import annotations
 
+import io
 import os
 import struct
 from collections.abc import Iterator, Sequence
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from pyspark.sql.datasource import InputPartition
 
@@ -22,11 +23,16 @@ DEFAULT_SPLIT = 128 * 1024 * 1024
 _LENGTH = struct.Struct(">I")
 #: The offsets buffer of a one-value Arrow ``large_binary`` array.
 _ONE_VALUE = struct.Struct("=2q")
+#: The same for a ``binary`` array (32-bit offsets).
+_ONE_VALUE32 = struct.Struct("=2i")
 #: Bytes read from the mount at once: the gateway's prefetcher sees a
 #: sequential reader, and a Python loop over events stays cheap.
 READ_BUFFER = 4 * 1024 * 1024
 #: Events are handed to Spark as Arrow record batches of about this many bytes.
 BATCH_BYTES = 8 * 1024 * 1024
+#: A lines part reads this many bytes at a time into one reused buffer;
+#: the whole lines of each read are one record batch.
+LINES_BLOCK = 4 * 1024 * 1024
 #: A lines part looks for the end of its first or last line this much at a
 #: time (doubling up to `BATCH_BYTES`): most lines are short, so a part
 #: reads little beyond its own bytes.
@@ -240,61 +246,87 @@ def _one_value(data: bytes | bytearray, n: int) -> Any:
     """A one-value Arrow binary array over ``data[:n]``, without copying it."""
     import pyarrow as pa
 
+    if n < 2**31:
+        offsets = pa.py_buffer(_ONE_VALUE32.pack(0, n))
+        return pa.BinaryArray.from_buffers(pa.binary(), 1, [None, offsets, pa.py_buffer(data)])
     offsets = pa.py_buffer(_ONE_VALUE.pack(0, n))
     return pa.LargeBinaryArray.from_buffers(
         pa.large_binary(), 1, [None, offsets, pa.py_buffer(data)]
     )
 
 
-def line_events(p: LinesPart) -> Iterator[Any]:
-    """The lines starting in the part, split by Arrow (no Python loop per line)."""
+def _lines_batch(p: LinesPart, base: int, block: bytearray, cut: int) -> Any:
+    """The lines of ``block[:cut]`` (which ends with a newline, at ``base``) as a batch.
+
+    One pass of Arrow's ``split_pattern`` copies the lines, without their
+    newlines, into one data buffer and gives their offsets in it; a line's
+    offset in the segment is its offset there plus the newlines before it.
+    Lines starting at or after the part's end are the next part's.
+    """
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    lines = pc.split_pattern(_one_value(block, cut - 1), b"\n").values
+    if lines.type != pa.binary():  # a block of 2 GiB or more (one huge line)
+        lines = lines.cast(pa.binary())
+    n = len(lines)
+    within = np.frombuffer(lines.buffers()[1], np.int32, n, lines.offset * 4)
+    starts = within + np.arange(base, base + n, dtype=np.int64)
+    if base + cut > p.end:
+        keep = int(np.searchsorted(starts, p.end))
+        lines, starts = lines.slice(0, keep), starts[:keep]
+    return _batch(p, pa.array(starts), lines)
+
+
+def line_events(p: LinesPart) -> Iterator[Any]:
+    """The lines starting in the part, split by Arrow (no Python loop per line).
+
+    The part is read in blocks of `LINES_BLOCK` bytes into one buffer,
+    reused: each block's whole lines become one record batch (their bytes
+    copied once, by the split), and the unfinished line at its end moves to
+    the front of the buffer for the next read. A line longer than the
+    buffer doubles it.
+    """
     with p.open(0) as f:
         base = _first_line(f, p)
         if base is None:
             return
         f.seek(base)
-        # The bytes read from base (a line start) on, up to the last newline
-        # seen. Never changed once Arrow holds it: replaced, not trimmed.
-        pending = bytearray()
+        block = bytearray(LINES_BLOCK)
+        view = memoryview(block)
+        carry = 0  # block[:carry]: the start of the line at base, not ended yet
         step = SCAN_BYTES
         while base < p.end:
-            have = base + len(pending)
+            have = base + carry
             if have >= p.length:
-                if pending and p.complete:  # the last line, without a newline
-                    yield _batch(
-                        p,
-                        pa.array([base], pa.int64()),
-                        _one_value(pending, len(pending)).cast(pa.binary()),
-                    )
+                if carry and p.complete:  # the last line, without a newline
+                    yield _batch(p, _int64([base]), _one_value(bytes(view[:carry]), carry))
                 return
+            if carry == len(block):  # a line longer than the buffer
+                view.release()
+                block = block + bytes(len(block))
+                view = memoryview(block)
             if have < p.end:
-                want = min(BATCH_BYTES, p.end - have)
+                want = min(len(block) - carry, p.end - have)
             else:  # past the end: only the rest of the last line is wanted
-                want = min(step, p.length - have)
-                step = min(2 * step, BATCH_BYTES)
-            chunk = f.read(want)
-            if not chunk:
+                want = min(len(block) - carry, step, p.length - have)
+                step = min(2 * step, LINES_BLOCK)
+            got = cast(io.RawIOBase, f).readinto(view[carry : carry + want])
+            if not got:
                 raise OSError(f"{p.segment}: ends at {have}, before {p.length}")
-            searched = len(pending)
-            data: bytes | bytearray = chunk
-            if pending:
-                pending += chunk
-                data = pending
-            cut = data.rfind(b"\n", searched) + 1
+            total = carry + got
+            cut = block.rfind(b"\n", carry, total) + 1
             if not cut:
-                if data is chunk:
-                    pending = bytearray(chunk)
+                carry = total
                 continue
-            lines = pc.split_pattern(_one_value(data, cut), b"\n").values
-            lines = lines.slice(0, len(lines) - 1)  # the empty piece after the last newline
-            sizes = pc.add(pc.binary_length(lines).cast(pa.int64()), 1)
-            starts = pc.add(pc.subtract(pc.cumulative_sum(sizes), sizes), base)
-            if base + cut > p.end:  # lines starting at or past the end are the next part's
-                keep = pc.less(starts, p.end)
-                lines, starts = lines.filter(keep), starts.filter(keep)
-            yield _batch(p, starts, lines.cast(pa.binary()))
-            pending = bytearray(data[cut:])
+            yield _lines_batch(p, base, block, cut)
+            view[: total - cut] = view[cut:total]
+            carry = total - cut
             base += cut
+
+
+def _int64(values: list[int]) -> Any:
+    import pyarrow as pa
+
+    return pa.array(values, pa.int64())
