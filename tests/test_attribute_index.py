@@ -60,13 +60,21 @@ def config_for(
 
 
 async def retrying(c: SegmentContainer, fn: Any) -> Any:
-    """Run ``fn()``; while memory is full of unindexed values (Overloaded), flush and retry."""
-    for _ in range(50):
+    """Run ``fn()``; while memory is full of unindexed values (Overloaded), flush and retry.
+
+    A stream member that is being rolled keeps its unindexed values until
+    the roll (a background task) hands its writers to the successor: a flush
+    has nothing to do meanwhile, so retries are spaced out, as a client's are.
+    """
+    deadline = trio.current_time() + 30
+    while True:
         try:
             return await fn()
         except Overloaded:
+            if trio.current_time() > deadline:
+                raise AssertionError("still Overloaded after 30 s of flushes") from None
             await c.flush()
-    raise AssertionError("still Overloaded after 50 flushes")
+            await trio.sleep(0.01)
 
 
 async def writer_append(c: SegmentContainer, name: str, wid: bytes, previous: int) -> None:
