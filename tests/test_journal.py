@@ -274,6 +274,47 @@ async def test_backpressure_bounds_pending_bytes(
     assert len(appends(replayed(tmp_path))) == 64 * 20
 
 
+async def test_the_next_group_is_written_while_one_syncs_but_no_further(
+    tmp_path: pathlib.Path, journal_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writing overlaps the previous group's fdatasync; never more than two groups unsynced."""
+    import threading
+
+    real = os.fdatasync
+    entered = threading.Event()
+    release = threading.Event()
+
+    def held(fd: int) -> None:
+        entered.set()
+        assert release.wait(30)
+        real(fd)
+
+    async with open_journal(tmp_path, journal_config()) as j:
+        groups = j.statistics().groups
+        monkeypatch.setattr(os, "fdatasync", held)
+        results: dict[int, int] = {}
+
+        async def one(i: int) -> None:
+            results[i] = await j.append_parts(encode_append(1, i, payload(i, 500)))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, 0)
+            assert await trio.to_thread.run_sync(entered.wait, 30)  # group 1 syncing
+            nursery.start_soon(one, 1)
+            # Group 2 is written meanwhile (in a worker thread: polled, with a deadline).
+            with trio.fail_after(30):
+                while j.statistics().groups < groups + 2:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            nursery.start_soon(one, 2)
+            await trio.sleep(0.3)
+            # Group 3 waits for group 1's sync; nothing is acknowledged yet.
+            assert j.statistics().groups == groups + 2 and not results
+            release.set()
+        assert results[0] < results[1] < results[2]
+    got = appends(replayed(tmp_path))
+    assert [got[results[i]] for i in range(3)] == [(i, payload(i, 500)) for i in range(3)]
+
+
 @pytest.mark.expect_errors("journal failed and accepts no more appends")
 async def test_fdatasync_failure_is_fatal_and_loses_nothing_acked(
     tmp_path: pathlib.Path, journal_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch

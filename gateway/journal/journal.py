@@ -3,11 +3,14 @@
 ``await journal.append(op)`` returns the operation's sequence number only
 after the frame holding it has been written and fdatasync'd. Concurrent
 appenders share that work: operations collect in an open *group* while the
-previous group is being written and synced; one committer task then writes the
-whole group (split into frames of at most ``max_frame_bytes``) with one
-``pwritev`` and one ``fdatasync`` in a worker thread, and wakes every
-appender of the group at once. An appender costs one list append and one
-park/unpark; the disk sees one sync per group (BookKeeper's journal).
+previous group is being written; one committer task then writes the whole
+group (split into frames of at most ``max_frame_bytes``) with one ``pwritev``
+in a worker thread and hands it to a syncer task, whose ``fdatasync`` (in a
+thread of its own) runs while the next group is written, and which wakes
+every appender of the group at once. Never more than two groups are
+unsynced (the hand-over has no buffer), which recovery's torn-write rule
+allows for. An appender costs one list append and one park/unpark; the disk
+sees one sync per group (BookKeeper's journal).
 
 Failure model (DESIGN.md, Tier 1): an error from write or fdatasync is fatal
 -- the page cache state of the file is unknown, so nothing is retried on that
@@ -61,7 +64,7 @@ from gateway.journal.files import (
     ReserveFile,
     fsync_directory,
 )
-from gateway.journal.format import encode_group, last_part_offsets, operation_prefix
+from gateway.journal.format import HEADER_SIZE, encode_group, last_part_offsets, operation_prefix
 from gateway.journal.replay import DataCallback, ReplayCallback, ReplayResult, replay_journal
 from gateway.protocol.journal_pb2 import Checkpoint, EpochStarted, Operation
 from gateway.stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
@@ -87,8 +90,8 @@ class _Group:
     """Operations written together and made durable by one fdatasync."""
 
     __slots__ = (
-        "count", "created", "data_at", "done", "ends", "error", "first_sequence", "nbytes",
-        "parts", "path", "reserved", "roll", "sizes",
+        "count", "created", "data_at", "done", "ends", "error", "file", "first_sequence",
+        "nbytes", "parts", "path", "reserved", "roll", "sizes",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -112,6 +115,7 @@ class _Group:
         #: Start a new file with this group (a checkpoint that frees the old ones).
         self.roll = False
         #: Once written: the file, and per operation where its last part lies in it.
+        self.file: JournalFile | None = None
         self.path: pathlib.Path | None = None
         self.data_at: list[int] = []
 
@@ -240,6 +244,11 @@ class Journal:
         # One thread at a time touches the files: the committer's groups and
         # truncation are serialized by this limiter.
         self._limiter = trio.CapacityLimiter(1)
+        # The fdatasync of the last group written runs beside the next write.
+        self._sync_limiter = trio.CapacityLimiter(1)
+        #: Groups written (or being handed over) and not yet settled by the syncer.
+        self._unsynced = 0
+        self._all_synced = trio.Event()
 
         self._operations = 0
         self._operation_bytes = 0
@@ -485,14 +494,33 @@ class Journal:
     # -- the committer: group commit ------------------------------------------------------------
 
     async def _run_commits(self) -> None:
+        """Write groups and sync them, overlapping the two: group N+1 is written
+        while group N's fdatasync runs (at most two groups are ever unsynced;
+        recovery's torn-write rule allows for it, see `replay_journal`)."""
+        send, receive = trio.open_memory_channel[_Group](0)
         try:
-            while True:
-                group = await self._take_group()
-                if group is None:
-                    return
-                await self._commit(group)
-                if self._error is not None:
-                    return
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._run_syncs, receive)
+                async with send:
+                    while True:
+                        group = await self._take_group()
+                        if group is None:
+                            return
+                        if self._might_roll(group):
+                            # A new file seals the old one: not under a sync.
+                            await self._wait_synced()
+                        if not await self._write(group):
+                            if self._error is not None:
+                                return
+                            continue
+                        self._unsynced += 1
+                        self._all_synced = trio.Event()
+                        try:
+                            await send.send(group)
+                        except trio.BrokenResourceError:
+                            self._settle(group, self._error or JournalClosed())
+                            self._synced_one()
+                            return
         finally:
             self._begin_close()
             self._fail_waiting(self._error or JournalClosed())
@@ -500,7 +528,7 @@ class Journal:
     async def _take_group(self) -> _Group | None:
         if not self._queue:
             while self._open_group.count == 0:
-                if self._closing:
+                if self._closing or self._error is not None:
                     return None
                 self._wake = trio.Event()
                 self._committer_idle = True
@@ -517,12 +545,60 @@ class Journal:
                 self._close_open_group()
         return self._queue.popleft()
 
-    async def _commit(self, group: _Group) -> None:
+    async def _run_syncs(self, receive: trio.MemoryReceiveChannel[_Group]) -> None:
+        async with receive:
+            async for group in receive:
+                try:
+                    await trio.to_thread.run_sync(
+                        self._sync_group, group, limiter=self._sync_limiter
+                    )
+                except OSError as e:
+                    # Fatal: no retry on the same descriptor (the page cache's
+                    # state is unknown); the writer sees the error and stops.
+                    if self._error is None:
+                        self._error = JournalFailed(f"{e.strerror or e} syncing {group.path}")
+                        log.critical("journal: %s", self._error)
+                    self._settle(group, self._error)
+                    self._synced_one()
+                    self._wake_committer()
+                    return
+                self._operations += group.count
+                self._operation_bytes += group.nbytes
+                if self._pending_checkpoints:
+                    self._note_checkpoints(group)
+                self._settle(group, None)
+                self._synced_one()
+
+    def _settle(self, group: _Group, error: JournalError | None) -> None:
+        """A group is durable (``error`` None) or failed: release its waiters."""
+        group.error = error
+        self._pending_bytes -= group.nbytes
+        self._space.set()
+        self._space = trio.Event()
+        group.done.set()
+
+    def _synced_one(self) -> None:
+        self._unsynced -= 1
+        if not self._unsynced:
+            self._all_synced.set()
+
+    async def _wait_synced(self) -> None:
+        while self._unsynced:
+            await self._all_synced.wait()
+
+    def _might_roll(self, group: _Group) -> bool:
+        """Whether writing ``group`` may start a new file (an upper bound on its size)."""
+        f = self._file
+        if f is None or group.roll or self.short_of_space:
+            return True
+        return f.size + group.nbytes + HEADER_SIZE * group.count > self._cfg.file_size
+
+    async def _write(self, group: _Group) -> bool:
+        """Frame and write one group (not synced yet); False if it was refused or failed."""
         first = self._next_sequence
         try:
             await trio.to_thread.run_sync(self._write_group, group, first, limiter=self._limiter)
         except JournalRefused as e:
-            group.error = e
             # Everything queued behind a refused group is refused too: an
             # owner that assigned positions in submission order (segment
             # offsets) would otherwise see a later operation land without
@@ -530,37 +606,33 @@ class Journal:
             self.refusals += 1
             self._note_refusal(e)
             self._become_short_of_space()
+            self._settle(group, e)
             self._fail_waiting(e)
+            return False
         except OSError as e:
             self._error = JournalFailed(
                 f"{e.strerror or e} writing {self._file.path if self._file else self.directory}"
             )
             log.critical("journal: %s", self._error)
-            group.error = self._error
-        else:
-            group.first_sequence = first
-            self._next_sequence = first + group.count
-            self._operations += group.count
-            self._operation_bytes += group.nbytes
-            if self._pending_checkpoints:
-                self._note_checkpoints(group)
+            self._settle(group, self._error)
+            return False
         finally:
             if self._used_reserve:
                 self._used_reserve = False
                 self._become_short_of_space()
-            self._pending_bytes -= group.nbytes
-            self._space.set()
-            self._space = trio.Event()
-            group.done.set()
+        group.first_sequence = first
+        self._next_sequence = first + group.count
+        return True
 
     def _write_group(self, group: _Group, first: int) -> None:
-        """Frame, write and fdatasync one group (worker thread)."""
+        """Frame and write one group (worker thread); `_sync_group` makes it durable."""
         buffers, total, frames = encode_group(
             group.parts, group.ends, group.sizes, first, self.epoch, self._cfg.max_frame_bytes
         )
         f = self._allocate(group, first, total)
         base = f.size
         f.write(buffers)
+        group.file = f
         group.path = f.path
         group.data_at = [
             base + at
@@ -568,18 +640,22 @@ class Journal:
                 group.parts, group.ends, group.sizes, self._cfg.max_frame_bytes
             )
         ]
-        failpoints.hit("journal_sync")
-        started = time.perf_counter()
-        f.sync()
-        took = time.perf_counter() - started
-        self._sync_seconds += took
-        self.sync_latency.observe(took)
         self.group_bytes.observe(total)
         self._disk_bytes += total
         self._frames += frames
         self._groups += 1
         self._frames_since_checkpoint += frames
         self._bytes_since_checkpoint += total
+
+    def _sync_group(self, group: _Group) -> None:
+        """fdatasync the file a group was written to (worker thread)."""
+        failpoints.hit("journal_sync")
+        started = time.perf_counter()
+        assert group.file is not None
+        group.file.sync()
+        took = time.perf_counter() - started
+        self._sync_seconds += took
+        self.sync_latency.observe(took)
 
     def _allocate(self, group: _Group, first: int, total: int) -> JournalFile:
         """The file to write ``total`` bytes of ``group`` into, with the space allocated.

@@ -270,12 +270,25 @@ def replay_journal(
                 data_ends[jf.path] = item.offset
                 later_frames = list(valid_frames_after(data, item.offset + 1, jf.path))
                 if later_frames:
-                    allowed = (
-                        {last.group_sequence, last.end_sequence}
-                        if last is not None
-                        else {jf.first_sequence}
-                    )
-                    foreign = [r for r in later_frames if r.header.group_sequence not in allowed]
+                    # Unsynced when the writer stopped, and so never
+                    # acknowledged: the group the tear is in (its later frames
+                    # may be whole) and the one written while it synced (the
+                    # journal overlaps a group's write with the previous
+                    # group's fdatasync; never more than two). Anything else
+                    # after a bad frame was synced: corruption.
+                    base = last.end_sequence if last is not None else jf.first_sequence
+                    allowed = {base} if last is None else {last.group_sequence, base}
+                    extra: int | None = None
+                    foreign = []
+                    for r in later_frames:
+                        g = r.header.group_sequence
+                        if g in allowed:
+                            continue
+                        if extra is None and g > base:
+                            extra = g
+                            allowed.add(g)
+                            continue
+                        foreign.append(r)
                     if foreign:
                         r = foreign[0]
                         raise JournalCorrupt(
