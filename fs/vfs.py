@@ -534,7 +534,7 @@ class SegmentVFS:
         seg = self.segment(plain)
         owner, tail = self.source.owner(seg.id)
         view: dict[bytes, int | str] = {b"view_offset": self.trim_start(seg) if trimmed else 0}
-        return view | {
+        values: dict[bytes, int | str] = view | {
             b"node": owner,
             b"tail_available": int(tail),
             b"start_offset": seg.start_offset,
@@ -550,6 +550,11 @@ class SegmentVFS:
             b"event_end": seg.event_end,
             b"created_ms": seg.created_at_ms,
         }
+        if seg.events_unknown:
+            # Cut to what the owner flushed (it is down): no count is known
+            # for that, and the whole segment's would be wrong.
+            del values[b"event_count"]
+        return values
 
     def getxattr(self, inode: int, name: bytes) -> bytes:
         """``user.segment.<key>`` as a decimal number; ENODATA for anything else."""

@@ -631,7 +631,8 @@ def _cmd_ls(args: argparse.Namespace) -> int:
                     "%Y-%m-%d %H:%M:%S", time.localtime(i.last_modified_ms / 1000)
                 )
                 state = "sealed" if i.sealed else "active"
-                print(f"{i.length:>14} {i.event_count:>10} {state:6} {mtime} {i.name}")
+                events = str(i.event_count) if i.event_count >= 0 else "?"
+                print(f"{i.length:>14} {events:>10} {state:6} {mtime} {i.name}")
         else:
             for i in infos:
                 print(i.name)
@@ -645,6 +646,8 @@ def _cmd_stat(args: argparse.Namespace) -> int:
         info = await client.info(args.segment)
         attrs, more = await client.attribute_range(args.segment, b"", STAT_ATTRIBUTES)
         doc = _info_dict(info)
+        if info.event_count < 0:
+            doc["event_count"] = None  # cut to what its down owner flushed: not known
         doc["attributes"] = {k.hex(): v for k, v in attrs}
         if more:
             # A segment may have millions (one per exactly-once writer).

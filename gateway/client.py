@@ -45,6 +45,7 @@ from gateway.errors import (
     ConnectionLost,
     GatewayError,
     NotOwner,
+    OwnerDown,
     ProtocolError,
     os_reason,
 )
@@ -396,20 +397,39 @@ class Client:
 
         A request that gets NotOwner changed nothing, so sending it again to
         the owner keeps exactly-once; the owner is remembered for later calls.
+        An owner that cannot be reached (nothing was sent to it) is forgotten
+        and the first node asked again, or, if that one sent us there just
+        now, `OwnerDown` names the segment and the owner.
         """
         address = self._owners.get(segment)
         if address is not None:
-            return await call(await self._peer(address))
+            try:
+                peer = await self._peer(address)
+            except ConnectionLost:
+                self._owners.pop(segment, None)  # moved, or gone: ask again below
+            else:
+                try:
+                    return await call(peer)
+                except ConnectionLost:
+                    self._owners.pop(segment, None)
+                    raise
         try:
             return await call(self)
         except NotOwner as e:
             if self._follow is None or not e.owner_address:
                 raise
-            self._owners[segment] = e.owner_address
             self.redirects += 1
             log.info("segment %r lives on node %s at %s: following", segment, e.owner,
                      e.owner_address)  # fmt: skip
-            return await call(await self._peer(e.owner_address))
+            try:
+                peer = await self._peer(e.owner_address)
+            except ConnectionLost as lost:
+                raise OwnerDown(
+                    segment, e.owner, f"not answering at {e.owner_address} ({lost})",
+                    e.owner_address,
+                ) from None  # fmt: skip
+            self._owners[segment] = e.owner_address
+            return await call(peer)
 
     async def _segment_call(self, segment: str, **kind: Any) -> wire.Response:
         """`_call` for a request about one segment, sent to its owner."""
@@ -718,6 +738,11 @@ async def _start_tls(
     return tls
 
 
+#: How long connecting (TCP, TLS, Hello) may take by default: a server that
+#: accepts and never answers (a stopped process, a black hole) is not waited on.
+CONNECT_TIMEOUT = 10.0
+
+
 @asynccontextmanager
 async def open_client(
     address: str,
@@ -727,37 +752,64 @@ async def open_client(
     ssl_context: ssl.SSLContext | None = None,
     tls_ca: str | None = None,
     server_hostname: str | None = None,
+    connect_timeout: float = CONNECT_TIMEOUT,
 ) -> AsyncIterator[Client]:
     """Connect to ``address`` (``HOST:PORT``), say Hello, and yield a Client.
 
     TLS when ``ssl_context`` or ``tls_ca`` (a PEM CA file: shorthand for
     ``client_ssl_context(tls_ca)``) is given; the server's certificate must
-    name ``server_hostname`` (default: the host of ``address``).
+    name ``server_hostname`` (default: the host of ``address``). Connecting,
+    the TLS handshake and Hello together take at most ``connect_timeout``
+    seconds (`ConnectionLost` otherwise); connections this client opens to
+    follow a segment to its owning node get the same bound.
     """
     host, port = parse_host_port(address)
     if tls_ca is not None:
         if ssl_context is not None:
             raise ValueError("give ssl_context or tls_ca, not both")
         ssl_context = client_ssl_context(tls_ca)
+    deadline = trio.current_time() + connect_timeout
     try:
-        tcp = await _connect(host, port)
+        with trio.fail_at(deadline):
+            tcp = await _connect(host, port)
     except OSError as e:
         raise ConnectionLost(address, f"cannot connect: {e.strerror or e}") from None
+    except trio.TooSlowError:
+        raise ConnectionLost(
+            address, f"cannot connect: no answer within {connect_timeout:g}s"
+        ) from None
     stream: trio.abc.Stream = tcp
     if ssl_context is not None:
-        stream = await _start_tls(tcp, address, ssl_context, server_hostname or host)
+        try:
+            with trio.fail_at(deadline):
+                stream = await _start_tls(tcp, address, ssl_context, server_hostname or host)
+        except trio.TooSlowError:
+            close_now(tcp)
+            raise ConnectionLost(address, f"no TLS handshake within {connect_timeout:g}s") from None
     client = Client(stream, address, transport=tcp)
     # Connections to the nodes that own segments this client is sent away
     # for: the same settings, and they never follow further themselves.
     client._follow = partial(
-        _open_peer, token=token, client_name=client_name, ssl_context=ssl_context
+        _open_peer,
+        token=token,
+        client_name=client_name,
+        ssl_context=ssl_context,
+        connect_timeout=connect_timeout,
     )
     try:
         async with service_nursery() as nursery:
             client._nursery = nursery
             nursery.start_soon(client._receive_loop)
             try:
-                await client._hello(token, client_name)
+                try:
+                    with trio.fail_at(deadline):
+                        await client._hello(token, client_name)
+                except trio.TooSlowError:
+                    raise ConnectionLost(
+                        address,
+                        f"the server accepted the connection but did not answer Hello within "
+                        f"{connect_timeout:g}s (is the process stopped or hung?)",
+                    ) from None
                 yield client
             finally:
                 nursery.cancel_scope.cancel()
@@ -767,9 +819,16 @@ async def open_client(
 
 @asynccontextmanager
 async def _open_peer(
-    address: str, *, token: str, client_name: str, ssl_context: ssl.SSLContext | None
+    address: str,
+    *,
+    token: str,
+    client_name: str,
+    ssl_context: ssl.SSLContext | None,
+    connect_timeout: float,
 ) -> AsyncIterator[Client]:
-    async with open_client(address, token, client_name, ssl_context=ssl_context) as peer:
+    async with open_client(
+        address, token, client_name, ssl_context=ssl_context, connect_timeout=connect_timeout
+    ) as peer:
         peer._follow = None
         yield peer
 

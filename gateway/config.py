@@ -572,6 +572,12 @@ class ClusterConfig:
     refresh_interval: float = _key(
         0.5, _duration_in(0.05, 60), "how often other nodes' segments and lengths are polled"
     )
+    lease: float = _key(
+        10.0,
+        _duration_in(0.0, 3600),
+        "acknowledge changes only this long after last confirming in Tier 2 that no other "
+        "process took this node id over; a takeover waits it out (0 = no lease)",
+    )
     tls_ca: str = _key(
         "",
         _abs_path_or_empty,
@@ -763,6 +769,8 @@ def _cross_checks(c: Config, check_files: bool = True) -> list[str]:
             f"cluster.heartbeat_interval ({cl.heartbeat_interval:g}s): a live node would "
             "look down between two heartbeats"
         )
+    if 0 < cl.lease < 0.2:
+        errors.append(f"cluster.lease: {cl.lease:g}s is too short to renew (0 turns it off)")
     if c.metrics.listen and _same_listener(c.server.listen, c.metrics.listen):
         errors.append(f"metrics.listen: same address as server.listen ({c.server.listen})")
     return errors

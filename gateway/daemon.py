@@ -41,7 +41,7 @@ from gateway import failpoints
 from gateway.aio import service_nursery
 from gateway.client import Client, client_ssl_context, open_client
 from gateway.cluster.claims import NameClaims
-from gateway.cluster.fence import register_epoch
+from gateway.cluster.lease import Lease, claim_epoch
 from gateway.cluster.view import ClusterView
 from gateway.config import Config, Tier2Config
 from gateway.container.container import SegmentContainer
@@ -147,6 +147,11 @@ def node_ssl_context(config: Config) -> ssl.SSLContext | None:
     )
 
 
+def peer_timeout(config: Config) -> float:
+    """How long connecting to another node, or one request to it, may take."""
+    return max(2.0, min(10.0, config.cluster.down_after / 2))
+
+
 def _connect_node(
     config: Config, ssl_context: ssl.SSLContext | None, address: str
 ) -> AbstractAsyncContextManager[Client]:
@@ -156,6 +161,27 @@ def _connect_node(
         config.server.token,
         f"segment-gateway-node/{config.node.id}",
         ssl_context=ssl_context,
+        connect_timeout=peer_timeout(config),
+    )
+
+
+def lease_duration(config: Config) -> float:
+    """The node's lease: none with an embedded Tier 2 (no other node can reach it)."""
+    return 0.0 if config.tier2.url == "embedded" else config.cluster.lease
+
+
+async def _claim(config: Config, tier2: ChunkLayer, notifier: Notifier, epoch: int) -> Lease:
+    """Register this start's epoch (refused if taken over, copied or running elsewhere)."""
+    cl = config.cluster
+    return await claim_epoch(
+        tier2,
+        config.node.id,
+        epoch,
+        str(config.journal_dir),
+        lease=lease_duration(config),
+        down_after=cl.down_after,
+        heartbeat_interval=cl.heartbeat_interval,
+        status=notifier.status,
     )
 
 
@@ -339,11 +365,18 @@ async def run_daemon(
                 from gateway.metadata_io import rebuild_node
 
                 notifier.status("recovering the metadata from Tier 2")
-                await rebuild_node(config, tier2)
-            async with open_node(config, tier2) as node:
+                await rebuild_node(config, tier2, status=notifier.status)
+            # Refused if this node id was taken over (a higher epoch), if its
+            # epoch is another process's (a copied data directory), or while
+            # another process of it still runs; waits out a previous lease.
+            async with open_node(config, tier2, partial(_claim, config, tier2, notifier)) as node:
                 container = node.container
-                # Refused if this node id was taken over (a higher epoch).
-                await register_epoch(tier2, config.node.id, node.journal.epoch)
+                lease = container.lease
+                assert isinstance(lease, Lease)
+                if recover_from_tier2 and node.storage_writer is not None:
+                    # The rebuilt metadata is the base every later recovery and
+                    # follower must use, before anything a fenced process left.
+                    await node.storage_writer.upload_snapshot()
                 cluster = ClusterView(
                     config,
                     tier2,
@@ -351,6 +384,7 @@ async def run_daemon(
                     partial(_connect_node, config, node_ssl_context(config)),
                     partial(_progress, node),
                     partial(_fenced, node),
+                    lease,
                 )
                 claims = None
                 if config.tier2.url != "embedded":

@@ -261,6 +261,20 @@ class NotOwner(SegmentError):
         self.owner_address = owner_address
 
 
+class OwnerDown(Unavailable):
+    """segment {!r} belongs to node {}, which is {}: changes to it wait until that node \
+is back or its node id is taken over (retry later; reads of what it flushed work on \
+any node)"""
+
+    exit_code = 45
+    wire_code = "OWNER_DOWN"
+
+    def __init__(self, name: str, owner: str, state: str, owner_address: str = "") -> None:
+        super().__init__(name, owner, state)
+        self.owner = owner
+        self.owner_address = owner_address
+
+
 class SegmentExistsElsewhere(SegmentExists):
     """segment {!r} already exists on node {}"""
 
@@ -329,7 +343,7 @@ BY_WIRE_CODE: dict[str, type[GatewayError]] = {
     for cls in (
         GatewayError, TooLarge, SegmentNotFound, SegmentExists, SegmentSealed, BadOffset,
         ConditionalCheckFailed, BadAttributeUpdate, InvalidName, Overloaded, Unauthorized,
-        SegmentTruncated, NotOwner,
+        SegmentTruncated, NotOwner, OwnerDown,
         LimitExceeded, Unavailable, BadRequest, ProtocolError, Unsupported, Tier2Error,
     )
 }  # fmt: skip

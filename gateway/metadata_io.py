@@ -29,6 +29,7 @@ import pathlib
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import crc32c
@@ -267,20 +268,47 @@ async def import_metadata(
     return rebuilt.report
 
 
-async def rebuild_node(config: Config, tier2: ChunkLayer, log_report: bool = True) -> RebuildReport:
+async def rebuild_node(
+    config: Config,
+    tier2: ChunkLayer,
+    log_report: bool = True,
+    status: Callable[[str], object] = lambda text: None,
+) -> RebuildReport:
     """Disaster recovery of this empty node from Tier 2 alone; see `rebuild_metadata`.
 
+    A takeover: first an epoch above every epoch this node id ever had is
+    registered (a process still running with the id, a zombie, is fenced
+    from then on), then the old process's lease is waited out, so that it
+    acknowledges nothing more; only then is Tier 2 read, leaving out what a
+    fenced process stored after its fence (`gateway.cluster.lease`).
     ``log_report=False``: the caller shows the report.
     """
+    from gateway.cluster.fence import FenceTimes
+    from gateway.cluster.lease import claim_epoch
+
     ensure_empty(config.journal_dir)
-    log.info("recovering the metadata of node %r from Tier 2", config.node.id)
-    rebuilt = await rebuild_metadata(tier2, config.node.id)
+    node = config.node.id
+    log.info("recovering the metadata of node %r from Tier 2", node)
+    fence = await current_epoch(tier2, node) + 1
+    cl = config.cluster
+    await claim_epoch(
+        tier2,
+        node,
+        fence,
+        str(config.journal_dir),
+        lease=cl.lease,
+        down_after=cl.down_after,
+        heartbeat_interval=cl.heartbeat_interval,
+        takeover=True,
+        status=status,
+    )
+    fences = await FenceTimes.read(tier2, node)
+    rebuilt = await rebuild_metadata(tier2, node, trusted=fences.trusted)
     if log_report:
         _log_report(rebuilt.report)
-    # Above every epoch this node id ever ran with: a process still running
-    # with it (a zombie) is fenced (gateway/cluster/fence.py).
-    fenced = await current_epoch(tier2, config.node.id)
-    await install(config, rebuilt.container, max(rebuilt.max_epoch, fenced) + 1)
+    # The journal starts at the registered epoch (or above every epoch Tier 2
+    # holds, if higher); the next start registers the one after it.
+    await install(config, rebuilt.container, max(rebuilt.max_epoch + 1, fence))
     return rebuilt.report
 
 

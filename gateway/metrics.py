@@ -285,6 +285,44 @@ class GatewayCollector(Collector):
             "1 once another process took this node id over",
             value=int(view.fenced is not None),
         )
+        lease = view.lease
+        yield GaugeMetricFamily(
+            f"{PREFIX}_cluster_lease_held",
+            "1 while this node may acknowledge changes (its lease is confirmed in Tier 2)",
+            value=int(lease.held()),
+        )
+        if lease.enabled:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_cluster_lease_remaining_seconds",
+                "How long the lease holds without another confirmation",
+                value=lease.remaining(),
+            )
+        yield CounterMetricFamily(
+            f"{PREFIX}_cluster_lease_renewal_failures",
+            "Lease confirmations that failed (Tier 2 unreachable or slow)",
+            value=lease.failures,
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_cluster_lease_refusals",
+            "Changes refused or left unacknowledged for want of the lease",
+            value=lease.refused,
+        )
+        rejected = CounterMetricFamily(
+            f"{PREFIX}_tier2_records_rejected",
+            "Records read from Tier 2 skipped as unusable (each version counted once)",
+            labels=["kind"],
+        )
+        for kind, n in sorted(view.rejections.total.items()):
+            rejected.add_metric([kind], n)
+        yield rejected
+        bad = GaugeMetricFamily(
+            f"{PREFIX}_tier2_records_unusable",
+            "Records in Tier 2 this node skips right now, by kind",
+            labels=["kind"],
+        )
+        for kind, n in sorted(view.rejections.bad_now().items()):
+            bad.add_metric([kind], n)
+        yield bad
         if self.claims is not None:
             yield CounterMetricFamily(
                 f"{PREFIX}_name_claims",

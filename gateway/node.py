@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -29,6 +29,7 @@ from cache import CacheStore
 from gateway.aio import service_nursery
 from gateway.config import Config
 from gateway.container.container import SegmentContainer
+from gateway.container.interfaces import LeaseGate
 from gateway.container.replay import Replayer
 from gateway.container.table import SegmentTable
 from gateway.journal import Journal, open_journal
@@ -65,20 +66,30 @@ class Node:
     storage_writer: StorageWriter | None
 
 
+#: Called with the new epoch once the journal is open, before anything runs:
+#: registers it (the cluster's fence) and returns the lease changes need.
+Claim = Callable[[int], Awaitable[LeaseGate | None]]
+
+
 @asynccontextmanager
-async def open_node(config: Config, tier2: ChunkLayer | None = None) -> AsyncIterator[Node]:
+async def open_node(
+    config: Config, tier2: ChunkLayer | None = None, claim: Claim | None = None
+) -> AsyncIterator[Node]:
     """Replay the journal and serve the node's storage until exit.
 
     With ``tier2``, flushed bytes are read back from it and the storage
     writer moves committed bytes there in the background; without it,
-    everything stays in the journal and the cache. On a clean exit a final
-    checkpoint is written, so the next start replays little.
+    everything stays in the journal and the cache. ``claim`` runs after the
+    replay and before any background work (the storage writer, rolls): a
+    node that may not run under its epoch raises there, having uploaded or
+    changed nothing. On a clean exit a final checkpoint is written, so the
+    next start replays little.
     """
     store = await trio.to_thread.run_sync(
         CacheStore.open, config.cache_dir, cache_budget(config), config.cache.pinned_share
     )
     try:
-        async with _open_parts(config, store, tier2) as node:
+        async with _open_parts(config, store, tier2, claim) as node:
             yield node
     finally:
         await trio.to_thread.run_sync(store.close)
@@ -86,7 +97,7 @@ async def open_node(config: Config, tier2: ChunkLayer | None = None) -> AsyncIte
 
 @asynccontextmanager
 async def _open_parts(
-    config: Config, store: CacheStore, tier2: ChunkLayer | None
+    config: Config, store: CacheStore, tier2: ChunkLayer | None, claim: Claim | None
 ) -> AsyncIterator[Node]:
     reader = None
     if tier2 is not None:
@@ -115,6 +126,8 @@ async def _open_parts(
                 container.segment_count,
                 time.monotonic() - started,
             )
+            lease = await claim(journal.epoch) if claim is not None else None
+            container.lease = lease
             async with service_nursery() as nursery:
                 nursery.start_soon(container.run_maintenance)
                 nursery.start_soon(container.run_streams)
@@ -125,6 +138,7 @@ async def _open_parts(
                     writer = StorageWriter(
                         container, tier2, config.tier2, config.node.id, journal.epoch, reader
                     )
+                    writer.lease = lease
                     container.storage = writer
                     container.attribute_store = writer.attributes
                     await nursery.start(writer.run)

@@ -62,7 +62,8 @@ from google.protobuf.message import DecodeError
 
 from gateway import __version__
 from gateway.buffers import Buffer
-from gateway.cluster.remote import TAIL_READ_TIMEOUT
+from gateway.cluster.registry import UP
+from gateway.cluster.remote import TAIL_READ_TIMEOUT, remote_attributes
 from gateway.codec import Codec
 from gateway.config import ServerConfig, parse_host_port
 from gateway.container import AppendResult, AttributeUpdate, Verb
@@ -74,13 +75,16 @@ from gateway.container.results import POLICY_FIELDS, ReadResult
 from gateway.container.segment import Segment
 from gateway.errors import (
     BadRequest,
+    ConnectionLost,
     GatewayError,
     LimitExceeded,
     NotOwner,
     Overloaded,
+    OwnerDown,
     ProtocolError,
     SegmentNotFound,
     Unauthorized,
+    Unavailable,
     Unsupported,
 )
 from gateway.protocol import wire_pb2 as wire
@@ -903,7 +907,12 @@ class Connection:
         g = req.get_attributes
         container = self.server.container
         rid = req.request_id
-        container.check_exists(g.segment)  # fail now if missing, in order
+        try:
+            container.check_exists(g.segment)  # fail now if missing, in order
+        except SegmentNotFound:
+            # Another node's segment: from its owner while it answers, else
+            # from what this node knows of it (a down owner's flushed record).
+            return self._remote_attributes(req, *self.server.remote_segment(g.segment))
 
         if not g.ids:
             if g.start and len(g.start) != ATTRIBUTE_ID_BYTES:
@@ -930,6 +939,59 @@ class Connection:
                 request_id=rid,
                 attributes=wire.Attributes(
                     values=[AttributeValue(id=k, value=v) for k, v in values.items()]
+                ),
+            )
+
+        return produce
+
+    def _remote_attributes(self, req: wire.Request, node: RemoteNode, seg: Segment) -> Producer:
+        """Attributes of another node's segment (`_get_attributes` for a remote one)."""
+        g = req.get_attributes
+        rid = req.request_id
+        store = self.server.container.attribute_store
+        if g.start and len(g.start) != ATTRIBUTE_ID_BYTES:
+            raise BadRequest(f"range start must be {ATTRIBUTE_ID_BYTES} bytes")
+        limit = min(g.limit or DEFAULT_ATTRIBUTE_RANGE, MAX_ATTRIBUTE_RANGE)
+
+        async def produce() -> wire.Response:
+            client = node.client
+            if client is not None:
+                with trio.move_on_after(TAIL_READ_TIMEOUT):
+                    try:
+                        if g.ids:
+                            values = await client.get_attributes(g.segment, list(g.ids))
+                            return wire.Response(
+                                request_id=rid,
+                                attributes=wire.Attributes(
+                                    values=[
+                                        AttributeValue(id=k, value=v) for k, v in values.items()
+                                    ]
+                                ),
+                            )
+                        items, more = await client.attribute_range(g.segment, g.start, limit)
+                        return wire.Response(
+                            request_id=rid,
+                            attributes=wire.Attributes(
+                                values=[AttributeValue(id=k, value=v) for k, v in items],
+                                next=more,
+                            ),
+                        )
+                    except (ConnectionLost, Unavailable):
+                        pass  # the owner went away meanwhile: what this node knows
+            known = await remote_attributes(seg, store, g.start, 0 if g.ids else limit + 1)
+            if g.ids:
+                wanted = set(g.ids)
+                return wire.Response(
+                    request_id=rid,
+                    attributes=wire.Attributes(
+                        values=[AttributeValue(id=k, value=v) for k, v in known if k in wanted]
+                    ),
+                )
+            more = known[limit][0] if len(known) > limit else b""
+            return wire.Response(
+                request_id=rid,
+                attributes=wire.Attributes(
+                    values=[AttributeValue(id=k, value=v) for k, v in known[:limit]], next=more
                 ),
             )
 
@@ -1215,7 +1277,9 @@ class Server:
         """For a request about a segment this node does not have: NotOwner if another has it.
 
         Known from following the other nodes, or -- for a segment created
-        since the last poll -- from its name claim in Tier 2.
+        since the last poll -- from its name claim in Tier 2. An owner that
+        is down (no heartbeat for ``cluster.down_after``, or fenced) gets
+        `OwnerDown` instead: sending the client there would only fail.
         """
         name = str(e.args[0]) if e.args else ""
         cluster, claims = self.cluster, self.claims
@@ -1227,7 +1291,11 @@ class Server:
                 holder = None
             if holder is not None and holder != claims.node_id:
                 owner = (holder, cluster.address_of(holder) if cluster is not None else "")
-        return e if owner is None else NotOwner(name, *owner)
+        if owner is None:
+            return e
+        if cluster is not None and cluster.state_of(owner[0]) != UP:
+            return OwnerDown(name, owner[0], cluster.describe(owner[0]), owner[1])
+        return NotOwner(name, *owner)
 
     def remote_segment(self, name: str) -> tuple[RemoteNode, Segment]:
         """Another node's segment with this name, and that node; SegmentNotFound if none."""

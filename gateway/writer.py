@@ -36,7 +36,7 @@ from typing import Any
 import trio
 
 from gateway.aio import service_nursery
-from gateway.client import Client, ResponseFuture, open_client
+from gateway.client import CONNECT_TIMEOUT, Client, ResponseFuture, open_client
 from gateway.codec import Codec, whole_frames
 from gateway.container.results import TransactionInfo
 from gateway.errors import (
@@ -45,6 +45,7 @@ from gateway.errors import (
     GatewayError,
     NotOwner,
     Overloaded,
+    OwnerDown,
     ProtocolError,
     Unavailable,
 )
@@ -54,6 +55,9 @@ log = logging.getLogger(__name__)
 _LENGTH = struct.Struct(">I")
 #: Errors after which reconnecting and resending is the right thing to do.
 RETRYABLE = (ConnectionLost, Overloaded, Unavailable, ProtocolError)
+#: The longest an append may go unanswered before the writer reconnects and
+#: resends (bounded by ``reconnect_timeout``).
+ACK_TIMEOUT = 30.0
 
 
 class WriterFailed(GatewayError):
@@ -71,6 +75,7 @@ class _Batch:
     first: int  # number of the first event in it
     last: int  # number of the last event in it
     data: bytes  # the encoded events, as sent (and resent)
+    sent_at: float = 0.0  # when it was last sent (trio clock)
 
     @property
     def count(self) -> int:
@@ -107,6 +112,9 @@ class SegmentWriter:
         reconnect_timeout: float = 300.0,
     ) -> None:
         self.address = address
+        #: Where the writer was pointed: asked again when the owner it was
+        #: sent to stops answering (the owner may have moved or come back).
+        self._home = address
         self.segment = segment
         self.writer_id = writer_id or uuid.uuid4().bytes
         if len(self.writer_id) != 16:
@@ -120,6 +128,8 @@ class SegmentWriter:
         self._linger = linger
         self._max_inflight = max_inflight_bytes
         self._reconnect_timeout = reconnect_timeout
+        #: An append unanswered this long means the connection is dead.
+        self._ack_timeout = max(1.0, min(reconnect_timeout, ACK_TIMEOUT))
 
         self._buf = bytearray()
         self._buf_events = 0
@@ -308,6 +318,7 @@ class SegmentWriter:
                     self._token,
                     ssl_context=self._ssl_context,
                     server_hostname=self._server_hostname,
+                    connect_timeout=min(CONNECT_TIMEOUT, max(1.0, self._reconnect_timeout)),
                 ) as client:
                     if client.server_hello is not None:
                         self.max_append_bytes = client.server_hello.max_append_bytes
@@ -346,14 +357,21 @@ class SegmentWriter:
                 if self._broken_since is None:
                     self._broken_since = now
                 if now - self._broken_since > self._reconnect_timeout:
+                    why = f"gave up after {self._reconnect_timeout:g}s of retrying: {e}"
+                    # A down owner keeps its own error (and exit code): it
+                    # says which segment, which node, and since when.
                     self._fail(
-                        WriterFailed(
-                            self.segment,
-                            f"gave up after {self._reconnect_timeout:g}s of retrying: {e}",
-                        )
+                        OwnerDown.from_text(why)
+                        if isinstance(e, OwnerDown)
+                        else WriterFailed(self.segment, why)
                     )
                     return
                 self.reconnects += 1
+                if self.address != self._home and isinstance(e, ConnectionLost):
+                    # The owner we were sent to does not answer: ask again
+                    # where the segment lives now.
+                    self.address = self._home
+                    followed = False
                 log.info("segment writer %s: %s; reconnecting in %.2fs", self.segment, e, delay)
                 await trio.sleep(delay)
                 delay = min(delay * 2, 1.0)
@@ -379,6 +397,7 @@ class SegmentWriter:
                 await self._has_work.wait()
                 self._has_work = trio.Event()
             batch = self._unsent.popleft()
+            batch.sent_at = trio.current_time()
             self._unacked.append(batch)
             try:
                 fut = await client.start_append(
@@ -402,7 +421,18 @@ class SegmentWriter:
             batch: _Batch = item[0]
             fut: ResponseFuture = item[1]
             try:
-                await fut.wait()
+                # A daemon that takes the append and never answers (stopped,
+                # hung, cut off) counts as gone once the oldest append has
+                # waited the whole timeout: reconnect and resend.
+                with trio.fail_at(batch.sent_at + self._ack_timeout):
+                    await fut.wait()
+            except trio.TooSlowError:
+                if self._broken_since is None:
+                    self._broken_since = batch.sent_at
+                raise ConnectionLost(
+                    self.address,
+                    f"no acknowledgement within {self._ack_timeout:g}s",
+                ) from None
             except ConditionalCheckFailed as e:
                 if e.last_event_number < batch.last:
                     raise _Resync(f"server has event {e.last_event_number} stored") from None

@@ -8,6 +8,8 @@ names free again after a release, a fenced epoch refused.
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import pathlib
 from typing import Any
 
@@ -15,17 +17,30 @@ import pytest
 import trio
 
 from gateway.cluster.claims import NameClaims, claim_key
-from gateway.cluster.fence import NodeFenced, current_epoch, register_epoch
+from gateway.cluster.fence import (
+    EpochClaim,
+    EpochTaken,
+    FenceTimes,
+    NodeFenced,
+    NodeRunsElsewhere,
+    current_epoch,
+    read_claim,
+    register_epoch,
+)
+from gateway.cluster.lease import Lease, LeaseLost, claim_epoch
 from gateway.cluster.registry import (
     DOWN,
     STOPPED,
     UP,
+    Liveness,
     NodeRecord,
+    now_ms,
     read_registry,
     write_record,
     write_stopped,
 )
 from gateway.cluster.remote import MountIds, RemoteNode
+from gateway.container.attributes import EVENT_COUNT
 from gateway.container.results import SegmentInfo
 from gateway.container.segment import Segment
 from gateway.container.table import SNAPSHOT_VERSION
@@ -36,12 +51,18 @@ from gateway.errors import (
     SegmentNotFound,
     Tier2Error,
 )
-from gateway.protocol.metadata_pb2 import ChunkRecord, ContainerSnapshot, SegmentRecord
+from gateway.protocol.metadata_pb2 import (
+    ChunkRecord,
+    ContainerSnapshot,
+    MetadataSnapshot,
+    SegmentRecord,
+)
 from gateway.tier2.filesystem import FileStorage
 from gateway.tier2.layer import ChunkLayer
 from gateway.tier2.memory import MemoryStorage
 from gateway.tier2.names import snapshot_key
 from gateway.tier2.snapshots import build_snapshot
+from gateway.tier2.untrusted import BadRecord, Rejections
 
 
 @pytest.fixture(params=["memory", "file"])
@@ -126,22 +147,191 @@ async def test_registry_records(layer: ChunkLayer) -> None:
     records = await read_registry(layer)
     assert [r.id for r in records] == ["n1", "n2"]
     assert records[0] == rec
-    assert rec.state_at(5000 + 14_000, 15.0) == UP
-    assert rec.state_at(5000 + 16_000, 15.0) == DOWN
     await write_stopped(layer, rec, 4, 0)
     (n1,) = [r for r in await read_registry(layer) if r.id == "n1"]
-    assert n1.state_at(10**15, 15.0) == STOPPED
+    assert n1.state == STOPPED and Liveness(15.0).state(n1) == STOPPED
+
+
+def _doc(**changes: Any) -> bytes:
+    doc: dict[str, Any] = {
+        "format": 1, "id": "n1", "advertise": "10.0.0.1:9410", "epoch": 3, "version": "1",
+        "started_at_ms": 1, "heartbeat_at_ms": 2, "state": "up", "segments": 0,
+        "unflushed_bytes": 0, "host": "h", "pid": 7,
+    }  # fmt: skip
+    doc.update(changes)
+    return json.dumps({k: v for k, v in doc.items() if v is not ...}).encode()
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (_doc(epoch="5"), "field 'epoch' is str '5', not an integer"),
+        (_doc(epoch=5.0), "field 'epoch' is float"),
+        (_doc(epoch=True), "field 'epoch' is bool"),
+        (_doc(epoch=-1), "field 'epoch' is -1, outside"),
+        (_doc(epoch=1 << 70), "outside"),
+        (_doc(epoch=...), "field 'epoch' is missing"),
+        (_doc(advertise="nowhere"), "field 'advertise'"),
+        (_doc(advertise=["x"]), "field 'advertise' is list"),
+        (_doc(state="dancing"), "field 'state' is 'dancing'"),
+        (_doc(id="n2"), "is not the node its key names"),
+        (_doc(format=2), "record format 2"),
+        (_doc(pid="7"), "field 'pid'"),
+        (b"[1, 2]", "not a JSON object"),
+        (b"\xff\xfe garbage", "not JSON"),
+        (b"[" * 100_000, "not JSON"),
+        (b"", "not JSON"),
+    ],
+)
+def test_a_malformed_node_record_is_refused_naming_the_field(data: bytes, why: str) -> None:
+    with pytest.raises(BadRecord) as e:
+        NodeRecord.decode(data, key_node="n1")
+    assert why in str(e.value)
+
+
+async def test_bad_records_are_skipped_and_reported_once_per_version(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    layer = ChunkLayer(MemoryStorage(), retry_deadline=1.0)
+    await write_record(layer, NodeRecord("good", "h:1", 1, "1", 1, 1, UP), deadline=1.0)
+    await layer.write("_cluster/nodes/n1.json", _doc(epoch="5"), {})
+    await layer.write("_cluster/nodes/odd", b"x", {})
+    rejections = Rejections()
+    for _ in range(5):
+        records = await read_registry(layer, rejections=rejections)
+        assert [r.id for r in records] == ["good"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings  # one per bad object, not one per read
+    assert "_cluster/nodes/n1.json" in warnings[0] or "_cluster/nodes/n1.json" in warnings[1]
+    assert rejections.total == {"node record": 2} and rejections.bad_now() == {"node record": 2}
+    # A new version of the bad object is news; a repaired one is forgotten.
+    await layer.write("_cluster/nodes/n1.json", _doc(epoch="6", host="other-host"), {})
+    await read_registry(layer, rejections=rejections)
+    assert rejections.total == {"node record": 3}
+    await layer.write("_cluster/nodes/n1.json", _doc(), {})
+    await layer.delete("_cluster/nodes/odd")
+    assert [r.id for r in await read_registry(layer, rejections=rejections)] == ["good", "n1"]
+    assert rejections.bad_now() == {}
+
+
+def test_liveness_is_by_the_readers_clock() -> None:
+    now = [100.0]
+    live = Liveness(3.0, clock=lambda: now[0])
+    future = NodeRecord("f", "h:1", 1, "1", 1, now_ms() + 3_600_000, UP)
+    live.observe(future)
+    assert live.state(future) == UP  # placed as fresh at first sight...
+    now[0] += 3.5
+    live.observe(future)  # ...but a heartbeat that never changes goes stale
+    assert live.state(future) == DOWN
+    beating = dataclasses.replace(future, heartbeat_at_ms=future.heartbeat_at_ms + 1)
+    live.observe(beating)
+    assert live.state(beating) == UP and live.age(beating) == 0.0
+    old = NodeRecord("o", "h:1", 1, "1", 1, now_ms() - 60_000, UP)
+    live.observe(old)
+    assert live.state(old) == DOWN and live.age(old) >= 59
 
 
 async def test_a_higher_epoch_fences_a_node_id(layer: ChunkLayer) -> None:
     assert await current_epoch(layer, "n") == 0
-    await register_epoch(layer, "n", 3)
-    await register_epoch(layer, "n", 3)  # a restart at the same epoch is not a takeover
+    me = EpochClaim.mine("n", 3, "/var/lib/j", 10.0)
+    await register_epoch(layer, "n", 3, me)
+    await register_epoch(layer, "n", 3, me)  # our own retried registration
+    with pytest.raises(EpochTaken, match=r"epoch 3 of node n was registered by another"):
+        await register_epoch(layer, "n", 3, EpochClaim.mine("n", 3, "/copy/j", 10.0))
     await register_epoch(layer, "n", 5)  # the takeover
     assert await current_epoch(layer, "n") == 5
     with pytest.raises(NodeFenced, match=r"node n \(epoch 4\) has been taken over by epoch 5"):
         await register_epoch(layer, "n", 4)
     assert await current_epoch(layer, "other") == 0
+    claim = await read_claim(layer, "n", 3)
+    assert claim is not None and claim.nonce == me.nonce and claim.lease_ms == 10_000
+
+
+def test_fence_times_trust_what_was_stored_before_the_fence() -> None:
+    fences = FenceTimes({3: 100.0, 5: 200.0, 6: 300.0})
+    assert fences.current == 6
+    assert fences.trusted(3, 150.0) and fences.trusted(3, 200.0)
+    assert not fences.trusted(3, 200.5)  # epoch 3 was fenced when 5 registered
+    assert not fences.trusted(4, 201.0)  # an epoch that never registered: by the next
+    assert fences.trusted(5, 299.0) and not fences.trusted(5, 301.0)
+    assert fences.trusted(6, 10**9)  # the current one is never fenced
+
+
+async def test_the_lease_holds_for_its_duration_after_a_confirmation() -> None:
+    layer = ChunkLayer(MemoryStorage(), retry_deadline=1.0)
+    now = [10.0]
+    lease = Lease("n", 2, 5.0, clock=lambda: now[0])
+    assert not lease.held()
+    with pytest.raises(LeaseLost, match="not confirmed yet"):
+        lease.check()
+    await register_epoch(layer, "n", 2)
+    await lease.renew(layer, deadline=1.0)
+    assert lease.held() and lease.remaining() == 5.0
+    now[0] += 4.9
+    assert lease.held()
+    now[0] += 0.2
+    assert not lease.held()
+    with pytest.raises(LeaseLost, match=r"cannot confirm in Tier 2 that it still holds epoch 2"):
+        lease.check()
+    assert lease.refused == 2
+    await register_epoch(layer, "n", 3)  # taken over
+    await lease.renew(layer, deadline=1.0)
+    assert lease.fenced is not None and not lease.held()
+    with pytest.raises(NodeFenced):
+        lease.check()
+    off = Lease("n", 1, 0.0)
+    assert off.held() and not off.enabled
+
+
+async def test_starting_beside_a_running_copy_is_refused(tmp_path: pathlib.Path) -> None:
+    layer = ChunkLayer(MemoryStorage(), retry_deadline=1.0)
+    kw: dict[str, Any] = {"lease": 0.3, "down_after": 1.0, "heartbeat_interval": 0.1}
+    first = await claim_epoch(layer, "n", 1, str(tmp_path / "a"), **kw)
+    assert first.held()
+    # The same directory on this boot restarting (its lock proves the old
+    # process gone): no waiting.
+    started = trio.current_time()
+    await claim_epoch(layer, "n", 2, str(tmp_path / "a"), **kw)
+    assert trio.current_time() - started < 0.3
+    # A copy started at the epoch already registered: refused.
+    with pytest.raises(EpochTaken, match="is a copy of that node's"):
+        await claim_epoch(layer, "n", 2, str(tmp_path / "copy"), **kw)
+    # A copy at a new epoch while the original heartbeats: refused too.
+    record = NodeRecord("n", "h:1", 2, "1", now_ms(), now_ms(), UP)
+    await write_record(layer, record, deadline=1.0)
+
+    async def beat() -> None:
+        for i in range(40):
+            await trio.sleep(0.05)
+            beat_ = dataclasses.replace(record, heartbeat_at_ms=record.heartbeat_at_ms + i + 1)
+            await write_record(layer, beat_, deadline=1.0)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(beat)
+        with pytest.raises(NodeRunsElsewhere, match="heartbeat in Tier 2 is still changing"):
+            await claim_epoch(layer, "n", 3, str(tmp_path / "copy"), **kw)
+    assert await current_epoch(layer, "n") == 2  # nothing registered, nobody fenced
+    # Once it is silent for down_after it is taken for dead; its lease is waited out.
+    started = trio.current_time()
+    await claim_epoch(layer, "n", 3, str(tmp_path / "copy"), **kw)
+    assert trio.current_time() - started >= 0.3 * 1.05 + 0.5
+
+
+async def test_a_takeover_waits_out_the_old_lease_but_not_the_heartbeat(
+    tmp_path: pathlib.Path,
+) -> None:
+    layer = ChunkLayer(MemoryStorage(), retry_deadline=1.0)
+    kw: dict[str, Any] = {"down_after": 30.0, "heartbeat_interval": 0.1}
+    await claim_epoch(layer, "n", 4, str(tmp_path / "old"), lease=0.4, **kw)
+    now = now_ms()
+    await write_record(layer, NodeRecord("n", "h:1", 4, "1", now, now, UP), deadline=1.0)
+    started = trio.current_time()
+    lease = await claim_epoch(layer, "n", 5, str(tmp_path / "new"), lease=2.0, takeover=True, **kw)
+    waited = trio.current_time() - started
+    assert 0.4 * 1.05 + 0.5 <= waited < 5  # the old process's lease, not down_after
+    assert lease.held()
+    claim = await read_claim(layer, "n", 5)
+    assert claim is not None and claim.takeover and claim.lease_ms == 0
 
 
 class FakeOwner:
@@ -276,3 +466,61 @@ async def test_claiming_older_segments_raises_a_tier2_failure_as_itself() -> Non
     storage.fail_next(1, Tier2Error("injected"), ops={"write"})
     with pytest.raises(Tier2Error, match="injected"):
         await claims.claim_existing(["x", "y"])
+
+
+async def test_a_followers_view_trusts_only_usable_snapshots_stored_before_the_fence(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    storage = MemoryStorage()
+    layer = ChunkLayer(storage, retry_deadline=1.0)
+    node = RemoteNode("other", layer, None, MountIds())
+
+    def snapshot(epoch: int, *names: str) -> bytes:
+        container = ContainerSnapshot(version=SNAPSHOT_VERSION, next_segment_id=9)
+        for i, name in enumerate(names, 1):
+            chunk = ChunkRecord(name=f"other/chunks/{i}/x", start_offset=0, length=10)
+            container.segments.append(
+                SegmentRecord(id=i, name=name, length=10, storage_length=10, chunks=[chunk])
+            )
+        return build_snapshot(container, "other", epoch, 1).SerializeToString()
+
+    await layer.write(snapshot_key("other", 1000, 2), snapshot(2, "good"), {})
+    await register_epoch(layer, "other", 2)
+    await node.refresh_proven(fence_epoch=2)
+    assert [s.name for s in node.segments.values()] == ["good"]
+    # Newer ones that cannot be used: garbage, a record breaking the
+    # invariants, and one that says it is of another epoch than its key.
+    await layer.write(snapshot_key("other", 3500, 2), b"\x08garbage", {})
+    broken = SegmentRecord(id=5, name="bad/../x", length=1)
+    doc = MetadataSnapshot.FromString(snapshot(2, "good", "also"))
+    doc.container.segments.append(broken)
+    await layer.write(snapshot_key("other", 3000, 2), doc.SerializeToString(), {})
+    for _ in range(3):
+        await node.refresh_proven(fence_epoch=2)
+    assert sorted(s.name for s in node.segments.values()) == ["also", "good"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings  # once each, not at every refresh
+    assert "does not decode" in warnings[0] and "component '..'" in warnings[1]
+    # A takeover registers epoch 3; the fenced process (epoch 2) uploads after it.
+    await trio.sleep(1.1)  # the fence must be stored in a later second than the upload
+    await register_epoch(layer, "other", 3)
+    await trio.sleep(1.1)
+    await layer.write(snapshot_key("other", 4000, 2), snapshot(2, "zombie"), {})
+    await node.refresh_proven(fence_epoch=3)
+    assert "zombie" not in {s.name for s in node.segments.values()}
+    assert node.rejections.bad_now()["snapshot"] == 2  # the garbage, the zombie's
+    assert sorted(s.name for s in node.segments.values()) == ["also", "good"]
+
+
+async def test_a_view_cut_to_its_flushed_length_does_not_claim_the_event_count() -> None:
+    layer = ChunkLayer(MemoryStorage(), retry_deadline=1.0)
+    node = RemoteNode("other", layer, None, MountIds())
+    owner = FakeOwner()
+    rec = owner.create("s", length=100)
+    rec.attributes.add(id=EVENT_COUNT, value=1000)
+    await node.refresh_live(owner)  # type: ignore[arg-type]
+    seg = node.by_name("s")
+    assert seg is not None and seg.info().event_count == 1000
+    await node.refresh_proven()  # the owner is gone: nothing of it is flushed
+    seg = node.by_name("s")
+    assert seg is not None and seg.length == 0 and seg.info().event_count == -1

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 import trio
 
 from gateway.config import CLUSTER_PREFIX
-from gateway.errors import ChunkNotFound, GatewayError, SegmentExistsElsewhere
+from gateway.errors import ChunkNotFound, GatewayError, SegmentExistsElsewhere, Tier2Error
 from gateway.tier2.layer import ChunkLayer
 
 log = logging.getLogger(__name__)
@@ -70,9 +70,17 @@ class NameClaims:
             return None
         try:
             doc = json.loads(data)
-            return str(doc["node"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise GatewayError(f"name claim {claim_key(name)!r} is unreadable: {e}") from e
+            holder = doc["node"] if isinstance(doc, dict) else None
+            if not isinstance(holder, str) or not holder:
+                raise ValueError(f"its 'node' is {holder!r}, not a node id")
+            return holder
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            # Not guessed either way: the name stays unusable until someone
+            # looks (the message says which object).
+            raise Tier2Error(
+                f"segment {name!r}: its name claim {claim_key(name)} in Tier 2 is unreadable "
+                f"({e}); if no node has this segment, delete that object"
+            ) from None
 
     async def claim(self, name: str) -> None:
         """Hold ``name`` for this node; `SegmentExistsElsewhere` if another node does.

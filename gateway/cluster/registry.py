@@ -6,9 +6,14 @@ starts and again every ``cluster.heartbeat_interval``, and marks it
 ``stopped`` when it stops cleanly. A node whose last heartbeat is older than
 ``cluster.down_after`` is *down* (crashed, cut off, or its host gone).
 
-Heartbeat ages compare the writer's clock (in the record) with the reader's:
-the nodes' clocks must agree to well within ``down_after`` (NTP does).
-The record format is in docs/FORMATS.md ("Node registry").
+Whether a node is up does not depend on clocks agreeing: a reader calls a
+node down once its record has not *changed* for ``down_after`` by the
+reader's own monotonic clock (`Liveness`). The writer's wall-clock time in
+the record only places a record seen for the first time (a heartbeat from
+the future counts as fresh then, and goes stale like any other). Every
+record is checked field by field (`NodeRecord.decode`); one that is not
+usable is skipped and reported once per version (`Rejections`), never
+fatal. The record format is in docs/FORMATS.md ("Node registry").
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
-from gateway.config import CLUSTER_PREFIX
+from gateway.config import CLUSTER_PREFIX, parse_host_port
 from gateway.errors import ChunkNotFound, GatewayError
 from gateway.tier2.layer import ChunkLayer
+from gateway.tier2.untrusted import BadRecord, Rejections, want_int, want_str
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +37,8 @@ NODES_PREFIX = f"{CLUSTER_PREFIX}/nodes/"
 
 #: States a node is listed in.
 UP, DOWN, STOPPED = "up", "down", "stopped"
+#: A node record is a few hundred bytes; anything far larger is not one.
+MAX_RECORD_BYTES = 64 * 1024
 
 
 def record_key(node_id: str) -> str:
@@ -64,23 +72,45 @@ class NodeRecord:
         return json.dumps({"format": RECORD_FORMAT, **asdict(self)}, sort_keys=True).encode()
 
     @classmethod
-    def decode(cls, data: bytes) -> NodeRecord:
-        """Parse a stored record; ValueError if it is not one this version reads."""
-        doc = json.loads(data)
-        if not isinstance(doc, dict) or doc.get("format") != RECORD_FORMAT:
-            raise ValueError(f"not a registry record of format {RECORD_FORMAT}")
-        fields = {k: doc[k] for k in cls.__dataclass_fields__ if k in doc}
-        return cls(**fields)
+    def decode(cls, data: bytes, key_node: str | None = None) -> NodeRecord:
+        """Parse a stored record, field by field; `BadRecord` saying why if unusable.
 
-    def state_at(self, now_ms: int, down_after: float) -> str:
-        """up, down (no heartbeat for ``down_after`` seconds) or stopped."""
-        if self.state == STOPPED:
-            return STOPPED
-        return DOWN if now_ms - self.heartbeat_at_ms > down_after * 1000 else UP
-
-    def heartbeat_age(self, now_ms: int) -> float:
-        """Seconds since the last heartbeat (by the reader's clock)."""
-        return max(0.0, (now_ms - self.heartbeat_at_ms) / 1000)
+        ``key_node``: the node id the record's key names, which its ``id``
+        must match. Fields this version does not know are ignored.
+        """
+        try:
+            doc = json.loads(data)
+        except (ValueError, RecursionError) as e:
+            raise BadRecord(f"not JSON: {e}") from None
+        if not isinstance(doc, dict):
+            raise BadRecord(f"not a JSON object but {type(doc).__name__}")
+        version = want_int(doc, "format", high=1 << 31)
+        if version != RECORD_FORMAT:
+            raise BadRecord(f"record format {version}; this version reads {RECORD_FORMAT}")
+        node = want_str(doc, "id", max_len=255)
+        if key_node is not None and node != key_node:
+            raise BadRecord(f"its id {node!r} is not the node its key names ({key_node!r})")
+        advertise = want_str(doc, "advertise", max_len=1024)
+        try:
+            parse_host_port(advertise)
+        except ValueError as e:
+            raise BadRecord(f"field 'advertise': {e}") from None
+        state = want_str(doc, "state", max_len=32)
+        if state not in (UP, STOPPED):
+            raise BadRecord(f"field 'state' is {state!r}, not {UP!r} or {STOPPED!r}")
+        return cls(
+            id=node,
+            advertise=advertise,
+            epoch=want_int(doc, "epoch"),
+            version=want_str(doc, "version", max_len=256),
+            started_at_ms=want_int(doc, "started_at_ms"),
+            heartbeat_at_ms=want_int(doc, "heartbeat_at_ms"),
+            state=state,
+            segments=want_int(doc, "segments") if "segments" in doc else 0,
+            unflushed_bytes=want_int(doc, "unflushed_bytes") if "unflushed_bytes" in doc else 0,
+            host=want_str(doc, "host", default="", max_len=1024),
+            pid=want_int(doc, "pid", high=1 << 32) if "pid" in doc else 0,
+        )
 
 
 def now_ms() -> int:
@@ -88,21 +118,82 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-async def read_registry(layer: ChunkLayer, *, deadline: float | None = None) -> list[NodeRecord]:
-    """Every readable node record, by node id; unreadable ones are logged and skipped."""
+async def read_registry(
+    layer: ChunkLayer, *, deadline: float | None = None, rejections: Rejections | None = None
+) -> list[NodeRecord]:
+    """Every usable node record, by node id; the others are reported and skipped."""
+    rejections = rejections or Rejections()
     records = []
-    for obj in await layer.list(NODES_PREFIX, deadline=deadline):
-        if not obj.key.endswith(".json"):
+    listing = await layer.list(NODES_PREFIX, deadline=deadline)
+    for obj in listing:
+        name = obj.key[len(NODES_PREFIX) :]
+        if not name.endswith(".json") or "/" in name:
+            rejections.reject("node record", obj.key, "not a node record's key", obj.key)
+            continue
+        version = (obj.size, obj.mtime)
+        if obj.size > MAX_RECORD_BYTES:
+            rejections.reject("node record", obj.key, f"{obj.size} bytes is too large", version)
             continue
         try:
             data = await layer.read(obj.key, 0, max(obj.size, 1), deadline=deadline)
         except ChunkNotFound:
             continue  # removed since the listing
         try:
-            records.append(NodeRecord.decode(data))
-        except (ValueError, TypeError) as e:
-            log.warning("cluster: skipping registry record %s: %s", obj.key, e)
+            record = NodeRecord.decode(data, key_node=name[: -len(".json")])
+        except BadRecord as e:
+            rejections.reject("node record", obj.key, str(e), version)
+            continue
+        rejections.accept("node record", obj.key)
+        records.append(record)
+    rejections.forget_missing("node record", {o.key for o in listing})
     return sorted(records, key=lambda r: r.id)
+
+
+class Liveness:
+    """Which nodes are up, by this node's own clock: a record that keeps changing.
+
+    A node is *up* while its record changed (a new heartbeat) within
+    ``down_after`` seconds of this node's monotonic clock, so neither a
+    clock that runs ahead (a heartbeat "from the future") nor one behind
+    keeps a silent node up, or a live one down. A record seen for the first
+    time is placed by its heartbeat's age by the wall clock, never younger
+    than 0 (this node may have just started while the other beats on).
+    """
+
+    def __init__(self, down_after: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.down_after = down_after
+        self.clock = clock
+        #: node id -> (heartbeat value last seen, local time it changed).
+        self._seen: dict[str, tuple[int, float]] = {}
+
+    def observe(self, record: NodeRecord) -> None:
+        """Note ``record`` as read now."""
+        seen = self._seen.get(record.id)
+        if seen is not None and seen[0] == record.heartbeat_at_ms:
+            return
+        now = self.clock()
+        if seen is None:
+            age = max(0.0, (now_ms() - record.heartbeat_at_ms) / 1000)
+            self._seen[record.id] = (record.heartbeat_at_ms, now - age)
+        else:
+            self._seen[record.id] = (record.heartbeat_at_ms, now)
+
+    def age(self, record: NodeRecord) -> float:
+        """Seconds since ``record``'s node last showed a new heartbeat (by this clock)."""
+        seen = self._seen.get(record.id)
+        if seen is None:
+            return max(0.0, (now_ms() - record.heartbeat_at_ms) / 1000)
+        return max(0.0, self.clock() - seen[1])
+
+    def state(self, record: NodeRecord) -> str:
+        """up, down (no new heartbeat for ``down_after``) or stopped."""
+        if record.state == STOPPED:
+            return STOPPED
+        return DOWN if self.age(record) > self.down_after else UP
+
+    def forget(self, node_id: str) -> None:
+        """The record is gone."""
+        self._seen.pop(node_id, None)
 
 
 async def write_record(layer: ChunkLayer, record: NodeRecord, deadline: float) -> None:

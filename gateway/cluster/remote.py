@@ -12,7 +12,15 @@ A `RemoteNode` keeps the committed metadata of one other node's segments:
 Reads of flushed bytes go straight to the chunks in Tier 2, through this
 node's `ChunkReader` (its RocksDB cache and read-ahead), as for local
 segments; bytes past the flushed length come from the owner over the
-protocol, within a bounded time.
+protocol, within a bounded time. A read the owner does not answer in time
+drops the connection (`lost`): the view falls back to what Tier 2 proves
+at once, so later reads do not wait on a hung owner too.
+
+Everything is checked before it is shown: snapshots must decode, be of
+the node and epoch they claim, and have been stored before that epoch was
+fenced (`FenceTimes`: a zombie's late uploads are not believed); each
+segment record must hold the invariants readers rely on
+(`record_problem`). What fails is skipped and reported once.
 
 Remote segments get ids of their own on this node (`REMOTE_ID_BASE` and up,
 never reused while the daemon runs), so their inodes never meet local ones.
@@ -23,11 +31,11 @@ from __future__ import annotations
 import logging
 
 import trio
-from google.protobuf.message import DecodeError
 
 from gateway.buffers import Buffer
 from gateway.client import Client
-from gateway.container.interfaces import NamespaceWatcher
+from gateway.cluster.fence import FenceTimes
+from gateway.container.interfaces import AttributeStore, NamespaceWatcher
 from gateway.container.results import ReadResult, SegmentInfo
 from gateway.container.segment import Segment
 from gateway.errors import GatewayError, SegmentNotFound, SegmentTruncated, SnapshotInvalid
@@ -36,7 +44,8 @@ from gateway.readindex import SegmentView
 from gateway.tier2 import names
 from gateway.tier2.layer import ChunkLayer
 from gateway.tier2.reader import ChunkReader
-from gateway.tier2.snapshots import check_snapshot
+from gateway.tier2.snapshots import check_snapshot, record_problem
+from gateway.tier2.untrusted import Rejections
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +53,9 @@ log = logging.getLogger(__name__)
 REMOTE_ID_BASE = 1 << 39
 #: How long a read of an unflushed tail may wait for the owner.
 TAIL_READ_TIMEOUT = 5.0
+#: A snapshot larger than this is not read by followers (a million segments
+#: make ~200 MiB; anything far beyond is not a snapshot).
+MAX_SNAPSHOT_BYTES = 4 << 30
 
 
 class TailUnavailable(GatewayError):
@@ -95,14 +107,24 @@ class RemoteNode:
     """One other node's segments (committed view), its state, and reads of them."""
 
     def __init__(
-        self, node_id: str, layer: ChunkLayer, reader: ChunkReader | None, ids: MountIds
+        self,
+        node_id: str,
+        layer: ChunkLayer,
+        reader: ChunkReader | None,
+        ids: MountIds,
+        rejections: Rejections | None = None,
     ) -> None:
         self.node_id = node_id
         self.layer = layer
         self.reader = reader
         self.ids = ids
+        self.rejections = rejections or Rejections()
         #: Connected to the owner: unflushed tails are readable.
         self.client: Client | None = None
+        #: Cancels the live following when a read gets no answer (`lost`).
+        self._live_scope: trio.CancelScope | None = None
+        #: Why the connection was given up ("" while it is fine).
+        self.lost_reason = ""
         #: Local id -> segment (its ``id`` is the local id).
         self.segments: dict[int, Segment] = {}
         self._by_name: dict[str, int] = {}
@@ -120,6 +142,31 @@ class RemoteNode:
         """Whether bytes past the flushed length can be read (the owner answers)."""
         return self.client is not None
 
+    def attach(self, client: Client, scope: trio.CancelScope) -> None:
+        """Live from now: ``client`` is connected to the owner (``scope``: its following)."""
+        self.client = client
+        self._live_scope = scope
+        self.lost_reason = ""
+
+    def detach(self) -> None:
+        """No longer connected to the owner."""
+        self.client = None
+        self._live_scope = None
+
+    def lost(self, reason: str) -> None:
+        """The owner did not answer a read in time: stop waiting on it, show what Tier 2 proves.
+
+        Every read after this sees the proven view at once instead of
+        waiting on the same silent owner; the following reconnects once the
+        owner answers again.
+        """
+        if self.client is None:
+            return
+        self.lost_reason = reason
+        self.client = None
+        if self._live_scope is not None:
+            self._live_scope.cancel()
+
     def by_name(self, name: str) -> Segment | None:
         """The segment with this name, if this node has it."""
         mount_id = self._by_name.get(name)
@@ -131,13 +178,18 @@ class RemoteNode:
         """Add or update a segment from its record, telling the watchers what changed."""
         seg = Segment.from_record(record)
         seg.id = self.ids.get(self.node_id, record.id)
+        old = self.segments.get(seg.id)
         if proven_only:
             # Without the owner only the flushed bytes can be read.
             seg.length = max(seg.start_offset, min(seg.length, _covered(seg)))
             seg.storage_length = min(seg.storage_length, seg.length)
-            if seg.sealed and seg.length < record.length:
+            if seg.length < record.length:
                 seg.sealed = False  # its end is not readable: not the sealed file
-        old = self.segments.get(seg.id)
+            # The record's count is of the whole segment, not of the part shown
+            # (nor is the count of a view cut already, known again later).
+            seg.events_unknown = seg.length < record.length or (
+                old is not None and old.events_unknown
+            )
         self.segments[seg.id] = seg
         self._remote_ids[seg.id] = record.id
         self._by_name[seg.name] = seg.id
@@ -195,35 +247,26 @@ class RemoteNode:
             self._remove(mount_id)
         for info in changed:
             record = records.get(info.name)
+            problem = None if record is None else record_problem(record)
+            if problem is not None:
+                self.rejections.reject(f"segment record from node {self.node_id}", info.name,
+                                       problem, (info.length, info.last_modified_ms))  # fmt: skip
+                record = None
             if record is not None:
                 self._put(record, proven_only=False)
             elif self.ids.get(self.node_id, info.id) not in self.segments:
                 self.ids.forget(self.node_id, info.id)  # deleted before we saw it
         self.refreshes += 1
 
-    async def refresh_proven(self) -> None:
-        """The view without the owner: its newest snapshot and the chunks already known.
+    async def refresh_proven(self, fence_epoch: int = 0, deadline: float | None = None) -> None:
+        """The view without the owner: its newest trusted snapshot and the chunks already known.
 
         Each segment ends at its flushed length; a segment neither in the
-        snapshot nor known with flushed bytes is not shown.
+        snapshot nor known with flushed bytes is not shown. A snapshot is
+        trusted if it decodes, is of this node, and was stored before its
+        epoch was fenced (``fence_epoch``: the node id's highest epoch).
         """
-        listing = await self.layer.list(names.meta_prefix(self.node_id))
-        # The newest epoch's newest snapshot: a fenced zombie's are of an older epoch.
-        keys = sorted(
-            (o.key for o in listing if names.parse_snapshot_key(o.key) is not None),
-            key=lambda k: tuple(reversed(names.parse_snapshot_key(k) or (0, 0))),
-        )
-        if keys and keys[-1] != self._snapshot_key:
-            key = keys[-1]
-            size = next(o.size for o in listing if o.key == key)
-            try:
-                snap = MetadataSnapshot.FromString(await self.layer.read(key, 0, size))
-            except DecodeError as e:
-                raise SnapshotInvalid(key, f"does not decode: {e}") from e
-            check_snapshot(snap, key)
-            # Transactions are the owner's private business until committed.
-            self._snapshot = {r.name: r for r in snap.container.segments if not r.txn_parent}
-            self._snapshot_key = key
+        await self._pick_snapshot(fence_epoch, deadline)
         records: dict[str, SegmentRecord] = dict(self._snapshot)
         for seg in self.segments.values():
             known = seg.committed_record()
@@ -241,6 +284,70 @@ class RemoteNode:
             self._put(record, proven_only=True)
         self.refreshes += 1
 
+    async def _pick_snapshot(self, fence_epoch: int, deadline: float | None) -> None:
+        """Load the newest usable snapshot, if it is not the one loaded already."""
+        listing = await self.layer.list(names.meta_prefix(self.node_id), deadline=deadline)
+        found = []
+        for obj in listing:
+            parsed = names.parse_snapshot_key(obj.key)
+            if parsed is not None:
+                found.append((parsed[1], parsed[0], obj))  # epoch, time
+        self.rejections.forget_missing("snapshot", {o.key for o in listing})
+        if not found:
+            return
+        fences: FenceTimes | None = None
+        if any(epoch < fence_epoch for epoch, _, _ in found):
+            fences = await FenceTimes.read(self.layer, self.node_id, deadline, self.rejections)
+        for epoch, _, obj in sorted(found, key=lambda t: (t[0], t[1]), reverse=True):
+            if obj.key == self._snapshot_key:
+                return  # the newest usable one is loaded already
+            version = (obj.size, obj.mtime)
+            if self.rejections.current.get(("snapshot", obj.key), (None,))[0] == version:
+                continue  # known bad
+            if fences is not None and not fences.trusted(epoch, obj.mtime):
+                self.rejections.reject(
+                    "snapshot", obj.key,
+                    f"stored after epoch {epoch} was fenced (a fenced process's upload)",
+                    version,
+                )  # fmt: skip
+                continue
+            try:
+                snap = await self._load_snapshot(obj.key, obj.size, epoch, deadline)
+            except SnapshotInvalid as e:
+                self.rejections.reject("snapshot", obj.key, str(e), version)
+                continue
+            self.rejections.accept("snapshot", obj.key)
+            records: dict[str, SegmentRecord] = {}
+            for r in snap.container.segments:
+                if r.txn_parent:
+                    continue  # transactions are the owner's business until committed
+                problem = record_problem(r)
+                if problem is not None:
+                    self.rejections.reject("segment record", f"{obj.key}#{r.name}", problem,
+                                           version)  # fmt: skip
+                    continue
+                records[r.name] = r
+            self._snapshot = records
+            self._snapshot_key = obj.key
+            return
+
+    async def _load_snapshot(
+        self, key: str, size: int, epoch: int, deadline: float | None
+    ) -> MetadataSnapshot:
+        if size > MAX_SNAPSHOT_BYTES:
+            raise SnapshotInvalid(key, f"{size} bytes is more than this node reads")
+        data = await self.layer.read(key, 0, max(size, 1), deadline=deadline)
+        try:
+            snap = MetadataSnapshot.FromString(data)
+        except Exception as e:  # protobuf's DecodeError and worse: unusable either way
+            raise SnapshotInvalid(key, f"does not decode: {e}") from e
+        check_snapshot(snap, key)
+        if snap.node != self.node_id or snap.epoch != epoch:
+            raise SnapshotInvalid(
+                key, f"it says node {snap.node!r} epoch {snap.epoch}, its key otherwise"
+            )
+        return snap
+
     # -- reads --------------------------------------------------------------------------
 
     async def read_result(self, seg: Segment, offset: int, size: int, wait: float) -> ReadResult:
@@ -253,6 +360,7 @@ class RemoteNode:
         if client is not None:
             with trio.move_on_after(TAIL_READ_TIMEOUT + wait):
                 return await client.read(seg.name, offset, size, wait)
+            self.lost(f"a read of {seg.name!r} got no answer within {TAIL_READ_TIMEOUT:g}s")
             raise TailUnavailable(seg.name, offset, self.node_id)
         if offset < seg.start_offset:
             raise SegmentTruncated(seg.name, offset, seg.start_offset)
@@ -294,4 +402,32 @@ class RemoteNode:
         with trio.move_on_after(TAIL_READ_TIMEOUT):
             result = await client.read(view.name, offset, end - offset)
             return result.data
+        self.lost(f"a read of {view.name!r} got no answer within {TAIL_READ_TIMEOUT:g}s")
         raise TailUnavailable(view.name, offset, self.node_id)
+
+
+async def remote_attributes(
+    seg: Segment, store: AttributeStore | None, start: bytes, limit: int
+) -> list[tuple[bytes, int]]:
+    """Another node's segment's attributes as this node knows them, in id order.
+
+    Its record's values (core ones, those not yet indexed) over its
+    attribute index in Tier 2, which any node reads; at most ``limit`` (0:
+    all) from ``start``. For when the owner does not answer.
+    """
+    merged: dict[bytes, int | None] = {}
+    upper: bytes | None = None
+    index = seg.attr_index
+    if index is not None and index.root_length and store is not None:
+        # Removed ids in the record hide index entries: ask for that many more.
+        hidden = sum(1 for v in seg.attributes.values() if v is None)
+        want = limit + hidden if limit else 0
+        found = await store.range(seg.id, index, start, want)
+        merged.update(found)
+        if want and len(found) >= want:
+            upper = found[-1][0]  # values past it cannot be placed among the index's
+    for k, v in seg.attributes.items():
+        if k >= start and (upper is None or k <= upper):
+            merged[k] = v
+    items = sorted((k, v) for k, v in merged.items() if v is not None)
+    return items[:limit] if limit else items

@@ -1,11 +1,20 @@
 """This node's view of the cluster: its own registry record, and every other node.
 
-`ClusterView.run` writes this node's heartbeat, reads the registry every
-``cluster.heartbeat_interval``, and follows each other node in a task of its
-own (`RemoteNode`): connected to it over the protocol while it answers,
-polling its segments every ``cluster.refresh_interval``; from its Tier-2
-snapshot while it does not. The mount's `fs.source.ClusterSegments` and the
-``cluster`` request read from here.
+`ClusterView.run` writes this node's heartbeat, renews its lease
+(`gateway.cluster.lease`), reads the registry every
+``cluster.heartbeat_interval``, and follows each other node in a task of
+its own (`RemoteNode`): connected to it over the protocol while it is up
+and answers, polling its segments every ``cluster.refresh_interval``; from
+its Tier-2 snapshot while it does not. The mount's
+`fs.source.ClusterSegments` and the ``cluster`` request read from here.
+
+Every wait on another node has a deadline (connecting, Hello, each
+refresh), and a node whose heartbeat has not changed for
+``cluster.down_after`` (`Liveness`) is down for readers: its segments end
+at their flushed length and reads never wait for it. Records in Tier 2
+that do not parse are skipped and reported once (`Rejections`), and a
+registry record of an epoch below the node id's fence is a fenced
+process's: it is shown down, never followed.
 """
 
 from __future__ import annotations
@@ -21,10 +30,13 @@ import trio
 
 import gateway
 from gateway.client import Client
-from gateway.cluster.fence import NodeFenced, current_epoch
+from gateway.cluster.fence import NodeFenced, all_current_epochs
+from gateway.cluster.lease import Lease, renew_interval
 from gateway.cluster.registry import (
     DOWN,
+    STOPPED,
     UP,
+    Liveness,
     NodeRecord,
     now_ms,
     read_registry,
@@ -35,10 +47,11 @@ from gateway.cluster.remote import REMOTE_ID_BASE, MountIds, RemoteNode
 from gateway.config import Config
 from gateway.container.interfaces import NamespaceWatcher
 from gateway.container.segment import Segment
-from gateway.errors import GatewayError
+from gateway.errors import ConnectionLost, GatewayError
 from gateway.protocol import wire_pb2 as wire
 from gateway.tier2.layer import ChunkLayer
 from gateway.tier2.reader import ChunkReader
+from gateway.tier2.untrusted import Rejections
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +70,7 @@ class ClusterView:
         connect: Connector,
         progress: Callable[[], tuple[int, int]] = lambda: (0, 0),
         on_fenced: Callable[[GatewayError], None] = lambda e: None,
+        lease: Lease | None = None,
     ) -> None:
         self.config = config
         self.layer = layer
@@ -68,18 +82,26 @@ class ClusterView:
         self.on_fenced = on_fenced
         #: Set once this node is fenced (`gateway.cluster.fence`).
         self.fenced: GatewayError | None = None
-        #: Highest epoch seen per node id: lower ones are a fenced zombie's.
-        self._epochs: dict[str, int] = {}
         self.node_id = config.node.id
+        #: This process's lease on its node id (no lease: only fencing is watched).
+        self.lease = lease or Lease(self.node_id, 0, 0.0)
+        #: Highest epoch registered per node id: records below it are a fenced
+        #: process's (a zombie's).
+        self._fences: dict[str, int] = {}
         self.ids = MountIds()
         #: Registry records by node id (this node's included), as last read.
         self.records: dict[str, NodeRecord] = {}
+        self.liveness = Liveness(config.cluster.down_after)
+        #: Tier-2 records skipped as unusable (node records, fences, snapshots).
+        self.rejections = Rejections()
         #: Every other node seen in the registry.
         self.nodes: dict[str, RemoteNode] = {}
         self.own: NodeRecord | None = None
         self.watchers: list[NamespaceWatcher] = []
         self._nursery: trio.Nursery | None = None
         self._registry_read = trio.Event()
+        #: Unexpected failures of the following loops (logged once per kind).
+        self._loop_errors: set[str] = set()
 
     # -- what the mount and the server ask ------------------------------------------
 
@@ -106,6 +128,31 @@ class ClusterView:
         """Where ``node_id`` listens, as its registry record says ("" if unknown)."""
         record = self.records.get(node_id)
         return record.advertise if record is not None else ""
+
+    def state_of(self, node_id: str) -> str:
+        """up, down or stopped, as this node sees ``node_id`` now (down if unknown)."""
+        if node_id == self.node_id:
+            return UP
+        record = self.records.get(node_id)
+        if record is None:
+            return DOWN
+        if record.epoch < self._fences.get(node_id, 0):
+            return DOWN  # a fenced process's record: nobody speaks for the id yet
+        return self.liveness.state(record)
+
+    def describe(self, node_id: str) -> str:
+        """The node's state in words, for errors: "down (no heartbeat for 41s) at 10.0.0.3:9410"."""
+        record = self.records.get(node_id)
+        if record is None:
+            return "not in the registry"
+        state = self.state_of(node_id)
+        if state == UP:
+            return f"up at {record.advertise}"
+        if state == STOPPED:
+            return f"stopped (last at {record.advertise})"
+        return (
+            f"down (no heartbeat for {self.liveness.age(record):.0f}s; last at {record.advertise})"
+        )
 
     def find(self, name: str) -> tuple[RemoteNode, Segment] | None:
         """The other node that has a segment called ``name``, and the segment."""
@@ -134,26 +181,23 @@ class ClusterView:
 
     def status(self) -> list[wire.NodeStatus]:
         """Every node in the registry, for ``segment-gateway cluster``."""
-        now = now_ms()
-        down_after = self.config.cluster.down_after
         out = []
         for record in sorted(self.records.values(), key=lambda r: r.id):
-            if record.id == self.node_id and self.own is not None:
+            me = record.id == self.node_id
+            if me and self.own is not None:
                 record = self.own  # fresher than the copy read back
             out.append(
                 wire.NodeStatus(
                     id=record.id,
                     advertise=record.advertise,
-                    state=UP if record.id == self.node_id else record.state_at(now, down_after),
+                    state=self.state_of(record.id),
                     epoch=record.epoch,
                     version=record.version,
                     segments=record.segments,
                     unflushed_bytes=record.unflushed_bytes,
-                    heartbeat_age_ms=0
-                    if record.id == self.node_id
-                    else int(record.heartbeat_age(now) * 1000),
+                    heartbeat_age_ms=0 if me else int(self.liveness.age(record) * 1000),
                     started_at_ms=record.started_at_ms,
-                    self=record.id == self.node_id,
+                    self=me,
                 )
             )
         return out
@@ -174,7 +218,8 @@ class ClusterView:
             host=socket.gethostname(),
             pid=os.getpid(),
         )
-        interval = self.config.cluster.heartbeat_interval
+        cl = self.config.cluster
+        interval = cl.heartbeat_interval
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -187,7 +232,9 @@ class ClusterView:
                     lambda: self.fenced is None,
                 )
                 nursery.start_soon(self._follow_registry)
-                nursery.start_soon(self._watch_fence)
+                nursery.start_soon(
+                    self.lease.run, self.layer, renew_interval(cl.lease, interval), self._fence
+                )
                 # Ready once every node that was up has been listed (bounded:
                 # a node that does not answer shows its proven part later).
                 with trio.move_on_after(max(5.0, 2 * interval)):
@@ -201,20 +248,10 @@ class ClusterView:
                 with trio.CancelScope(shield=True):
                     await write_stopped(self.layer, self.own, segments, unflushed)
 
-    async def _watch_fence(self) -> None:
-        """Once a higher epoch of this node id is registered, stop: this process is a zombie."""
-        assert self.own is not None
-        interval = self.config.cluster.heartbeat_interval
-        while True:
-            await trio.sleep(interval)
-            try:
-                current = await current_epoch(self.layer, self.node_id, deadline=interval)
-            except GatewayError:
-                continue  # Tier 2 unreachable: nothing this node uploads lands either
-            if current > self.own.epoch:
-                self.fenced = NodeFenced(self.node_id, self.own.epoch, current)
-                self.on_fenced(self.fenced)
-                return
+    def _fence(self, error: NodeFenced) -> None:
+        """A higher epoch of this node id is registered: this process is a zombie."""
+        self.fenced = error
+        self.on_fenced(error)
 
     def _beat(self) -> tuple[int, int]:
         segments, unflushed = self.progress()
@@ -224,68 +261,81 @@ class ClusterView:
             )
         return segments, unflushed
 
+    def _loop_failed(self, where: str, e: Exception) -> None:
+        """A bug in a following loop: logged once per kind, never fatal to the node."""
+        kind = f"{where}: {type(e).__name__}"
+        if kind not in self._loop_errors:
+            self._loop_errors.add(kind)
+            log.error("cluster: %s failed (logged once; it goes on): %r", where, e, exc_info=e)
+
     async def _follow_registry(self) -> None:
         interval = self.config.cluster.heartbeat_interval
         failing = False
         while True:
             try:
-                records = await read_registry(self.layer, deadline=max(interval, 5.0))
+                await self._read_registry_once(max(interval, 5.0))
+                if failing:
+                    log.info("cluster: the node registry is readable again")
                 failing = False
             except GatewayError as e:
                 if not failing:
                     log.warning("cluster: cannot read the node registry: %s", e)
                 failing = True
-                records = list(self.records.values())
-            fresh = {}
-            for r in records:
-                # A record below an epoch already seen is a fenced zombie's.
-                if r.epoch < self._epochs.get(r.id, 0) and r.id in self.records:
-                    fresh[r.id] = self.records[r.id]
-                    continue
-                self._epochs[r.id] = r.epoch
-                fresh[r.id] = r
-            self.records = fresh
-            records = list(fresh.values())
-            for record in records:
-                if record.id != self.node_id and record.id not in self.nodes:
-                    node = RemoteNode(record.id, self.layer, self.reader, self.ids)
-                    node.watchers.extend(self.watchers)
-                    self.nodes[record.id] = node
-                    assert self._nursery is not None
-                    self._nursery.start_soon(self._follow_node, node)
-                    log.info("cluster: following node %s at %s", record.id, record.advertise)
+            except Exception as e:
+                self._loop_failed("reading the node registry", e)
             self._registry_read.set()
             await trio.sleep(interval)
+
+    async def _read_registry_once(self, deadline: float) -> None:
+        fences = await all_current_epochs(self.layer, deadline, self.rejections)
+        records = await read_registry(self.layer, deadline=deadline, rejections=self.rejections)
+        self._fences = fences
+        fresh: dict[str, NodeRecord] = {}
+        for r in records:
+            old = self.records.get(r.id)
+            # A record below an epoch already seen is a fenced zombie's: keep
+            # the newer process's (or, if none was seen, show it fenced).
+            if old is not None and r.epoch < old.epoch:
+                fresh[r.id] = old
+                continue
+            self.liveness.observe(r)
+            fresh[r.id] = r
+        for gone in set(self.records) - set(fresh):
+            self.liveness.forget(gone)
+        self.records = fresh
+        for record in fresh.values():
+            if record.id != self.node_id and record.id not in self.nodes:
+                node = RemoteNode(record.id, self.layer, self.reader, self.ids, self.rejections)
+                node.watchers.extend(self.watchers)
+                self.nodes[record.id] = node
+                assert self._nursery is not None
+                self._nursery.start_soon(self._follow_node, node)
+                log.info("cluster: following node %s at %s", record.id, record.advertise)
 
     async def _follow_node(self, node: RemoteNode) -> None:
         """Follow ``node`` for good: a bug here shows in the log, not as a dead daemon."""
         while True:
             try:
                 await self._follow_node_once(node)
-            except Exception:
-                log.exception("cluster: following node %s failed; starting again", node.node_id)
+            except Exception as e:
+                self._loop_failed(f"following node {node.node_id}", e)
                 node.client = None
                 await trio.sleep(self.config.cluster.heartbeat_interval)
+
+    def _request_deadline(self) -> float:
+        """How long one request to another node may take before it counts as not answering."""
+        return max(2.0, min(10.0, self.config.cluster.down_after / 2))
 
     async def _follow_node_once(self, node: RemoteNode) -> None:
         """Keep ``node``'s view fresh: live from the owner, else what Tier 2 proves."""
         refresh = self.config.cluster.refresh_interval
-        down_after = self.config.cluster.down_after
+        deadline = self._request_deadline()
         reported = ""
         while True:
             record = self.records.get(node.node_id)
-            if record is not None and record.state_at(now_ms(), down_after) == UP:
+            if record is not None and self.state_of(node.node_id) == UP:
                 try:
-                    async with self.connect(record.advertise) as client:
-                        await node.refresh_live(client)
-                        node.client = client
-                        node.first_refresh.set()
-                        if reported:
-                            log.info("cluster: node %s answers again", node.node_id)
-                        reported = ""
-                        while self._same_process(record, node.node_id):
-                            await trio.sleep(refresh)
-                            await node.refresh_live(client)
+                    await self._follow_live(node, record, refresh, deadline)
                 except (GatewayError, OSError) as e:
                     if reported != str(e):
                         log.warning(
@@ -296,28 +346,57 @@ class ClusterView:
                             e,
                         )
                         reported = str(e)
-                finally:
-                    node.client = None
+                else:
+                    reported = ""
             try:
-                await node.refresh_proven()
+                fences = self._fences.get(node.node_id, 0)
+                await node.refresh_proven(fences, deadline=max(deadline, 5.0))
             except GatewayError as e:
-                log.warning("cluster: cannot read node %s's metadata from Tier 2: %s",
-                            node.node_id, e)  # fmt: skip
+                if reported != f"tier2: {e}":
+                    log.warning("cluster: cannot read node %s's metadata from Tier 2: %s",
+                                node.node_id, e)  # fmt: skip
+                    reported = f"tier2: {e}"
             node.first_refresh.set()
-            record = self.records.get(node.node_id)
-            state = record.state_at(now_ms(), down_after) if record else DOWN
             # A node that is up but did not answer is tried again soon; a
             # down one only when the registry says it is back.
-            await trio.sleep(
-                refresh if state == UP else min(self.config.cluster.heartbeat_interval, 2.0)
-            )
+            up = self.state_of(node.node_id) == UP
+            await trio.sleep(refresh if up else min(self.config.cluster.heartbeat_interval, 2.0))
+
+    async def _follow_live(
+        self, node: RemoteNode, record: NodeRecord, refresh: float, deadline: float
+    ) -> None:
+        """Follow ``node`` over the protocol while the same process is up and answers.
+
+        Returns when its record changes (a new process) or it goes down;
+        raises when it does not answer within ``deadline`` (the connector
+        bounds connecting and Hello), or when a read of its tail timed out
+        meanwhile (`RemoteNode.lost`).
+        """
+        async with self.connect(record.advertise) as client:
+            with trio.CancelScope() as scope:
+                node.attach(client, scope)
+                try:
+                    while self._same_process(record, node.node_id):
+                        try:
+                            with trio.fail_after(deadline):
+                                await node.refresh_live(client)
+                        except trio.TooSlowError:
+                            raise ConnectionLost(
+                                record.advertise, f"no answer within {deadline:g}s"
+                            ) from None
+                        node.first_refresh.set()
+                        await trio.sleep(refresh)
+                finally:
+                    node.detach()
+            if scope.cancelled_caught:
+                raise ConnectionLost(record.advertise, node.lost_reason or "lost")
 
     def _same_process(self, old: NodeRecord, node_id: str) -> bool:
-        """Whether the registry still describes the process we are connected to."""
+        """Whether the registry still describes the process we are connected to, up."""
         new = self.records.get(node_id)
         return (
             new is not None
             and new.epoch == old.epoch
             and new.advertise == old.advertise
-            and new.state == UP
+            and self.state_of(node_id) == UP
         )

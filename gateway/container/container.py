@@ -57,6 +57,7 @@ from gateway.container.attributes import (
 from gateway.container.interfaces import (
     AttributeStore,
     JournalTicket,
+    LeaseGate,
     NamespaceWatcher,
     OperationJournal,
     StorageListener,
@@ -151,6 +152,7 @@ class PendingOperation:
         "_deferred",
         "_result_fn",
         "error",
+        "internal",
         "result",
         "storage",
         "ticket",
@@ -177,6 +179,9 @@ class PendingOperation:
         #: not carry until it is applied: chunks, the storage length, merge
         #: links, stream records. A checkpoint waits for these to apply.
         self.storage = False
+        #: The node's own bookkeeping (chunks recorded, checkpoints), not a
+        #: client's change: acknowledged to nobody, so not under the lease.
+        self.internal = False
 
     def _with_result(self, fn: Callable[[], Any]) -> PendingOperation:
         """Compute the result when applied (e.g. the segment's new info)."""
@@ -191,6 +196,12 @@ class PendingOperation:
             self._container._settle()
         if self.error is not None:
             raise self.error
+        lease = self._container.lease
+        if lease is not None and not self.internal and not lease.held():
+            # Durable here, but this node can no longer prove that no other
+            # process took its node id over: it must not acknowledge (the
+            # client retries; exactly-once writers are deduplicated).
+            lease.check()
         if self._result_fn is not None:
             return self._result_fn()
         return self.result
@@ -227,6 +238,8 @@ class SegmentContainer:
         self._closing = False
         #: Set when another process took this node id over (`fence`): no more changes.
         self.fenced: GatewayError | None = None
+        #: In a cluster: changes are admitted and acknowledged only while it is held.
+        self.lease: LeaseGate | None = None
         #: The storage writer, once Tier 2 runs.
         self.storage: StorageListener | None = None
         #: Reads attribute indexes in Tier 2 (set with ``storage``).
@@ -517,8 +530,12 @@ class SegmentContainer:
             )
         raise LimitExceeded(f"segment {seg.name!r} would have more than {limit} attributes")
 
-    def _start(self) -> None:
-        """Common start of every prepare: settle, and refuse if the journal failed."""
+    def _start(self, change: bool = True) -> None:
+        """Common start of every prepare: settle, and refuse if the journal failed.
+
+        ``change``: a client's change (not the node's own bookkeeping), which
+        also needs the lease.
+        """
         self._settle()
         if self._closing:
             raise Unavailable("the daemon is shutting down")
@@ -526,6 +543,8 @@ class SegmentContainer:
             raise Unavailable(str(self._journal.failed))
         if self.fenced is not None:
             raise Unavailable(str(self.fenced))
+        if change and self.lease is not None:
+            self.lease.check()
 
     def fence(self, error: GatewayError) -> None:
         """Another process took this node id over: refuse every change from now on."""
@@ -1119,7 +1138,7 @@ class SegmentContainer:
 
     def prepare_merge_completed(self, target_id: int, source_id: int) -> PendingOperation:
         """Re-reference a merged source's chunks as the target's (the storage writer)."""
-        self._start()
+        self._start(change=False)
         target = self._pending_by_id(target_id)
         source = self._table.by_id.get(source_id)
         if source is None or source.p_deleted:
@@ -1141,6 +1160,7 @@ class SegmentContainer:
 
         pending = self._track(ticket, None, apply, target)
         pending.storage = True
+        pending.internal = True
         return pending
 
     # -- policies over time: rolling by age, transaction timeouts, retention ----------
@@ -1232,7 +1252,7 @@ class SegmentContainer:
         self, segment_id: int, chunk: ChunkRecord, extends_last: bool
     ) -> PendingOperation:
         """Record an uploaded chunk (result: whether it was added; False if truncated away)."""
-        self._start()
+        self._start(change=False)
         seg = self._pending_by_id(segment_id)
         op = Operation(
             chunk_added=ChunkAdded(segment_id=segment_id, chunk=chunk, extends_last=extends_last)
@@ -1247,13 +1267,14 @@ class SegmentContainer:
 
         pending = self._track(ticket, None, apply, seg)
         pending.storage = True
+        pending.internal = True
         return pending._with_result(lambda: added[0])
 
     def prepare_attribute_index_updated(
         self, segment_id: int, state: AttributeIndexRecord, chunk: ChunkRecord, through_seq: int
     ) -> PendingOperation:
         """Record an uploaded index batch (result: whether it applied; False: garbage)."""
-        self._start()
+        self._start(change=False)
         seg = self._pending_by_id(segment_id)
         op = Operation(
             attribute_index_updated=AttributeIndexUpdated(
@@ -1279,16 +1300,18 @@ class SegmentContainer:
 
         pending = self._track(ticket, None, apply, seg)
         pending.storage = True
+        pending.internal = True
         return pending._with_result(lambda: applied[0])
 
     def prepare_storage_sealed(self, segment_id: int) -> PendingOperation:
         """Mark a sealed segment whose bytes are all in Tier 2 as sealed there too."""
-        self._start()
+        self._start(change=False)
         seg = self._pending_by_id(segment_id)
         op = Operation(storage_sealed=StorageSealed(segment_id=segment_id))
         ticket = self._submit((op.SerializeToString(),), reserved=True)
         pending = self._track(ticket, None, lambda seq: self._table.apply_storage_sealed(seg), seg)
         pending.storage = True
+        pending.internal = True
         return pending
 
     def segment_by_id(self, segment_id: int) -> Segment | None:
@@ -1546,9 +1569,10 @@ class SegmentContainer:
                 with suppress(JournalError):
                     await last.wait()
             self._settle()
-        self._start()
+        self._start(change=False)
         ticket = self._journal.submit_checkpoint(self._table.pending_snapshot(), roll)
         op = PendingOperation(self, ticket, None)
+        op.internal = True
         self._inflight.append(op)
         await op.wait()
         seq = ticket.result()

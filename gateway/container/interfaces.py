@@ -151,3 +151,18 @@ class NamespaceWatcher(Protocol):
 
     def on_deleted(self, seg: Segment) -> None:
         """The segment is gone."""
+
+
+class LeaseGate(Protocol):
+    """Whether this node may acknowledge changes now (`gateway.cluster.lease.Lease`).
+
+    In a cluster a node acknowledges a change only while it can prove, by
+    a recent confirmation in Tier 2, that no other process has taken its
+    node id over; past that, it refuses changes until it can confirm again.
+    """
+
+    def held(self) -> bool:
+        """Whether the lease is held at this instant."""
+
+    def check(self) -> None:
+        """Raise `gateway.errors.Unavailable` (a `LeaseLost`) saying why, unless held."""

@@ -40,6 +40,7 @@ class Segment:
         "created_at_ms",
         "durable",
         "event_index",
+        "events_unknown",
         "id",
         "last_modified_ms",
         "length",
@@ -90,6 +91,9 @@ class Segment:
         self.chunks: list[ChunkRecord] = []
         #: Sparse event boundaries (metadata.proto SegmentRecord.event_index).
         self.event_index: list[int] = []
+        #: Another node's segment shown cut to its flushed length (its owner
+        #: down): how many events that holds is not known.
+        self.events_unknown = False
         #: Whether the create operation is durable (a pending create is not).
         self.durable = False
         #: A transaction: the segment or stream it commits into, and when it
@@ -253,7 +257,7 @@ class Segment:
             sealed_in_storage=self.sealed_in_storage,
             created_at_ms=self.created_at_ms,
             last_modified_ms=self.last_modified_ms,
-            event_count=self.core(EVENT_COUNT),
+            event_count=-1 if self.events_unknown else self.core(EVENT_COUNT),
             attribute_count=sum(1 for v in self.attributes.values() if v is not None),
             chunk_count=len(self.chunks),
         )

@@ -117,6 +117,7 @@ async def _from_snapshot(config: Config, options: Options, sink: Sink, replay_er
     ``replay_error``: the journal reads but does not replay (a problem of
     the metadata check); "" if it is corrupt (the journal check said so).
     """
+    from gateway.cluster.fence import FenceTimes
     from gateway.tier2.rebuild import RebuildReport, newest_snapshot
 
     why = (
@@ -130,7 +131,11 @@ async def _from_snapshot(config: Config, options: Options, sink: Sink, replay_er
         found = None
         if layer is not None:
             try:
-                found = await newest_snapshot(layer, config.node.id, RebuildReport())
+                # Never a snapshot a fenced process stored after its fence.
+                fences = await FenceTimes.read(layer, config.node.id)
+                found = await newest_snapshot(
+                    layer, config.node.id, RebuildReport(), fences.trusted
+                )
             except GatewayError as e:
                 tier2_error = f"cannot list the metadata snapshots in Tier 2: {e}"
             if found is None and not tier2_error:

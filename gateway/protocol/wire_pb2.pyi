@@ -63,6 +63,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SEGMENT_TRUNCATED: _ClassVar[ErrorCode]
     TIER2_UNAVAILABLE: _ClassVar[ErrorCode]
     NOT_OWNER: _ClassVar[ErrorCode]
+    OWNER_DOWN: _ClassVar[ErrorCode]
 PROTOCOL_VERSION_UNSPECIFIED: ProtocolVersion
 PROTOCOL_VERSION_1: ProtocolVersion
 STREAM_GET: StreamAction
@@ -101,6 +102,7 @@ BAD_REQUEST: ErrorCode
 SEGMENT_TRUNCATED: ErrorCode
 TIER2_UNAVAILABLE: ErrorCode
 NOT_OWNER: ErrorCode
+OWNER_DOWN: ErrorCode
 
 class Request(_message.Message):
     __slots__ = ("request_id", "hello", "create", "append", "seal", "truncate", "delete", "update_attributes", "get_info", "list", "get_attributes", "read", "flush", "fsck", "export_metadata", "get_record", "cluster", "stream", "transaction")

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -296,6 +297,16 @@ class _Outcome:
     new: bool
 
 
+#: Whether an object of an epoch, stored at a time (Unix s), may be believed:
+#: false for what a fenced process uploaded after its fence
+#: (`gateway.cluster.fence.FenceTimes.trusted`).
+Trusted = Callable[[int, float], bool]
+
+
+def _trust_all(epoch: int, mtime: float) -> bool:
+    return True
+
+
 async def rebuild(
     layer: ChunkLayer,
     node: str,
@@ -303,6 +314,7 @@ async def rebuild(
     *,
     replay_chunks: bool,
     report: RebuildReport | None = None,
+    trusted: Trusted = _trust_all,
 ) -> Rebuilt:
     """Metadata for ``node`` from ``base`` (may be None) checked against Tier 2.
 
@@ -316,6 +328,7 @@ async def rebuild(
     listing = await layer.list(names.chunks_prefix(node))
     objects: dict[str, tuple[int, int, int]] = {}
     sizes: dict[str, int] = {}
+    mtimes = {obj.key: obj.mtime for obj in listing}
     max_epoch = base.epoch if base is not None else 0
     for obj in listing:
         parsed = names.parse_chunk_key(obj.key)
@@ -349,6 +362,10 @@ async def rebuild(
             deleted = segment_id < container.next_segment_id and segment_id not in known
             if older or deleted:
                 report.chunks_skipped += 1
+            elif not trusted(epoch, mtimes[key]):
+                report.ignored_chunks.append(
+                    (key, f"stored after epoch {epoch} was fenced (a fenced process's upload)")
+                )
             else:
                 unnamed.append(key)
         report.chunks_examined = len(unnamed)
@@ -570,12 +587,13 @@ def _new_segment(
 
 
 async def newest_snapshot(
-    layer: ChunkLayer, node: str, report: RebuildReport
+    layer: ChunkLayer, node: str, report: RebuildReport, trusted: Trusted = _trust_all
 ) -> tuple[str, MetadataSnapshot] | None:
     """The newest readable snapshot of ``node`` (by epoch, then time), or None.
 
-    Unreadable ones (bad CRC, unknown version, another node's) are skipped
-    and reported; the next older one is tried.
+    Unreadable ones (bad CRC, unknown version, another node's) and ones a
+    fenced process stored after its fence (``trusted``) are skipped and
+    reported; the next older one is tried.
     """
     import crc32c
 
@@ -587,7 +605,12 @@ async def newest_snapshot(
             at_ms, epoch = parsed
             found.append((epoch, at_ms, obj))
             report.max_epoch = max(report.max_epoch, epoch)
-    for _, _, obj in sorted(found, key=lambda t: (t[0], t[1]), reverse=True):
+    for epoch, _, obj in sorted(found, key=lambda t: (t[0], t[1]), reverse=True):
+        if not trusted(epoch, obj.mtime):
+            why = f"stored after epoch {epoch} was fenced (a fenced process's upload)"
+            report.bad_snapshots.append((obj.key, why))
+            log.warning("recovery: snapshot %s ignored: %s", obj.key, why)
+            continue
         try:
             info = await layer.stat(obj.key)
             data = await layer.read(obj.key, 0, info.size)
@@ -603,6 +626,8 @@ async def newest_snapshot(
             check_snapshot(snap, obj.key)
             if snap.node != node:
                 raise SnapshotInvalid(obj.key, f"it is of node {snap.node!r}")
+            if snap.epoch != epoch:
+                raise SnapshotInvalid(obj.key, f"it says epoch {snap.epoch}, its key {epoch}")
         except (SnapshotInvalid, ChunkNotFound) as e:
             report.bad_snapshots.append((obj.key, str(e)))
             log.warning("recovery: %s", e)
@@ -611,20 +636,21 @@ async def newest_snapshot(
     return None
 
 
-async def rebuild_metadata(layer: ChunkLayer, node: str) -> Rebuilt:
+async def rebuild_metadata(layer: ChunkLayer, node: str, trusted: Trusted = _trust_all) -> Rebuilt:
     """Disaster recovery: ``node``'s metadata from its newest snapshot and newer chunks.
 
+    ``trusted`` leaves out what fenced processes stored after their fence.
     Raises NothingToRecover when Tier 2 holds neither a snapshot nor a chunk
     of ``node`` (most likely a wrong ``tier2.url`` or ``node.id``).
     """
     report = RebuildReport()
-    newest = await newest_snapshot(layer, node, report)
+    newest = await newest_snapshot(layer, node, report, trusted)
     base = None
     if newest is not None:
         report.snapshot_key, base = newest
         report.snapshot_epoch = base.epoch
         report.snapshot_created_ms = base.created_at_ms
-    rebuilt = await rebuild(layer, node, base, replay_chunks=True, report=report)
+    rebuilt = await rebuild(layer, node, base, replay_chunks=True, report=report, trusted=trusted)
     if base is None and not report.chunks_listed:
         detail = "; ".join(f"{k}: {why}" for k, why in report.bad_snapshots)
         raise NothingToRecover(

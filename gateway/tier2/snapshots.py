@@ -12,9 +12,10 @@ from __future__ import annotations
 import time
 
 import gateway
+from gateway.container.names import validate_name
 from gateway.container.table import SNAPSHOT_VERSION
-from gateway.errors import SnapshotInvalid
-from gateway.protocol.metadata_pb2 import ContainerSnapshot, MetadataSnapshot
+from gateway.errors import InvalidName, SnapshotInvalid
+from gateway.protocol.metadata_pb2 import ContainerSnapshot, MetadataSnapshot, SegmentRecord
 
 #: The MetadataSnapshot format version this code writes and reads.
 METADATA_VERSION = 1
@@ -25,6 +26,7 @@ __all__ = [
     "build_snapshot",
     "check_snapshot",
     "object_metadata",
+    "record_problem",
 ]
 
 
@@ -49,6 +51,38 @@ def object_metadata(crc: int) -> dict[str, str]:
         "format-version": str(METADATA_VERSION),
         "software-version": gateway.__version__,
     }
+
+
+def record_problem(r: SegmentRecord) -> str | None:
+    """Why a segment record read from Tier 2 (or another node) cannot be used; None if it can.
+
+    The invariants every reader relies on: a valid name, ``start_offset <=
+    length``, ``storage_length <= length``, chunks that leave no gap from
+    the start, event boundaries in order within the segment.
+    """
+    try:
+        validate_name(r.name)
+    except InvalidName as e:
+        return str(e)
+    if r.start_offset > r.length:
+        return f"segment {r.name!r}: start offset {r.start_offset} is past its length {r.length}"
+    if r.storage_length > r.length:
+        return (
+            f"segment {r.name!r}: storage length {r.storage_length} is past its length {r.length}"
+        )
+    end = r.start_offset
+    for c in r.chunks:
+        if not c.name or len(c.name) > 2048:
+            return f"segment {r.name!r} has a chunk without a usable name"
+        if c.start_offset > end:
+            return f"segment {r.name!r} has no chunk at offset {end}"
+        end = max(end, c.start_offset + c.length)
+    previous = -1
+    for offset in r.event_index:
+        if offset <= previous or offset > r.length:
+            return f"segment {r.name!r}: its event index is out of order or past its length"
+        previous = offset
+    return None
 
 
 def check_snapshot(snap: MetadataSnapshot, what: str) -> MetadataSnapshot:

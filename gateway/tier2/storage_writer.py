@@ -52,6 +52,7 @@ from gateway.aio import crc32c_of
 from gateway.buffers import Buffer
 from gateway.config import Tier2Config
 from gateway.container.container import PendingOperation, SegmentContainer
+from gateway.container.interfaces import LeaseGate
 from gateway.container.segment import Segment
 from gateway.errors import GatewayError, Overloaded, SegmentNotFound, Tier2Error
 from gateway.protocol.metadata_pb2 import AttributeIndexRecord, ChunkRecord
@@ -153,6 +154,9 @@ class StorageWriter:
         self.snapshot_failures = 0
         #: Set when this node id was taken over: nothing is uploaded any more.
         self.fenced: GatewayError | None = None
+        #: In a cluster: nothing is uploaded or deleted while it is not held
+        #: (another process may be taking this node id over).
+        self.lease: LeaseGate | None = None
         self.gc_passes = 0
         self.gc_deleted = 0
         self.gc_failures = 0
@@ -274,6 +278,11 @@ class StorageWriter:
     def _check_fence(self) -> None:
         if self.fenced is not None:
             raise self.fenced
+        if self.lease is not None and not self.lease.held():
+            raise Tier2Error(
+                "this node cannot confirm its lease in Tier 2: nothing is uploaded or "
+                "deleted until it can"
+            )
 
     def _needs_flush(self, seg: Segment) -> bool:
         return (
@@ -617,6 +626,9 @@ class StorageWriter:
                 await self._deletes_ready.wait()
                 self._deletes_ready = trio.Event()
                 continue
+            if self.lease is not None and not self.lease.held():
+                await trio.sleep(1.0)  # another process may own these objects by now
+                continue
             key, seg_id = self._deletes.popleft()
             if key in self.uploading or self._still_named(key, seg_id):
                 continue
@@ -691,7 +703,9 @@ class StorageWriter:
             await self.collect_garbage()
 
     async def collect_garbage(self) -> gc.GcResult | None:
-        """One GC pass now; None if it failed (logged)."""
+        """One GC pass now; None if it failed (logged) or could not run (no lease)."""
+        if self.fenced is not None or (self.lease is not None and not self.lease.held()):
+            return None  # the objects may be another process's by now
         try:
             result = await gc.collect(
                 self.layer, self.node, self._referenced, grace=self.cfg.gc_grace

@@ -32,6 +32,7 @@ retry_deadline = "5s"
 heartbeat_interval = "0.5s"
 down_after = "3s"
 refresh_interval = "0.25s"
+lease = "2s"
 [fuse]
 active_timeout = "0.2s"
 """
