@@ -825,7 +825,14 @@ def _cmd_stream(args: argparse.Namespace) -> int:
 
 
 def _cmd_txn(args: argparse.Namespace) -> int:
+    from gateway.container.streams import is_hidden
+    from gateway.errors import NotATransaction
+
     if args.action == "append":
+        if not is_hidden(args.name):
+            # Only `txn begin` makes names there; anything else would be a
+            # plain append that the user believes atomic.
+            raise NotATransaction(args.name)
         args.segment = args.name
         args.create = False
         return _cmd_append(args)

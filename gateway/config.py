@@ -622,6 +622,16 @@ class StreamsConfig:
     max_txn_timeout: float = _key(
         86400.0, _duration_in(0.01, 30 * 86400.0), "the longest timeout a client may ask for"
     )
+    txn_outcomes: int = _key(
+        10_000,
+        _int_in(0, 1_000_000),
+        "finished transactions whose outcome a commit sent again is answered from",
+    )
+    txn_outcome_age: float = _key(
+        3600.0,
+        _duration_in(0.0, 30 * 86400.0),
+        "how long the outcome of a finished transaction is remembered",
+    )
 
 
 @dataclass(frozen=True)

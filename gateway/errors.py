@@ -235,6 +235,41 @@ class BadRequest(GatewayError):
     wire_code = "BAD_REQUEST"
 
 
+class NotATransaction(BadRequest):
+    """{!r} is not a transaction (transactions are the .txn/... names `txn begin` prints)"""
+
+    exit_code = 40
+    wire_code = "NOT_A_TRANSACTION"
+
+
+class TransactionEnded(GatewayError):
+    """transaction {!r} has ended: {}"""
+
+    # What became of it is in the daemon's record of finished transactions
+    # (streams.txn_outcomes), which answers a commit or abort sent again.
+
+
+class TransactionTimedOut(TransactionEnded):
+    """transaction {!r} timed out: it was not committed before its deadline and is aborted"""
+
+    exit_code = 41
+    wire_code = "TRANSACTION_TIMED_OUT"
+
+
+class TransactionAborted(TransactionEnded):
+    """transaction {!r} was aborted"""
+
+    exit_code = 42
+    wire_code = "TRANSACTION_ABORTED"
+
+
+class TransactionCommitted(TransactionEnded):
+    """transaction {!r} was committed into {!r} at offset {}"""
+
+    exit_code = 43
+    wire_code = "TRANSACTION_COMMITTED"
+
+
 class ProtocolError(GatewayError):
     """protocol error: {}"""
 
@@ -345,6 +380,7 @@ BY_WIRE_CODE: dict[str, type[GatewayError]] = {
         ConditionalCheckFailed, BadAttributeUpdate, InvalidName, Overloaded, Unauthorized,
         SegmentTruncated, NotOwner, OwnerDown,
         LimitExceeded, Unavailable, BadRequest, ProtocolError, Unsupported, Tier2Error,
+        NotATransaction, TransactionTimedOut, TransactionAborted, TransactionCommitted,
     )
 }  # fmt: skip
 

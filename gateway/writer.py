@@ -28,10 +28,10 @@ import ssl
 import struct
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -51,6 +51,7 @@ from gateway.errors import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _LENGTH = struct.Struct(">I")
 #: Errors after which reconnecting and resending is the right thing to do.
@@ -496,15 +497,34 @@ async def open_segment_writer(
 
 class Transaction:
     """A transaction from `open_transaction`: events written now appear in its
-    parent all at once at `commit`, or never (`abort`, an error, the timeout)."""
+    parent all at once at `commit`, or never (`abort`, an error, the timeout).
 
-    def __init__(self, client: Client, info: TransactionInfo, writer: SegmentWriter) -> None:
+    The transaction survives a daemon restart, and so do `commit` and
+    `abort`: a broken connection is reconnected and the request sent again,
+    for up to ``retry_timeout`` seconds. A request sent again is answered
+    from the daemon's record of finished transactions: a commit that went
+    through before its answer was lost returns where it landed, once.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        info: TransactionInfo,
+        writer: SegmentWriter,
+        connect: dict[str, Any] | None = None,
+        retry_timeout: float = 300.0,
+    ) -> None:
         self._client = client
         self.info = info
         self.writer = writer
+        #: `open_client` keywords for a new connection (token, TLS).
+        self._connect = connect or {}
+        self._retry_timeout = retry_timeout
         #: Where the events landed, once committed.
         self.committed: TransactionInfo | None = None
         self.aborted = False
+        #: Requests sent again on a new connection.
+        self.retries = 0
 
     @property
     def name(self) -> str:
@@ -521,7 +541,9 @@ class Transaction:
             raise WriterFailed("the transaction was aborted")
         if self.committed is None:
             await self.writer.flush()
-            self.committed = await self._client.commit_transaction(self.name)
+            self.committed = await self._retried(
+                "commit", lambda c: c.commit_transaction(self.name)
+            )
         return self.committed
 
     async def abort(self) -> None:
@@ -530,7 +552,38 @@ class Transaction:
             raise WriterFailed("the transaction is committed already")
         if not self.aborted:
             self.aborted = True
-            await self._client.abort_transaction(self.name)
+            await self._retried("abort", lambda c: c.abort_transaction(self.name))
+
+    async def _retried(self, what: str, call: Callable[[Client], Awaitable[T]]) -> T:
+        """``call`` on this transaction's client; on a broken connection or an
+        overloaded daemon, again on a new connection until ``retry_timeout``.
+
+        Safe to repeat: the daemon answers a commit or abort it already
+        carried out from its record of finished transactions.
+        """
+        try:
+            return await call(self._client)
+        except RETRYABLE as e:
+            last: GatewayError = e
+        # The node the writer writes to (the parent's owner, after a redirect).
+        address = self.writer.address
+        delay = 0.05
+        with trio.move_on_after(self._retry_timeout):
+            while True:
+                log.info("transaction %s: %s: %s; again in %.2fs", self.name, what, last, delay)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                self.retries += 1
+                try:
+                    async with open_client(address, **self._connect) as client:
+                        return await call(client)
+                except RETRYABLE as e:
+                    last = e
+        raise WriterFailed(
+            self.name,
+            f"{what} gave up after {self._retry_timeout:g}s of retrying ({last}); "
+            f"its outcome is unknown: {what} it again to learn it",
+        )
 
 
 @asynccontextmanager
@@ -541,18 +594,25 @@ async def open_transaction(
 
     An exception in the block aborts it. Events are written by an exactly-
     once `SegmentWriter` (keywords as there), so a broken connection inside
-    the block loses and duplicates nothing. The daemon aborts a transaction
-    that is not committed within ``txn_timeout`` seconds (0: its
-    ``streams.txn_timeout``).
+    the block loses and duplicates nothing. A daemon restart does not either,
+    in the block or at the commit: the commit is sent again on a new
+    connection for up to ``reconnect_timeout`` seconds (the writer's, 300 by
+    default), and one that went through before its answer was lost returns
+    where it landed. The daemon aborts a transaction that is not committed
+    within ``txn_timeout`` seconds (0: its ``streams.txn_timeout``); a commit
+    after that raises `TransactionTimedOut`.
     """
-    connect = {k: kwargs[k] for k in ("token", "ssl_context", "server_hostname") if k in kwargs}
+    connect: dict[str, Any] = {
+        k: kwargs[k] for k in ("token", "ssl_context", "server_hostname") if k in kwargs
+    }
+    retry_timeout = kwargs.get("reconnect_timeout", 300.0)
     async with open_client(address, **connect) as client:
         info = await client.begin_transaction(parent, txn_timeout)
         writer_cm = open_segment_writer(address, info.name, **kwargs)
         txn: Transaction | None = None
         try:
             async with writer_cm as writer:
-                txn = Transaction(client, info, writer)
+                txn = Transaction(client, info, writer, connect, retry_timeout)
                 yield txn
             if not txn.aborted:
                 await txn.commit()

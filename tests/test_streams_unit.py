@@ -21,9 +21,15 @@ from gateway.errors import (
     BadRequest,
     ConditionalCheckFailed,
     InvalidName,
+    JournalRefused,
+    NotATransaction,
     SegmentExists,
     SegmentNotFound,
     SegmentSealed,
+    TransactionAborted,
+    TransactionCommitted,
+    TransactionTimedOut,
+    Unavailable,
 )
 from gateway.journal.memory import MemoryJournal
 from gateway.protocol.metadata_pb2 import ChunkRecord
@@ -249,12 +255,16 @@ async def test_a_transaction_commits_atomically_at_the_parents_end() -> None:
     assert (await c.get_attributes("parent", [W])) == {W: 2}
     with pytest.raises(SegmentNotFound):
         c.info(txn.name)
-    with pytest.raises(SegmentNotFound):
-        await c.commit(txn.name)
+    # A commit sent again (its answer was lost) gets the same answer, and
+    # nothing lands twice.
+    assert await c.commit(txn.name) == done
     await c.append("parent", b"|after")
     c2 = restart(c, journal)
     assert await contents(c2, "parent") == b"before|during|t1,t2|after"
     assert c2.info("parent").event_count == 5
+    assert await c2.commit(txn.name) == done
+    with pytest.raises(TransactionCommitted, match="committed into 'parent' at offset 14"):
+        await c2.abort(txn.name)
 
 
 async def test_transactions_on_a_stream_abort_and_timeout() -> None:
@@ -272,10 +282,13 @@ async def test_transactions_on_a_stream_abort_and_timeout() -> None:
     await c.abort(t3.name)
     with pytest.raises(SegmentNotFound):
         await c.append(t3.name, b"x")
+    with pytest.raises(TransactionAborted):
+        await c.commit(t3.name)
+    await c.abort(t3.name)  # again: it is aborted, as asked
     clock.ms += 6_000
     await c.enforce_streams()
     assert c.txn_timed_out == 1
-    with pytest.raises(SegmentNotFound):
+    with pytest.raises(TransactionTimedOut):
         await c.commit(t2.name)
     # The first segment is past its roll size now: the next commit rolls.
     t4 = await c.begin("s")
@@ -290,8 +303,14 @@ async def test_transactions_on_a_stream_abort_and_timeout() -> None:
 async def test_commit_refuses_sealed_parents_and_non_transactions() -> None:
     c, _, _ = make()
     await c.create("p")
+    await c.create_stream("s")
     txn = await c.begin("p")
-    with pytest.raises(BadRequest):
+    for name in ("p", "s", "absent"):
+        with pytest.raises(NotATransaction, match=f"'{name}' is not a transaction"):
+            await c.commit(name)
+        with pytest.raises(NotATransaction):
+            await c.abort(name)
+    with pytest.raises(BadRequest):  # NotATransaction is one
         await c.commit("p")
     with pytest.raises(BadRequest):
         await c.begin(txn.name)
@@ -388,3 +407,90 @@ async def test_a_checkpoint_taken_while_a_merge_and_a_policy_change_are_in_fligh
     c2 = restart(c, journal)
     assert await contents(c2, "p") == b"merged"
     assert c2.stream_info("s").roll_size == 5
+
+
+async def test_the_deadline_holds_exactly_without_the_sweep() -> None:
+    c, journal, clock = make()
+    await c.create("p")
+    on_time = await c.begin("p", txn_timeout=5.0)
+    late = await c.begin("p", txn_timeout=5.0)
+    await c.append(on_time.name, b"in")
+    await c.append(late.name, b"out")
+    assert late.deadline_ms == clock.ms + 5_000
+    clock.ms = late.deadline_ms - 1
+    await c.commit(on_time.name)
+    clock.ms = late.deadline_ms  # at the deadline: too late (the sweep has not run)
+    with pytest.raises(TransactionTimedOut, match="timed out"):
+        await c.commit(late.name)
+    assert c.txn_timed_out == 1
+    with pytest.raises(SegmentNotFound):
+        c.info(late.name)  # aborted by that commit
+    with pytest.raises(TransactionTimedOut):
+        await c.commit(late.name)
+    await c.abort(late.name)  # it is aborted: an abort agrees
+    assert await contents(c, "p") == b"in"
+    c2 = restart(c, journal)
+    with pytest.raises(TransactionTimedOut):
+        await c2.commit(late.name)
+    assert await contents(c2, "p") == b"in"
+
+
+async def test_a_commit_sent_again_while_the_first_is_in_flight_gets_its_answer() -> None:
+    c, _, _ = make()
+    await c.create("p")
+    txn = await c.begin("p")
+    await c.append(txn.name, b"once")
+    c._journal.hold()  # type: ignore[attr-defined]
+    first = c.prepare_commit(txn.name)
+    again = c.prepare_commit(txn.name)
+    c._journal.commit()  # type: ignore[attr-defined]
+    assert await again.wait() == await first.wait()
+    assert await contents(c, "p") == b"once"
+    # A commit whose merge the journal refuses leaves it open: the retry is told to retry.
+    t2 = await c.begin("p")
+    journal = c._journal
+    journal.hold()  # type: ignore[attr-defined]
+    c.prepare_commit(t2.name)
+    again = c.prepare_commit(t2.name)
+    journal.refuse_pending(JournalRefused("full"))  # type: ignore[attr-defined]
+    with pytest.raises(Unavailable, match="did not end"):
+        await again.wait()
+    assert (await c.commit(t2.name)).segment == "p"
+
+
+async def test_finished_transactions_are_remembered_within_bounds_and_checkpoints() -> None:
+    c, journal, clock = make(streams=StreamsConfig(txn_outcomes=3, txn_outcome_age=60.0))
+    await c.create("p")
+    names = []
+    for _ in range(4):
+        t = await c.begin("p")
+        await c.commit(t.name)  # empty: no data keeps the journal's files
+        names.append(t.name)
+    # Three are kept: the oldest is forgotten.
+    with pytest.raises(SegmentNotFound):
+        await c.commit(names[0])
+    assert (await c.commit(names[3])).segment == "p"
+    # An abort in flight while a checkpoint is taken is in the checkpoint.
+    t = await c.begin("p")
+    await c.append(t.name, b"x")
+    async with trio.open_nursery() as nursery:
+        journal.hold()
+        abort = c.prepare_abort(t.name)
+        nursery.start_soon(c.checkpoint, True)
+        await trio.testing.wait_all_tasks_blocked()
+        journal.commit()
+        await abort.wait()
+    assert journal.files[0] > 1  # the restart starts at the checkpoint
+    c2 = restart(c, journal)
+    with pytest.raises(TransactionAborted):
+        await c2.commit(t.name)
+    assert (await c2.commit(names[3])).offset == 0
+    with pytest.raises(SegmentNotFound):
+        await c2.commit(names[1])  # the abort pushed it out (three kept)
+    # And for txn_outcome_age only.
+    clock.ms += 60_000
+    c2.now_ms = clock
+    with pytest.raises(SegmentNotFound):
+        await c2.commit(names[3])
+    await c2.enforce_streams()
+    assert c2.committed_snapshot().txn_outcomes == []

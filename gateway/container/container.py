@@ -95,6 +95,7 @@ from gateway.errors import (
     JournalError,
     JournalRefused,
     LimitExceeded,
+    NotATransaction,
     Overloaded,
     SegmentExists,
     SegmentNotFound,
@@ -102,6 +103,9 @@ from gateway.errors import (
     SegmentTruncated,
     StreamNotFound,
     TooLarge,
+    TransactionAborted,
+    TransactionCommitted,
+    TransactionTimedOut,
     Unavailable,
 )
 from gateway.journal import JournalStatistics
@@ -122,6 +126,8 @@ from gateway.protocol.journal_pb2 import (
     UpdateAttributes,
 )
 from gateway.protocol.metadata_pb2 import (
+    TXN_COMMITTED,
+    TXN_TIMED_OUT,
     AttributeIndexRecord,
     ChunkRecord,
     ContainerSnapshot,
@@ -227,6 +233,9 @@ class SegmentContainer:
         #: Wall-clock Unix milliseconds (a test may set its own clock).
         self.now_ms: Callable[[], int] = _now_ms
         self._table = table
+        table.outcomes.configure(
+            self.streams_config.txn_outcomes, int(self.streams_config.txn_outcome_age * 1000)
+        )
         self._journal = journal
         #: Append bytes submitted but not yet applied (and so not yet cached).
         self._pending_pinned = 0
@@ -804,16 +813,21 @@ class SegmentContainer:
         pending.storage = True  # drops chunks, raises the storage length
         return pending._with_result(lambda: seg.info())
 
-    def prepare_delete(self, name: str) -> PendingOperation:
-        """Delete a segment (result: None)."""
+    def prepare_delete(self, name: str, txn_timed_out: bool = False) -> PendingOperation:
+        """Delete a segment (result: None); ``txn_timed_out``: a transaction past its deadline."""
         self._start()
         seg = self._pending(name)
-        op = Operation(delete_segment=DeleteSegment(segment_id=seg.id))
+        at_ms = self.now_ms()
+        op = Operation(
+            delete_segment=DeleteSegment(
+                segment_id=seg.id, txn_timed_out=txn_timed_out, at_ms=at_ms
+            )
+        )
         ticket = self._submit((op.SerializeToString(),), reserved=True)  # it frees space
         seg.p_deleted = True
 
         def apply(seq: int) -> None:
-            for gone in self._table.apply_delete(seg):
+            for gone in self._table.apply_delete(seg, txn_timed_out, at_ms):
                 if self.storage is not None:
                     chunks = list(gone.chunks)
                     if gone.attr_index is not None:
@@ -824,7 +838,10 @@ class SegmentContainer:
                 for w in self.watchers:
                     w.on_deleted(seg)
 
-        return self._track(ticket, None, apply, seg)
+        pending = self._track(ticket, None, apply, seg)
+        # A transaction's outcome record is not in the pending view.
+        pending.storage = bool(seg.txn_parent)
+        return pending
 
     def prepare_update_attributes(
         self, name: str, updates: Sequence[AttributeUpdate]
@@ -1064,10 +1081,77 @@ class SegmentContainer:
         return op._with_result(lambda: TransactionInfo(name, parent, deadline_ms=deadline))
 
     def _transaction(self, name: str) -> Segment:
-        seg = self._pending(name)
-        if not seg.hidden:
-            raise BadRequest(f"{name!r} is not a transaction")
-        return seg
+        """The open transaction ``name`` (pending view)."""
+        if not is_hidden(name):  # only `begin` creates names there
+            raise NotATransaction(name)
+        return self._pending(name)
+
+    def _finished_transaction(self, name: str, commit: bool) -> PendingOperation | None:
+        """A commit (or abort) of a transaction that has ended, or is ending.
+
+        None while ``name`` is open, or unknown. Otherwise the answer comes
+        from the record of finished transactions once the operations in
+        flight have applied (a commit sent again while the first is still
+        being journaled waits for it): a commit of a committed transaction
+        gets the same TransactionInfo again, an abort of an aborted one
+        succeeds; the others are refused, saying how it ended.
+        """
+        if not is_hidden(name):
+            return None
+        seg = self._table.by_name.get(name)
+        if seg is not None and not (seg.p_merged or seg.p_deleted):
+            return None
+        if seg is None and self._table.outcomes.get(name, self.now_ms()) is None:
+            return None
+        tail = self._inflight[-1].ticket if self._inflight else None
+        return PendingOperation(self, tail, None)._with_result(
+            partial(self._outcome_answer, name, commit)
+        )
+
+    def _outcome_answer(self, name: str, commit: bool) -> TransactionInfo | None:
+        """What a commit or abort of the ended transaction ``name`` is answered."""
+        record = self._table.outcomes.get(name, self.now_ms())
+        if record is None:
+            seg = self._table.by_name.get(name)
+            if seg is not None and not (seg.p_merged or seg.p_deleted):
+                # The operation that was ending it was refused by the journal.
+                raise Unavailable(f"transaction {name!r} did not end: send it again")
+            raise SegmentNotFound(name)
+        if record.outcome == TXN_COMMITTED:
+            if not commit:
+                raise TransactionCommitted(name, record.segment, record.offset)
+            return TransactionInfo(
+                name, record.parent, record.segment, record.offset, record.length
+            )
+        if not commit:
+            return None  # aborted already: what an abort wants holds
+        if record.outcome == TXN_TIMED_OUT:
+            raise TransactionTimedOut(name)
+        raise TransactionAborted(name)
+
+    def _commit_too_late(self, txn: Segment) -> PendingOperation:
+        """A commit at or after the deadline: abort the transaction, then refuse.
+
+        The deadline holds to the millisecond, not only when the timeout
+        sweep (every ``streams.interval``) comes round.
+        """
+        log.info(
+            "transaction %s on %s: commit after its deadline; aborted", txn.name, txn.txn_parent
+        )
+        error = TransactionTimedOut(txn.name)
+
+        def refuse() -> None:
+            raise error
+
+        try:
+            aborting = self.prepare_delete(txn.name, txn_timed_out=True)
+        except GatewayError as e:
+            # Not journaled now (e.g. a full disk): the sweep aborts it later;
+            # the commit is refused all the same.
+            log.warning("abort of %s: %s", txn.name, e)
+            raise error from None
+        self.txn_timed_out += 1
+        return PendingOperation(self, aborting.ticket, None)._with_result(refuse)
 
     def prepare_commit(self, name: str) -> PendingOperation:
         """Merge a transaction into its parent atomically (result: TransactionInfo).
@@ -1075,10 +1159,18 @@ class SegmentContainer:
         The transaction is sealed, then appended to the end of its parent's
         (pending) length in one journaled operation: readers of the parent see
         all of its bytes at once or none. Its event count adds to the
-        parent's, and its writers' event numbers move over.
+        parent's, and its writers' event numbers move over. Sent again after
+        it ended, it answers from the record of finished transactions
+        (`_finished_transaction`); at or after the deadline it aborts the
+        transaction and is refused (TransactionTimedOut).
         """
         self._start()
+        finished = self._finished_transaction(name, commit=True)
+        if finished is not None:
+            return finished
         txn = self._transaction(name)
+        if self.now_ms() >= txn.txn_deadline_ms:
+            return self._commit_too_late(txn)
         target = self._append_target(txn.txn_parent)
         if target.p_sealed:
             raise SegmentSealed(target.name)
@@ -1131,10 +1223,19 @@ class SegmentContainer:
         return pending
 
     def prepare_abort(self, name: str) -> PendingOperation:
-        """Drop a transaction that is not committed (result: None)."""
+        """Drop a transaction that is not committed (result: None).
+
+        Idempotent: an abort of one already aborted or timed out succeeds;
+        one of a committed transaction raises TransactionCommitted.
+        """
+        self._start()
+        finished = self._finished_transaction(name, commit=False)
+        if finished is not None:
+            return finished
         self._transaction(name)
+        op = self.prepare_delete(name)
         self.txn_aborted += 1
-        return self.prepare_delete(name)
+        return op
 
     def prepare_merge_completed(self, target_id: int, source_id: int) -> PendingOperation:
         """Re-reference a merged source's chunks as the target's (the storage writer)."""
@@ -1195,7 +1296,8 @@ class SegmentContainer:
             ):
                 log.info("transaction %s on %s timed out: aborted", seg.name, seg.txn_parent)
                 self.txn_timed_out += 1
-                start(f"abort of {seg.name}", partial(self.prepare_delete, seg.name))
+                start(f"abort of {seg.name}", partial(self.prepare_delete, seg.name, True))
+        self._table.outcomes.prune(now)
         for stream in list(self._table.streams.values()):
             if not stream.durable or stream.p_deleted:
                 continue

@@ -93,7 +93,8 @@ class Replayer:
             tr = op.truncate_segment
             t.apply_truncate(self._segment(tr.segment_id, seq), tr.offset, tr.at_ms)
         elif kind == "delete_segment":
-            t.apply_delete(self._segment(op.delete_segment.segment_id, seq))
+            d = op.delete_segment
+            t.apply_delete(self._segment(d.segment_id, seq), d.txn_timed_out, d.at_ms)
         elif kind == "update_attributes":
             u = op.update_attributes
             values = _values(u.attributes)

@@ -21,14 +21,19 @@ from collections.abc import Iterator, Mapping, Sequence
 from gateway.buffers import Buffer
 from gateway.codec import Codec
 from gateway.container.attributes import EVENT_END
+from gateway.container.outcomes import TransactionOutcomes
 from gateway.container.segment import Segment
 from gateway.container.streams import Stream, split_member
 from gateway.errors import GatewayError
 from gateway.protocol.metadata_pb2 import (
+    TXN_ABORTED,
+    TXN_COMMITTED,
+    TXN_TIMED_OUT,
     AttributeIndexRecord,
     ChunkRecord,
     ContainerSnapshot,
     StreamRecord,
+    TransactionOutcomeRecord,
 )
 from gateway.readindex import ReadIndex
 
@@ -60,6 +65,8 @@ class SegmentTable:
         self.streams: dict[str, Stream] = {}
         #: Transaction segments (merged ones too, until their merge is done).
         self.transactions: set[Segment] = set()
+        #: How finished transactions ended (committed view; checkpointed).
+        self.outcomes = TransactionOutcomes()
         #: Journal sequence of the operation being applied (set by the caller:
         #: the container, or a replay); attribute changes are tagged with it.
         self.seq = 0
@@ -242,11 +249,24 @@ class SegmentTable:
         """Every byte of the sealed segment is in Tier 2."""
         seg.sealed_in_storage = True
 
-    def apply_delete(self, seg: Segment) -> list[Segment]:
+    def apply_delete(
+        self, seg: Segment, txn_timed_out: bool = False, at_ms: int = 0
+    ) -> list[Segment]:
         """The segment is gone, and its bytes with it; returns every segment removed.
 
         A target's merged sources that wait for their Tier-2 merge go with it.
+        A transaction's delete is its abort (``txn_timed_out``: for its
+        deadline), recorded in `outcomes` as of ``at_ms``.
         """
+        if seg.txn_parent:
+            self.outcomes.add(
+                TransactionOutcomeRecord(
+                    name=seg.name,
+                    parent=seg.txn_parent,
+                    outcome=TXN_TIMED_OUT if txn_timed_out else TXN_ABORTED,
+                    at_ms=at_ms or seg.last_modified_ms,
+                )
+            )
         removed = [*seg.merges, seg]
         seg.merges = []
         for s in removed:
@@ -283,6 +303,18 @@ class SegmentTable:
         source.merge_offset = offset
         target.merges.append(source)
         self.read_index.on_change(target.id)
+        if source.txn_parent:
+            self.outcomes.add(
+                TransactionOutcomeRecord(
+                    name=source.name,
+                    parent=source.txn_parent,
+                    outcome=TXN_COMMITTED,
+                    segment=target.name,
+                    offset=offset,
+                    length=source.length,
+                    at_ms=at_ms,
+                )
+            )
 
     def apply_merge_completed(self, target: Segment, source: Segment) -> list[ChunkRecord]:
         """The source's chunks become the target's; returns chunks truncated away (garbage)."""
@@ -409,6 +441,9 @@ class SegmentTable:
             next_segment_id=self.next_id,
             segments=[s.pending_record() for s in self.by_name.values() if not s.p_deleted],
             streams=[_pending_record(s) for s in self.streams.values()],
+            # Committed records: the operations that add them are applied
+            # before a checkpoint is taken (the container waits for them).
+            txn_outcomes=self.outcomes.records(),
         ).SerializeToString()
 
     def committed_snapshot(self) -> ContainerSnapshot:
@@ -418,6 +453,7 @@ class SegmentTable:
             next_segment_id=self.next_id,
             segments=[s.committed_record() for s in self.committed()],
             streams=[s.record for s in self.streams.values() if s.durable],
+            txn_outcomes=self.outcomes.records(),
         )
 
     def load_snapshot(self, data: bytes) -> None:
@@ -429,6 +465,7 @@ class SegmentTable:
         self.by_id = {}
         self.streams = {}
         self.transactions = set()
+        self.outcomes.load(snap.txn_outcomes)
         for sr in snap.streams:
             self.apply_set_stream(sr)
         for r in snap.segments:

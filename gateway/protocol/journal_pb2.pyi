@@ -114,10 +114,14 @@ class TruncateSegment(_message.Message):
     def __init__(self, segment_id: _Optional[int] = ..., offset: _Optional[int] = ..., at_ms: _Optional[int] = ...) -> None: ...
 
 class DeleteSegment(_message.Message):
-    __slots__ = ("segment_id",)
+    __slots__ = ("segment_id", "txn_timed_out", "at_ms")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TXN_TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
     segment_id: int
-    def __init__(self, segment_id: _Optional[int] = ...) -> None: ...
+    txn_timed_out: bool
+    at_ms: int
+    def __init__(self, segment_id: _Optional[int] = ..., txn_timed_out: _Optional[bool] = ..., at_ms: _Optional[int] = ...) -> None: ...
 
 class UpdateAttributes(_message.Message):
     __slots__ = ("segment_id", "attributes", "at_ms")

@@ -1,10 +1,22 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class TransactionOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TXN_OUTCOME_UNSPECIFIED: _ClassVar[TransactionOutcome]
+    TXN_COMMITTED: _ClassVar[TransactionOutcome]
+    TXN_ABORTED: _ClassVar[TransactionOutcome]
+    TXN_TIMED_OUT: _ClassVar[TransactionOutcome]
+TXN_OUTCOME_UNSPECIFIED: TransactionOutcome
+TXN_COMMITTED: TransactionOutcome
+TXN_ABORTED: TransactionOutcome
+TXN_TIMED_OUT: TransactionOutcome
 
 class AttributeValue(_message.Message):
     __slots__ = ("id", "value", "removed")
@@ -103,16 +115,36 @@ class StreamRecord(_message.Message):
     def __init__(self, name: _Optional[str] = ..., created_at_ms: _Optional[int] = ..., roll_size: _Optional[int] = ..., roll_age_ms: _Optional[int] = ..., retain_size: _Optional[int] = ..., retain_age_ms: _Optional[int] = ..., next_number: _Optional[int] = ...) -> None: ...
 
 class ContainerSnapshot(_message.Message):
-    __slots__ = ("version", "next_segment_id", "segments", "streams")
+    __slots__ = ("version", "next_segment_id", "segments", "streams", "txn_outcomes")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NEXT_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
+    TXN_OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     version: int
     next_segment_id: int
     segments: _containers.RepeatedCompositeFieldContainer[SegmentRecord]
     streams: _containers.RepeatedCompositeFieldContainer[StreamRecord]
-    def __init__(self, version: _Optional[int] = ..., next_segment_id: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentRecord, _Mapping]]] = ..., streams: _Optional[_Iterable[_Union[StreamRecord, _Mapping]]] = ...) -> None: ...
+    txn_outcomes: _containers.RepeatedCompositeFieldContainer[TransactionOutcomeRecord]
+    def __init__(self, version: _Optional[int] = ..., next_segment_id: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentRecord, _Mapping]]] = ..., streams: _Optional[_Iterable[_Union[StreamRecord, _Mapping]]] = ..., txn_outcomes: _Optional[_Iterable[_Union[TransactionOutcomeRecord, _Mapping]]] = ...) -> None: ...
+
+class TransactionOutcomeRecord(_message.Message):
+    __slots__ = ("name", "parent", "outcome", "segment", "offset", "length", "at_ms")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    parent: str
+    outcome: TransactionOutcome
+    segment: str
+    offset: int
+    length: int
+    at_ms: int
+    def __init__(self, name: _Optional[str] = ..., parent: _Optional[str] = ..., outcome: _Optional[_Union[TransactionOutcome, str]] = ..., segment: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., at_ms: _Optional[int] = ...) -> None: ...
 
 class MetadataSnapshot(_message.Message):
     __slots__ = ("version", "node", "epoch", "created_at_ms", "software_version", "container")

@@ -64,6 +64,10 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TIER2_UNAVAILABLE: _ClassVar[ErrorCode]
     NOT_OWNER: _ClassVar[ErrorCode]
     OWNER_DOWN: _ClassVar[ErrorCode]
+    NOT_A_TRANSACTION: _ClassVar[ErrorCode]
+    TRANSACTION_TIMED_OUT: _ClassVar[ErrorCode]
+    TRANSACTION_ABORTED: _ClassVar[ErrorCode]
+    TRANSACTION_COMMITTED: _ClassVar[ErrorCode]
 PROTOCOL_VERSION_UNSPECIFIED: ProtocolVersion
 PROTOCOL_VERSION_1: ProtocolVersion
 STREAM_GET: StreamAction
@@ -103,6 +107,10 @@ SEGMENT_TRUNCATED: ErrorCode
 TIER2_UNAVAILABLE: ErrorCode
 NOT_OWNER: ErrorCode
 OWNER_DOWN: ErrorCode
+NOT_A_TRANSACTION: ErrorCode
+TRANSACTION_TIMED_OUT: ErrorCode
+TRANSACTION_ABORTED: ErrorCode
+TRANSACTION_COMMITTED: ErrorCode
 
 class Request(_message.Message):
     __slots__ = ("request_id", "hello", "create", "append", "seal", "truncate", "delete", "update_attributes", "get_info", "list", "get_attributes", "read", "flush", "fsck", "export_metadata", "get_record", "cluster", "stream", "transaction")

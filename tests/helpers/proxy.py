@@ -27,7 +27,9 @@ class DroppingProxy:
     """Forwards ``listen`` -> ``upstream``; `drop_all` cuts every connection.
 
     With ``drop_after`` = (lo, hi), each connection is also cut by itself
-    after a random lifetime in that range (seconds).
+    after a random lifetime in that range (seconds). While ``muted``, what
+    the upstream sends is discarded (requests still go through): an answer
+    "lost" after the server acted on its request.
     """
 
     def __init__(
@@ -42,6 +44,7 @@ class DroppingProxy:
         self.port = 0
         self.drops = 0
         self.connections = 0
+        self.muted = False
         self._scopes: set[trio.CancelScope] = set()
 
     async def run(self, *, task_status: trio.TaskStatus[int]) -> None:
@@ -68,8 +71,8 @@ class DroppingProxy:
                 except OSError:
                     return
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._pump, client, upstream, nursery.cancel_scope)
-                    nursery.start_soon(self._pump, upstream, client, nursery.cancel_scope)
+                    nursery.start_soon(self._pump, client, upstream, nursery.cancel_scope, False)
+                    nursery.start_soon(self._pump, upstream, client, nursery.cancel_scope, True)
             if scope.cancelled_caught:
                 self.drops += 1
         finally:
@@ -79,10 +82,13 @@ class DroppingProxy:
             if upstream is not None:
                 upstream.socket.close()
 
-    @staticmethod
-    async def _pump(src: trio.SocketStream, dst: trio.SocketStream, done: trio.CancelScope) -> None:
+    async def _pump(
+        self, src: trio.SocketStream, dst: trio.SocketStream, done: trio.CancelScope, replies: bool
+    ) -> None:
         try:
             while data := await src.receive_some(65536):
+                if replies and self.muted:
+                    continue
                 await dst.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
