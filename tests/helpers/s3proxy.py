@@ -154,6 +154,8 @@ class S3FaultProxy:
 
     def __init__(self, upstream_url: str, *, seed: int = 0) -> None:
         """A proxy for ``upstream_url`` (``http://host:port``); `start` it before use."""
+        #: What it was made for (to repoint it back after an outage).
+        self.original_upstream = upstream_url
         self.set_upstream(upstream_url)
         self._rng = random.Random(seed)
         self._rules: list[_Rule] = []
