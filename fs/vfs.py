@@ -220,6 +220,8 @@ class SegmentVFS:
         self.tree = Tree()
         for seg in source.segments():
             self.tree.add_segment(seg.id, seg.name)
+        for name in source.streams():
+            self.tree.keep_directory(name)
         self._mounted_ns = time.time_ns()
         self._files: dict[int, _Handle] = {}
         #: Directory handle -> its entries when opened (stable readdir offsets).
@@ -270,6 +272,16 @@ class SegmentVFS:
         self.invalidate(("inode", inode + TRIMMED_BASE, b"", 0))
         for key in [k for k in self._trim_starts if k[0] == seg.id]:
             del self._trim_starts[key]
+
+    def on_stream_created(self, name: str) -> None:
+        """A new stream: its directory shows now, before its first segment."""
+        self.tree.keep_directory(name)
+
+    def on_stream_deleted(self, name: str) -> None:
+        """The stream is gone (its segments went first): its directory goes, if empty."""
+        for parent, base, entry in self.tree.release_directory(name):
+            self.invalidate(("entry", parent, base.encode(), entry))
+            self.invalidate(("entry", parent + TRIMMED_BASE, base.encode(), entry + TRIMMED_BASE))
 
     # -- attributes ------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from fs.tree import ROOT_INODE, SEGMENT_INODE_BASE
 from fs.vfs import (
     EVENTS_INODE_BASE,
     TRIMMED_BASE,
+    TRIMMED_ROOT,
     XATTR_PREFIX,
     FsError,
     Invalidation,
@@ -49,6 +50,8 @@ class MemorySource:
         self.reads: list[tuple[int, bool]] = []
         self.fail_reads = False
         self.watchers: list[NamespaceWatcher] = []
+        #: Names of live streams (directories that show while empty).
+        self.stream_names: list[str] = []
 
     def add(self, segment_id: int, name: str, data: bytes = b"", **fields: object) -> Segment:
         seg = Segment(segment_id, name, created_at_ms=1_000)
@@ -63,8 +66,21 @@ class MemorySource:
             w.on_created(seg)
         return seg
 
+    def add_stream(self, name: str) -> None:
+        self.stream_names.append(name)
+        for w in self.watchers:
+            w.on_stream_created(name)
+
+    def remove_stream(self, name: str) -> None:
+        self.stream_names.remove(name)
+        for w in self.watchers:
+            w.on_stream_deleted(name)
+
     def segments(self) -> Sequence[Segment]:
         return list(self.by_id.values())
+
+    def streams(self) -> Sequence[str]:
+        return list(self.stream_names)
 
     def segment_by_id(self, segment_id: int) -> Segment | None:
         return self.by_id.get(segment_id)
@@ -285,3 +301,35 @@ def test_xattrs_statfs() -> None:
     assert vfs.listxattr(ROOT_INODE) == []
     st = vfs.statfs()
     assert st.blocks == 2 and st.files == 2 + 2 and st.namemax == 255  # root and dir/
+
+
+# -- streams: a directory from their creation to their deletion ----------------------------
+
+
+def test_a_stream_shows_as_a_directory_while_it_has_no_segment() -> None:
+    src = MemorySource()
+    src.add_stream("old/stream")  # before the mount: listed when it starts
+    vfs, sent = make(src)
+    old = vfs.lookup(ROOT_INODE, b"old").inode
+    stream = vfs.lookup(old, b"stream")
+    assert stat.S_ISDIR(stream.mode)
+    assert list(vfs.readdir(vfs.opendir(stream.inode), 0)) == []
+    assert stat.S_ISDIR(vfs.lookup(vfs.lookup(TRIMMED_ROOT, b"old").inode, b"stream").mode)
+    src.add_stream("new")
+    new = vfs.lookup(ROOT_INODE, b"new")
+    assert stat.S_ISDIR(new.mode)
+    # Its segments come and go; the directory stays while the stream does.
+    seg = src.add(1, "new/000000000001", b"x")
+    assert [n for n, _, _ in vfs.readdir(vfs.opendir(new.inode), 0)] == [b"000000000001"]
+    del src.by_id[1]
+    vfs.on_deleted(seg)
+    assert vfs.lookup(ROOT_INODE, b"new").inode == new.inode
+    assert list(vfs.readdir(vfs.opendir(new.inode), 0)) == []
+    # Deleted: gone, with the directories it leaves empty, and the kernel told.
+    src.remove_stream("new")
+    assert errno_of(vfs.lookup, ROOT_INODE, b"new") == errno.ENOENT
+    assert ("entry", ROOT_INODE, b"new", new.inode) in sent
+    assert ("entry", TRIMMED_ROOT, b"new", new.inode + TRIMMED_BASE) in sent
+    src.remove_stream("old/stream")
+    assert errno_of(vfs.lookup, ROOT_INODE, b"old") == errno.ENOENT
+    assert ("entry", ROOT_INODE, b"old", old) in sent

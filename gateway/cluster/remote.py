@@ -4,7 +4,8 @@ A `RemoteNode` keeps the committed metadata of one other node's segments:
 
 - while the node answers over the protocol, from it: a listing every
   ``cluster.refresh_interval``, and the whole record (chunk list,
-  attributes, event index) of each segment that changed;
+  attributes, event index) of each segment that changed; then the names of
+  its streams (directories in the mount before their first segment);
 - when it does not (down, stopped, or cut off), from what can be proven
   without it: its newest metadata snapshot in Tier 2, merged with the chunk
   lists already learnt from it. Each file then ends at its flushed length.
@@ -109,8 +110,11 @@ class RemoteNode:
         #: Local id -> the owner's id of the segment.
         self._remote_ids: dict[int, int] = {}
         self.watchers: list[NamespaceWatcher] = []
+        #: Names of its streams (directories in the mount, with or without segments).
+        self.streams: set[str] = set()
         self._snapshot_key = ""
         self._snapshot: dict[str, SegmentRecord] = {}
+        self._snapshot_streams: set[str] = set()
         self.refreshes = 0
         #: Set once the view has been filled once (live or from Tier 2).
         self.first_refresh = trio.Event()
@@ -163,6 +167,16 @@ class RemoteNode:
         for w in list(self.watchers):
             w.on_deleted(seg)
 
+    def _set_streams(self, names: set[str]) -> None:
+        """Its streams are these now: tell the watchers which went, then which came."""
+        gone, came = sorted(self.streams - names), sorted(names - self.streams)
+        self.streams = names
+        for w in list(self.watchers):
+            for name in gone:
+                w.on_stream_deleted(name)
+            for name in came:
+                w.on_stream_created(name)
+
     async def refresh_live(self, client: Client) -> None:
         """Bring the view up to date from the owner (a listing, then changed records)."""
         infos = await client.list(local_only=True)
@@ -199,6 +213,8 @@ class RemoteNode:
                 self._put(record, proven_only=False)
             elif self.ids.get(self.node_id, info.id) not in self.segments:
                 self.ids.forget(self.node_id, info.id)  # deleted before we saw it
+        # After the segments: a deleted stream's segments have gone by now.
+        self._set_streams(set(await client.stream_names()))
         self.refreshes += 1
 
     async def refresh_proven(self) -> None:
@@ -223,6 +239,7 @@ class RemoteNode:
             check_snapshot(snap, key)
             # Transactions are the owner's private business until committed.
             self._snapshot = {r.name: r for r in snap.container.segments if not r.txn_parent}
+            self._snapshot_streams = {r.name for r in snap.container.streams}
             self._snapshot_key = key
         records: dict[str, SegmentRecord] = dict(self._snapshot)
         for seg in self.segments.values():
@@ -239,6 +256,9 @@ class RemoteNode:
             self._remove(mount_id)
         for record in records.values():
             self._put(record, proven_only=True)
+        # Streams known from the owner stay, like its segments: an empty
+        # directory is all a stream shows by itself.
+        self._set_streams(self._snapshot_streams | self.streams)
         self.refreshes += 1
 
     # -- reads --------------------------------------------------------------------------
