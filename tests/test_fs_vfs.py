@@ -26,8 +26,10 @@ from fs.vfs import (
     SegmentVFS,
 )
 from gateway.buffers import Buffer
+from gateway.codec import Codec
 from gateway.config import FuseConfig
 from gateway.container import EVENT_COUNT
+from gateway.container.attributes import CODEC
 from gateway.container.interfaces import NamespaceWatcher
 from gateway.container.segment import Segment
 from gateway.errors import Tier2Error
@@ -301,6 +303,100 @@ def test_xattrs_statfs() -> None:
     assert vfs.listxattr(ROOT_INODE) == []
     st = vfs.statfs()
     assert st.blocks == 2 and st.files == 2 + 2 and st.namemax == 255  # root and dir/
+
+
+# -- the trimmed view's first byte (docs/FORMATS.md, "The trimmed view") ---------------
+
+LINES = b"".join(b'{"id": %d}\n' % i for i in range(100))
+#: Inside line 10 (each line of ids 10-99 is 12 bytes, of 0-9 11).
+CUT = 10 * 11 + 5
+#: Where line 11 starts.
+NEXT_LINE = 10 * 11 + 12
+
+
+def trimmed_file(vfs: SegmentVFS, name: bytes) -> int:
+    return vfs.lookup(TRIMMED_ROOT, name).inode
+
+
+async def read_all(vfs: SegmentVFS, inode: int) -> bytes:
+    fh = vfs.open(inode, os.O_RDONLY).fh
+    try:
+        return bytes(await vfs.read(fh, 0, 1 << 20))
+    finally:
+        vfs.release(fh)
+
+
+@pytest.mark.parametrize("index", [[], [900]], ids=["nothing indexed", "a later boundary"])
+async def test_a_raw_segment_trimmed_starts_at_its_start_offset(index: list[int]) -> None:
+    """Raw bytes: no boundary is known inside an append, so nothing past the start goes.
+
+    One append of 100 lines, truncated inside line 10: the index knows no
+    boundary at or after the start offset (or only one far on). The trimmed
+    file is every byte the plain file still has, from the start offset on.
+    """
+    src = MemorySource()
+    src.add(1, "raw", LINES, start_offset=CUT, event_index=list(index), sealed=True)
+    vfs, _ = make(src)
+    inode = trimmed_file(vfs, b"raw")
+    await vfs.find_trim_start(inode)
+    assert vfs.attributes(inode).size == len(LINES) - CUT
+    assert vfs.getxattr(inode, XATTR_PREFIX + b"view_offset") == str(CUT).encode()
+    assert await read_all(vfs, inode) == LINES[CUT:]
+    # The plain file: the same bytes at their offsets, zeros below.
+    assert await read_all(vfs, SEGMENT_INODE_BASE + 1) == bytes(CUT) + LINES[CUT:]
+
+
+async def test_a_raw_segment_truncated_at_an_indexed_boundary_starts_there() -> None:
+    src = MemorySource()
+    src.add(1, "raw", LINES, start_offset=NEXT_LINE, event_index=[NEXT_LINE])
+    vfs, _ = make(src)
+    inode = trimmed_file(vfs, b"raw")
+    assert await read_all(vfs, inode) == LINES[NEXT_LINE:]
+
+
+@pytest.mark.parametrize("index", [[], [900]], ids=["nothing indexed", "a later boundary"])
+async def test_a_lines_segment_trimmed_starts_after_the_next_newline(index: list[int]) -> None:
+    """Lines: the bytes are searched for the first newline at or after the start offset."""
+    src = MemorySource()
+    src.add(1, "d/lines", LINES, start_offset=CUT, event_index=list(index), sealed=True,
+            attributes={CODEC: Codec.LINES.number})  # fmt: skip
+    vfs, _ = make(src)
+    inode = trimmed_file(vfs, b"d")
+    inode = vfs.lookup(inode, b"lines").inode
+    await vfs.find_trim_start(inode)
+    assert vfs.getxattr(inode, XATTR_PREFIX + b"view_offset") == str(NEXT_LINE).encode()
+    assert vfs.attributes(inode).size == len(LINES) - NEXT_LINE
+    assert await read_all(vfs, inode) == LINES[NEXT_LINE:]
+
+
+async def test_a_trimmed_listing_shows_the_sizes_a_lookup_does() -> None:
+    """Listings (readdirplus) give the kernel attributes it caches: found like a lookup's."""
+    src = MemorySource()
+    src.add(1, "d/lines", LINES, start_offset=CUT, sealed=True,
+            attributes={CODEC: Codec.LINES.number})  # fmt: skip
+    src.add(2, "d/raw", LINES, start_offset=CUT, sealed=True)
+    vfs, _ = make(src)
+    d = vfs.lookup(TRIMMED_ROOT, b"d").inode
+    fh = vfs.opendir(d)
+    await vfs.find_trim_starts(fh)
+    sizes = {name: attrs.size for name, attrs, _ in vfs.readdir(fh, 0)}
+    assert sizes == {b"lines": len(LINES) - NEXT_LINE, b"raw": len(LINES) - CUT}
+
+
+@pytest.mark.expect_errors(r"where the first line of 'lines' after offset 115 starts")
+async def test_a_failed_search_for_the_first_line_is_eio_not_an_empty_file() -> None:
+    src = MemorySource()
+    src.add(1, "lines", LINES, start_offset=CUT, sealed=True,
+            attributes={CODEC: Codec.LINES.number})  # fmt: skip
+    vfs, _ = make(src)
+    inode = trimmed_file(vfs, b"lines")
+    src.fail_reads = True
+    with pytest.raises(FsError) as e:
+        await vfs.find_trim_start(inode)
+    assert e.value.errno == errno.EIO
+    src.fail_reads = False
+    await vfs.find_trim_start(inode)
+    assert await read_all(vfs, inode) == LINES[NEXT_LINE:]
 
 
 # -- streams: a directory from their creation to their deletion ----------------------------
