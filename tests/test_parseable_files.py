@@ -242,5 +242,10 @@ def test_a_lines_stream_has_lines_segments_trimmed_at_a_line(gateway: MountedDae
     assert int(os.getxattr(trimmed, "user.segment.view_offset")) == first_line
     assert trimmed.read_bytes() == data[first_line:]
     assert list(pd.read_json(trimmed, lines=True)["id"]) == list(range(31, 100))
+    # Fixed at create: `stream set --codec` is refused, and says why.
+    r = run_cli("stream", "set", "logs/app", "--codec", "raw", "--connect", d.address)
+    assert r.returncode != 0 and "fixed" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("stream", "show", "logs/app", "--connect", d.address)
+    assert json.loads(r.stdout)["codec"] == "lines"
     r = run_cli("stream", "delete", "logs/app", "--connect", d.address)
     assert r.returncode == 0, r.stderr
