@@ -145,6 +145,7 @@ class SegmentFS(pyfuse3.Operations):
     @_fuse_op
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         """List entries from index ``start_id`` (readdirplus)."""
+        await self.vfs.find_trim_starts(fh, start_id)  # the kernel caches these sizes
         for name, attrs, next_id in self.vfs.readdir(fh, start_id):
             if not pyfuse3.readdir_reply(token, name, entry_attributes(attrs), next_id):
                 break
@@ -193,6 +194,7 @@ class SegmentFS(pyfuse3.Operations):
     @_fuse_op
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
         """``user.segment.<key>`` as a decimal number."""
+        await self.vfs.find_trim_start(inode)  # view_offset of a truncated lines segment
         return self.vfs.getxattr(inode, name)
 
     @_fuse_op

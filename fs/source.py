@@ -34,6 +34,9 @@ class SegmentSource(Protocol):
     def segment_by_id(self, segment_id: int) -> Segment | None:
         """The live segment with this id, if any."""
 
+    def streams(self) -> Sequence[str]:
+        """The names of every live stream (directories shown with or without segments)."""
+
     async def read(self, seg: SegmentView, offset: int, size: int) -> Buffer:
         """Committed bytes from ``offset`` (< ``seg.length``): zeros below the start offset.
 
@@ -44,7 +47,8 @@ class SegmentSource(Protocol):
         """Fetch ``[start, stop)`` of these chunks ahead of a reader; the blocks scheduled."""
 
     def watch(self, watcher: NamespaceWatcher) -> None:
-        """Tell ``watcher`` about creates, seals, truncations and deletes from now on."""
+        """Tell ``watcher`` about creates, seals, truncations and deletes from now on
+        (of streams too)."""
 
     def unwatch(self, watcher: NamespaceWatcher) -> None:
         """Stop telling ``watcher``."""
@@ -70,6 +74,10 @@ class LocalSegments:
     def segment_by_id(self, segment_id: int) -> Segment | None:
         """The container's live segment with this id."""
         return self.container.segment_by_id(segment_id)
+
+    def streams(self) -> Sequence[str]:
+        """The container's streams."""
+        return self.container.stream_names()
 
     async def read(self, seg: SegmentView, offset: int, size: int) -> Buffer:
         """Through the read index; read-ahead is the caller's (per open file)."""
@@ -112,6 +120,10 @@ class ClusterSegments:
         if segment_id < REMOTE_ID_BASE:
             return self.local.segment_by_id(segment_id)
         return self.cluster.segment_by_id(segment_id)
+
+    def streams(self) -> Sequence[str]:
+        """This node's streams, then the other nodes'."""
+        return [*self.local.streams(), *self.cluster.streams()]
 
     async def read(self, seg: SegmentView, offset: int, size: int) -> Buffer:
         """Local segments through the read index; remote ones from chunks and their owner."""

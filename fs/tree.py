@@ -20,6 +20,11 @@ Inode numbers:
 A name that is both a segment and a directory (segments ``a`` and ``a/b``)
 cannot be shown as both: the directory wins and the segment ``a`` is hidden
 (`Tree.hidden` counts such segments).
+
+A stream is a directory from its creation to its deletion, whether or not a
+segment lies below it (readers that start before its first append, a glob
+or Spark's ``readStream``, must find it): `Tree.keep_directory` keeps a
+directory while empty, `Tree.release_directory` lets it go.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class Tree:
         self._segments: dict[int, tuple[str, int]] = {}
         #: segment inodes hidden by a directory of the same path.
         self._hidden: set[int] = set()
+        #: directory inodes kept while empty (streams).
+        self._kept: set[int] = set()
 
     # -- changes -----------------------------------------------------------------
 
@@ -89,6 +96,23 @@ class Tree:
         del self._dirs[parent].entries[base]
         return [(parent, base, inode), *self._prune(parent)]
 
+    def keep_directory(self, path: str) -> int:
+        """Show the directory ``path`` (and its parents) even while empty; its inode."""
+        inode = self._make_dirs(path)
+        self._kept.add(inode)
+        return inode
+
+    def release_directory(self, path: str) -> list[tuple[int, str, int]]:
+        """Stop keeping ``path``: it goes now if empty (with the parents it leaves empty).
+
+        Returns the entries that went, as `remove_segment` does.
+        """
+        inode = self._dir_by_path.get(path)
+        if inode is None or inode not in self._kept:
+            return []
+        self._kept.discard(inode)
+        return self._prune(inode)
+
     def _make_dirs(self, path: str) -> int:
         inode = self._dir_by_path.get(path)
         if inode is not None:
@@ -108,7 +132,7 @@ class Tree:
 
     def _prune(self, inode: int) -> list[tuple[int, str, int]]:
         gone = []
-        while inode != ROOT_INODE and not self._dirs[inode].entries:
+        while inode != ROOT_INODE and not self._dirs[inode].entries and inode not in self._kept:
             d = self._dirs.pop(inode)
             del self._dir_by_path[d.path]
             base = d.path.rpartition("/")[2]

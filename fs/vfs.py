@@ -26,9 +26,13 @@ Two views of every segment:
   start offset (like a punched hole). The `segments` Spark source, ``cat
   --offset`` and anything that compares offsets with the protocol's use it;
 - the same name under the hidden directory ``.trimmed`` (found by name,
-  never listed) starts at the segment's first event boundary at or after
-  its start offset, so pandas, pyarrow, DuckDB and Spark's JSON reader see
-  no zeros and no partial first event. Its xattr ``user.segment.view_offset``
+  never listed) starts where the segment's bytes do, so pandas, pyarrow,
+  DuckDB and Spark's JSON reader see no zeros: at the start offset when it
+  is a known event boundary; otherwise, for ``lines``, just past the first
+  newline at or after it (found by reading), so no partial first line; for
+  ``framed``, at the next indexed boundary (frames cannot be found by
+  reading from an arbitrary offset); for ``raw``, at the start offset itself
+  (`SegmentVFS.trim_start` says why). Its xattr ``user.segment.view_offset``
   is the segment offset of the file's first byte.
 
 In both, an active ``lines`` segment ends at its last newline
@@ -220,6 +224,8 @@ class SegmentVFS:
         self.tree = Tree()
         for seg in source.segments():
             self.tree.add_segment(seg.id, seg.name)
+        for name in source.streams():
+            self.tree.keep_directory(name)
         self._mounted_ns = time.time_ns()
         self._files: dict[int, _Handle] = {}
         #: Directory handle -> its entries when opened (stable readdir offsets).
@@ -271,6 +277,16 @@ class SegmentVFS:
         for key in [k for k in self._trim_starts if k[0] == seg.id]:
             del self._trim_starts[key]
 
+    def on_stream_created(self, name: str) -> None:
+        """A new stream: its directory shows now, before its first segment."""
+        self.tree.keep_directory(name)
+
+    def on_stream_deleted(self, name: str) -> None:
+        """The stream is gone (its segments went first): its directory goes, if empty."""
+        for parent, base, entry in self.tree.release_directory(name):
+            self.invalidate(("entry", parent, base.encode(), entry))
+            self.invalidate(("entry", parent + TRIMMED_BASE, base.encode(), entry + TRIMMED_BASE))
+
     # -- attributes ------------------------------------------------------------------
 
     def segment(self, inode: int) -> Segment:
@@ -285,18 +301,30 @@ class SegmentVFS:
         return seg
 
     def trim_start(self, seg: Segment) -> int:
-        """The trimmed view's first byte: the first event boundary at or after the start offset.
+        """The trimmed view's first byte (docs/FORMATS.md, "The trimmed view").
 
-        Known without reading: offset 0, an indexed boundary (the index holds
-        the start offset when a truncation was at a known boundary, as
-        retention's are), or a boundary `find_trim_start` found by reading.
-        Otherwise the next indexed boundary (at most ~1 MiB on), else the end
-        of the last complete event (an empty file, until more is indexed).
+        The start offset when it is offset 0 or an indexed boundary (the
+        index holds it when a truncation was at a known boundary, as
+        retention's are). Otherwise, by codec:
+
+        - raw: the start offset itself. Every append is whole events, but
+          which offsets are appends' starts is known only while they are
+          cached (and, sparsely, from the index): one append of a whole file
+          has no known boundary after the start at all. Rather than drop
+          bytes that the plain file still has (it did: an empty file), the
+          trimmed file starts where they start; a cut event shows as its
+          tail, which a parser reports;
+        - lines: just past the first newline at or after the start offset,
+          found by reading (`find_trim_start`); until it has been, the next
+          indexed boundary, else the end of the last complete line;
+        - framed: the next indexed boundary (frames cannot be found by
+          reading from an arbitrary offset), else the end of the last
+          complete event.
         """
         start = seg.start_offset
         index = seg.event_index
         i = bisect.bisect_left(index, start)
-        if start == 0 or (i < len(index) and index[i] == start):
+        if start == 0 or (i < len(index) and index[i] == start) or seg.codec is Codec.RAW:
             return start
         found = self._trim_starts.get((seg.id, start))
         if found is not None:
@@ -310,7 +338,9 @@ class SegmentVFS:
         The line that starts after the first newline at or after the start
         offset (a line starting exactly at an unindexed start offset cannot
         be told from the tail of a cut one, so it is skipped too). Nothing
-        to do for other files. Read errors leave the index's answer.
+        to do for other files. A read that fails is EIO (logged): the
+        file's start is unknown, and guessing would drop lines or show a
+        partial one.
         """
         plain, trimmed = _trimmed(inode)
         if not trimmed or self.tree.is_dir(plain) or plain >= EVENTS_INODE_BASE:
@@ -326,8 +356,15 @@ class SegmentVFS:
         while pos < limit:
             try:
                 block = bytes(await self.source.read(seg.view(), pos, min(_SCAN, limit - pos)))
-            except GatewayError:
-                return
+            except GatewayError as e:
+                if self.source.segment_by_id(seg.id) is None:
+                    return  # deleted meanwhile: stale, not broken (the caller finds it gone)
+                self.read_errors += 1
+                log.error(
+                    "read of %r at offset %d, to find where the first line of %r after "
+                    "offset %d starts, failed: %s", seg.name, pos, seg.name, start, e,
+                )  # fmt: skip
+                raise FsError(errno.EIO) from None
             if not block:
                 return
             nl = block.find(b"\n")
@@ -338,6 +375,16 @@ class SegmentVFS:
         if len(self._trim_starts) >= 100_000:
             self._trim_starts.clear()
         self._trim_starts[(seg.id, start)] = limit
+
+    async def find_trim_starts(self, fh: int, start_id: int = 0) -> None:
+        """`find_trim_start` for the files of a trimmed directory listing, from ``start_id``.
+
+        A listing (readdirplus) hands the kernel each entry's attributes,
+        which it caches like a lookup's: the sizes must be the files' own.
+        """
+        for _, inode in self._dirs.get(fh, [])[start_id:]:
+            if inode >= TRIMMED_BASE:
+                await self.find_trim_start(inode)
 
     def attributes(self, inode: int) -> Attributes:
         """What ``stat`` shows."""

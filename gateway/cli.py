@@ -806,12 +806,14 @@ def _cmd_stream(args: argparse.Namespace) -> int:
             return 0
         if not args.name:
             raise BadRequest(f"stream {action} needs a NAME")
+        if args.codec is not None and action != "create":
+            raise BadRequest("--codec is for stream create: a stream's codec is fixed then")
         if action == "delete":
             await client.delete_stream(args.name)
             print(f"deleted stream {args.name} and its segments")
             return 0
         if action == "create":
-            info = await client.create_stream(args.name, _stream_policy(args))
+            info = await client.create_stream(args.name, _stream_policy(args), args.codec or "raw")
         elif action == "set":
             info = await client.set_stream(args.name, _stream_policy(args))
         elif action == "roll":
@@ -1014,6 +1016,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "newer bytes alone are at least this many (0: keep all)")  # fmt: skip
     p.add_argument("--retain-age", metavar="DURATION", help="delete sealed segments last "
                    "changed longer ago than this, e.g. 7d (0: keep all)")  # fmt: skip
+    p.add_argument("--codec", choices=["raw", "lines", "framed"], help="create: the codec "
+                   "every segment of the stream is created with, as `create --codec` "
+                   "(docs/FORMATS.md; default raw)")  # fmt: skip
     p = add("txn", _cmd_txn, "transactions: begin (prints the name), append (stdin, like "
             "append), commit, abort", client=True)  # fmt: skip
     p.add_argument("action", choices=["begin", "append", "commit", "abort"])

@@ -620,7 +620,11 @@ class Client:
     # -- streams -----------------------------------------------------------------------
 
     async def _stream_call(
-        self, action: int, name: str = "", policy: Mapping[str, int | None] | None = None
+        self,
+        action: int,
+        name: str = "",
+        policy: Mapping[str, int | None] | None = None,
+        codec: Codec = Codec.RAW,
     ) -> wire.Response:
         p = wire.StreamPolicy()
         for key, value in (policy or {}).items():
@@ -628,18 +632,27 @@ class Client:
                 p.reset.append(key)
             else:
                 setattr(p, key, value)
-        request = wire.StreamRequest(action=action, name=name, policy=p)  # type: ignore[arg-type]
+        request = wire.StreamRequest(
+            action=action,  # type: ignore[arg-type]
+            name=name,
+            policy=p,
+            codec=codec.number,  # type: ignore[arg-type]
+        )
         if not name:
             return await self._call(stream=request)
         return await self._segment_call(name, stream=request)
 
     async def create_stream(
-        self, name: str, policy: Mapping[str, int | None] | None = None
+        self,
+        name: str,
+        policy: Mapping[str, int | None] | None = None,
+        codec: Codec | str = Codec.RAW,
     ) -> StreamInfo:
         """Create a stream; ``policy``: roll_size, roll_age_ms, retain_size, retain_age_ms
-        (unset ones follow the daemon's ``[streams]`` defaults, 0 turns one off)."""
+        (unset ones follow the daemon's ``[streams]`` defaults, 0 turns one off);
+        ``codec`` (raw, lines, framed): every segment of the stream is created with it."""
         return StreamInfo.from_wire(
-            (await self._stream_call(wire.STREAM_CREATE, name, policy)).stream
+            (await self._stream_call(wire.STREAM_CREATE, name, policy, Codec(codec))).stream
         )
 
     async def set_stream(self, name: str, policy: Mapping[str, int | None]) -> StreamInfo:
@@ -654,6 +667,12 @@ class Client:
         """Every stream of the connected node."""
         r = await self._stream_call(wire.STREAM_LIST)
         return [StreamInfo.from_wire(m) for m in r.streams.streams]
+
+    async def stream_names(self) -> builtins.list[str]:
+        """The names of every stream of the connected node (without their segments)."""
+        request = wire.StreamRequest(action=wire.STREAM_LIST, names_only=True)
+        r = await self._call(stream=request)
+        return [m.name for m in r.streams.streams]
 
     async def roll_stream(self, name: str) -> StreamInfo:
         """Seal a stream's current segment now."""
@@ -968,11 +987,14 @@ class SyncClient:
         return self._run(self._client.update_attributes, segment, list(updates))
 
     def create_stream(
-        self, name: str, policy: Mapping[str, int | None] | None = None
+        self,
+        name: str,
+        policy: Mapping[str, int | None] | None = None,
+        codec: Codec | str = Codec.RAW,
     ) -> StreamInfo:
         """See `Client.create_stream`."""
         assert self._client is not None
-        return self._run(self._client.create_stream, name, policy)
+        return self._run(self._client.create_stream, name, policy, codec)
 
     def set_stream(self, name: str, policy: Mapping[str, int | None]) -> StreamInfo:
         """See `Client.set_stream`."""

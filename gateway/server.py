@@ -1116,12 +1116,14 @@ def _stream(conn: Connection, req: wire.Request) -> Producer:
     rid = req.request_id
     action = r.action
     if action == wire.STREAM_LIST:
-        streams = c.list_streams()
+        streams = (
+            [wire.StreamInfo(name=n) for n in c.stream_names()]
+            if r.names_only
+            else [s.to_wire() for s in c.list_streams()]
+        )
 
         async def listed() -> wire.Response:
-            return wire.Response(
-                request_id=rid, streams=wire.StreamList(streams=[s.to_wire() for s in streams])
-            )
+            return wire.Response(request_id=rid, streams=wire.StreamList(streams=streams))
 
         return listed
     if action == wire.STREAM_GET:
@@ -1144,8 +1146,10 @@ def _stream(conn: Connection, req: wire.Request) -> Producer:
         return deleted
     if action == wire.STREAM_ROLL:
         op = c.prepare_roll(r.name)
-    elif action in (wire.STREAM_CREATE, wire.STREAM_SET):
-        op = c.prepare_set_stream(r.name, _policy(r.policy), create=action == wire.STREAM_CREATE)
+    elif action == wire.STREAM_CREATE:
+        op = c.prepare_set_stream(r.name, _policy(r.policy), create=True, codec=_codec(r.codec))
+    elif action == wire.STREAM_SET:
+        op = c.prepare_set_stream(r.name, _policy(r.policy))
     else:
         raise BadRequest(f"unknown stream action {action}")
 

@@ -15,6 +15,14 @@ is left empty, and hands the lines to the JSON or CSV reader. If the
 truncation offset was an event boundary, every surviving event is intact;
 if it cut an event, its tail becomes one malformed record (shown or dropped
 by the reader's ``mode``), as in any file that starts mid-record.
+
+The mount's ``.trimmed`` view needs none of this (no zeros), and Spark's own
+readers take it as it is: a ``lines`` segment's trimmed file starts at a
+whole line (the cut line's tail is left out), a ``raw`` segment's at the
+start offset itself (a cut line's tail is the same one malformed record as
+here; docs/FORMATS.md, "The trimmed view"). `read_lines` over ``.trimmed``
+paths reads the same rows as over the plain ones, but for that tail of a
+``lines`` segment.
 """
 
 from __future__ import annotations

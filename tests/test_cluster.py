@@ -253,6 +253,29 @@ def test_streams_and_transactions_through_another_node_follow_the_owner(
         b.delete_stream("node-a/clicks")
 
 
+def test_a_stream_shows_on_every_mount_from_create_to_delete(cluster: Cluster) -> None:
+    """Its directory is there before its first segment, on the owner and on the others."""
+    name = "node-b/early"
+    with cluster.client("node-b") as b:
+        b.create_stream(name, codec="lines")
+    for node in NODES:
+        path = cluster.daemons[node].mnt / name
+        wait_for(lambda path=path: path.is_dir() and os.listdir(path) == [], 10,
+                 f"the empty stream in {node}'s mount")  # fmt: skip
+    with cluster.client("node-b") as b:
+        segment = b.append(name, b"one\ntwo\nthr").segment
+    for node in NODES:
+        path = cluster.daemons[node].mnt / segment
+        wait_for(lambda path=path: path.exists() and path.stat().st_size == 8, 10,
+                 f"the stream's lines segment in {node}'s mount")  # fmt: skip
+        assert os.getxattr(path, "user.segment.codec") == b"lines"
+    with cluster.client("node-b") as b:
+        b.delete_stream(name)
+    for node in NODES:
+        path = cluster.daemons[node].mnt / name
+        wait_for(lambda path=path: not path.exists(), 10, f"the stream gone from {node}'s mount")
+
+
 def test_a_killed_owner_leaves_its_flushed_bytes_readable(cluster: Cluster) -> None:
     """Runs last in the module: node-c stays down."""
     name = "node-c/dies"

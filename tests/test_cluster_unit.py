@@ -56,6 +56,7 @@ from gateway.protocol.metadata_pb2 import (
     ContainerSnapshot,
     MetadataSnapshot,
     SegmentRecord,
+    StreamRecord,
 )
 from gateway.tier2.filesystem import FileStorage
 from gateway.tier2.layer import ChunkLayer
@@ -340,6 +341,8 @@ class FakeOwner:
     def __init__(self) -> None:
         self.records: dict[str, SegmentRecord] = {}
         self.next_id = 1
+        #: Names of its streams.
+        self.streams: list[str] = []
 
     def create(self, name: str, length: int = 0, sealed: bool = False) -> SegmentRecord:
         r = SegmentRecord(id=self.next_id, name=name, length=length, sealed=sealed)
@@ -355,6 +358,9 @@ class FakeOwner:
         if name not in self.records:
             raise SegmentNotFound(name)
         return self.records[name]
+
+    async def stream_names(self) -> list[str]:
+        return sorted(self.streams)
 
 
 class Events:
@@ -372,6 +378,12 @@ class Events:
 
     def on_deleted(self, seg: Segment) -> None:
         self.seen.append(("deleted", seg.name))
+
+    def on_stream_created(self, name: str) -> None:
+        self.seen.append(("stream created", name))
+
+    def on_stream_deleted(self, name: str) -> None:
+        self.seen.append(("stream deleted", name))
 
 
 async def test_a_remote_view_follows_churn_and_stays_bounded() -> None:
@@ -442,6 +454,35 @@ async def test_without_the_owner_files_end_at_their_flushed_length() -> None:
     # A reader still holding the owner's longer view: refused at once, never a hang.
     with pytest.raises(GatewayError, match="only on node other, which does not answer"):
         await node.read(dataclasses.replace(tail.view(), length=100), 60, 10)
+
+
+async def test_a_remote_view_shows_the_owners_streams_with_or_without_segments() -> None:
+    layer = ChunkLayer(MemoryStorage(), retry_deadline=1.0)
+    node = RemoteNode("other", layer, None, MountIds())
+    events = Events()
+    node.watchers.append(events)
+    owner = FakeOwner()
+    owner.streams = ["logs"]
+    await node.refresh_live(owner)  # type: ignore[arg-type]
+    assert node.streams == {"logs"} and events.seen == [("stream created", "logs")]
+    owner.create("logs/000000000001", length=3)
+    owner.streams.append("empty")
+    await node.refresh_live(owner)  # type: ignore[arg-type]
+    assert node.streams == {"logs", "empty"}
+    owner.streams.remove("logs")
+    del owner.records["logs/000000000001"]
+    await node.refresh_live(owner)  # type: ignore[arg-type]
+    assert node.streams == {"empty"}
+    assert events.seen[-2:] == [("deleted", "logs/000000000001"), ("stream deleted", "logs")]
+    # Without the owner: the streams its newest snapshot holds, and those already known.
+    container = ContainerSnapshot(
+        version=SNAPSHOT_VERSION, next_segment_id=1, streams=[StreamRecord(name="snapped")]
+    )
+    snap = build_snapshot(container, "other", 1, 1000)
+    await layer.write(snapshot_key("other", 1000, 1), snap.SerializeToString(), {})
+    await node.refresh_proven()
+    assert node.streams == {"empty", "snapped"}
+    assert events.seen[-1] == ("stream created", "snapped")
 
 
 async def test_a_connection_lost_mid_refresh_is_raised_as_itself() -> None:

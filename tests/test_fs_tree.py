@@ -68,6 +68,30 @@ def test_a_directory_hides_a_segment_of_the_same_path_until_it_goes() -> None:
     assert t.lookup(ROOT_INODE, "a") == Tree.segment_inode(1) and t.hidden == 0
 
 
+def test_a_kept_directory_shows_while_empty_and_goes_when_let_go() -> None:
+    """A stream's directory: there from its creation, whatever its segments do."""
+    t = Tree()
+    d = t.keep_directory("a/stream")
+    a = t.lookup(ROOT_INODE, "a")
+    assert a is not None and t.lookup(a, "stream") == d and t.is_dir(d)
+    assert t.entries(d) == []
+    t.add_segment(1, "a/stream/000000000001")
+    t.remove_segment(1)  # its last segment goes: the directory stays
+    assert t.lookup(a, "stream") == d and t.entries(d) == []
+    assert t.keep_directory("a/stream") == d
+    gone = t.release_directory("a/stream")
+    assert gone == [(a, "stream", d), (ROOT_INODE, "a", a)]
+    assert t.lookup(ROOT_INODE, "a") is None and t.directories == 1
+    assert t.release_directory("a/stream") == []
+    # Released while segments are below: it goes with the last of them.
+    d = t.keep_directory("s")
+    t.add_segment(2, "s/000000000001")
+    assert t.release_directory("s") == []
+    assert t.lookup(ROOT_INODE, "s") == d
+    assert t.remove_segment(2)[-1] == (ROOT_INODE, "s", d)
+    assert t.directories == 1
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(

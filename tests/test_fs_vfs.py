@@ -19,14 +19,17 @@ from fs.tree import ROOT_INODE, SEGMENT_INODE_BASE
 from fs.vfs import (
     EVENTS_INODE_BASE,
     TRIMMED_BASE,
+    TRIMMED_ROOT,
     XATTR_PREFIX,
     FsError,
     Invalidation,
     SegmentVFS,
 )
 from gateway.buffers import Buffer
+from gateway.codec import Codec
 from gateway.config import FuseConfig
 from gateway.container import EVENT_COUNT
+from gateway.container.attributes import CODEC
 from gateway.container.interfaces import NamespaceWatcher
 from gateway.container.segment import Segment
 from gateway.errors import Tier2Error
@@ -49,6 +52,8 @@ class MemorySource:
         self.reads: list[tuple[int, bool]] = []
         self.fail_reads = False
         self.watchers: list[NamespaceWatcher] = []
+        #: Names of live streams (directories that show while empty).
+        self.stream_names: list[str] = []
 
     def add(self, segment_id: int, name: str, data: bytes = b"", **fields: object) -> Segment:
         seg = Segment(segment_id, name, created_at_ms=1_000)
@@ -63,8 +68,21 @@ class MemorySource:
             w.on_created(seg)
         return seg
 
+    def add_stream(self, name: str) -> None:
+        self.stream_names.append(name)
+        for w in self.watchers:
+            w.on_stream_created(name)
+
+    def remove_stream(self, name: str) -> None:
+        self.stream_names.remove(name)
+        for w in self.watchers:
+            w.on_stream_deleted(name)
+
     def segments(self) -> Sequence[Segment]:
         return list(self.by_id.values())
+
+    def streams(self) -> Sequence[str]:
+        return list(self.stream_names)
 
     def segment_by_id(self, segment_id: int) -> Segment | None:
         return self.by_id.get(segment_id)
@@ -285,3 +303,129 @@ def test_xattrs_statfs() -> None:
     assert vfs.listxattr(ROOT_INODE) == []
     st = vfs.statfs()
     assert st.blocks == 2 and st.files == 2 + 2 and st.namemax == 255  # root and dir/
+
+
+# -- the trimmed view's first byte (docs/FORMATS.md, "The trimmed view") ---------------
+
+LINES = b"".join(b'{"id": %d}\n' % i for i in range(100))
+#: Inside line 10 (each line of ids 10-99 is 12 bytes, of 0-9 11).
+CUT = 10 * 11 + 5
+#: Where line 11 starts.
+NEXT_LINE = 10 * 11 + 12
+
+
+def trimmed_file(vfs: SegmentVFS, name: bytes) -> int:
+    return vfs.lookup(TRIMMED_ROOT, name).inode
+
+
+async def read_all(vfs: SegmentVFS, inode: int) -> bytes:
+    fh = vfs.open(inode, os.O_RDONLY).fh
+    try:
+        return bytes(await vfs.read(fh, 0, 1 << 20))
+    finally:
+        vfs.release(fh)
+
+
+@pytest.mark.parametrize("index", [[], [900]], ids=["nothing indexed", "a later boundary"])
+async def test_a_raw_segment_trimmed_starts_at_its_start_offset(index: list[int]) -> None:
+    """Raw bytes: no boundary is known inside an append, so nothing past the start goes.
+
+    One append of 100 lines, truncated inside line 10: the index knows no
+    boundary at or after the start offset (or only one far on). The trimmed
+    file is every byte the plain file still has, from the start offset on.
+    """
+    src = MemorySource()
+    src.add(1, "raw", LINES, start_offset=CUT, event_index=list(index), sealed=True)
+    vfs, _ = make(src)
+    inode = trimmed_file(vfs, b"raw")
+    await vfs.find_trim_start(inode)
+    assert vfs.attributes(inode).size == len(LINES) - CUT
+    assert vfs.getxattr(inode, XATTR_PREFIX + b"view_offset") == str(CUT).encode()
+    assert await read_all(vfs, inode) == LINES[CUT:]
+    # The plain file: the same bytes at their offsets, zeros below.
+    assert await read_all(vfs, SEGMENT_INODE_BASE + 1) == bytes(CUT) + LINES[CUT:]
+
+
+async def test_a_raw_segment_truncated_at_an_indexed_boundary_starts_there() -> None:
+    src = MemorySource()
+    src.add(1, "raw", LINES, start_offset=NEXT_LINE, event_index=[NEXT_LINE])
+    vfs, _ = make(src)
+    inode = trimmed_file(vfs, b"raw")
+    assert await read_all(vfs, inode) == LINES[NEXT_LINE:]
+
+
+@pytest.mark.parametrize("index", [[], [900]], ids=["nothing indexed", "a later boundary"])
+async def test_a_lines_segment_trimmed_starts_after_the_next_newline(index: list[int]) -> None:
+    """Lines: the bytes are searched for the first newline at or after the start offset."""
+    src = MemorySource()
+    src.add(1, "d/lines", LINES, start_offset=CUT, event_index=list(index), sealed=True,
+            attributes={CODEC: Codec.LINES.number})  # fmt: skip
+    vfs, _ = make(src)
+    inode = trimmed_file(vfs, b"d")
+    inode = vfs.lookup(inode, b"lines").inode
+    await vfs.find_trim_start(inode)
+    assert vfs.getxattr(inode, XATTR_PREFIX + b"view_offset") == str(NEXT_LINE).encode()
+    assert vfs.attributes(inode).size == len(LINES) - NEXT_LINE
+    assert await read_all(vfs, inode) == LINES[NEXT_LINE:]
+
+
+async def test_a_trimmed_listing_shows_the_sizes_a_lookup_does() -> None:
+    """Listings (readdirplus) give the kernel attributes it caches: found like a lookup's."""
+    src = MemorySource()
+    src.add(1, "d/lines", LINES, start_offset=CUT, sealed=True,
+            attributes={CODEC: Codec.LINES.number})  # fmt: skip
+    src.add(2, "d/raw", LINES, start_offset=CUT, sealed=True)
+    vfs, _ = make(src)
+    d = vfs.lookup(TRIMMED_ROOT, b"d").inode
+    fh = vfs.opendir(d)
+    await vfs.find_trim_starts(fh)
+    sizes = {name: attrs.size for name, attrs, _ in vfs.readdir(fh, 0)}
+    assert sizes == {b"lines": len(LINES) - NEXT_LINE, b"raw": len(LINES) - CUT}
+
+
+@pytest.mark.expect_errors(r"where the first line of 'lines' after offset 115 starts")
+async def test_a_failed_search_for_the_first_line_is_eio_not_an_empty_file() -> None:
+    src = MemorySource()
+    src.add(1, "lines", LINES, start_offset=CUT, sealed=True,
+            attributes={CODEC: Codec.LINES.number})  # fmt: skip
+    vfs, _ = make(src)
+    inode = trimmed_file(vfs, b"lines")
+    src.fail_reads = True
+    with pytest.raises(FsError) as e:
+        await vfs.find_trim_start(inode)
+    assert e.value.errno == errno.EIO
+    src.fail_reads = False
+    await vfs.find_trim_start(inode)
+    assert await read_all(vfs, inode) == LINES[NEXT_LINE:]
+
+
+# -- streams: a directory from their creation to their deletion ----------------------------
+
+
+def test_a_stream_shows_as_a_directory_while_it_has_no_segment() -> None:
+    src = MemorySource()
+    src.add_stream("old/stream")  # before the mount: listed when it starts
+    vfs, sent = make(src)
+    old = vfs.lookup(ROOT_INODE, b"old").inode
+    stream = vfs.lookup(old, b"stream")
+    assert stat.S_ISDIR(stream.mode)
+    assert list(vfs.readdir(vfs.opendir(stream.inode), 0)) == []
+    assert stat.S_ISDIR(vfs.lookup(vfs.lookup(TRIMMED_ROOT, b"old").inode, b"stream").mode)
+    src.add_stream("new")
+    new = vfs.lookup(ROOT_INODE, b"new")
+    assert stat.S_ISDIR(new.mode)
+    # Its segments come and go; the directory stays while the stream does.
+    seg = src.add(1, "new/000000000001", b"x")
+    assert [n for n, _, _ in vfs.readdir(vfs.opendir(new.inode), 0)] == [b"000000000001"]
+    del src.by_id[1]
+    vfs.on_deleted(seg)
+    assert vfs.lookup(ROOT_INODE, b"new").inode == new.inode
+    assert list(vfs.readdir(vfs.opendir(new.inode), 0)) == []
+    # Deleted: gone, with the directories it leaves empty, and the kernel told.
+    src.remove_stream("new")
+    assert errno_of(vfs.lookup, ROOT_INODE, b"new") == errno.ENOENT
+    assert ("entry", ROOT_INODE, b"new", new.inode) in sent
+    assert ("entry", TRIMMED_ROOT, b"new", new.inode + TRIMMED_BASE) in sent
+    src.remove_stream("old/stream")
+    assert errno_of(vfs.lookup, ROOT_INODE, b"old") == errno.ENOENT
+    assert ("entry", ROOT_INODE, b"old", old) in sent

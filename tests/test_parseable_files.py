@@ -10,6 +10,7 @@ it grows. One mounted daemon for the module; Spark runs ``local[2]``.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import struct
@@ -19,6 +20,8 @@ from collections.abc import Iterator
 import pytest
 
 from gateway.client import SyncClient
+from tests.helpers.cluster import wait_for
+from tests.helpers.daemon import run_cli
 from tests.helpers.mount import MountedDaemon, mounted_daemon
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -150,3 +153,99 @@ def test_a_raw_segment_shows_its_whole_length(gateway: MountedDaemon) -> None:
         c.append("rawcut", b'{"id": 1}\n{"id"')
     assert (d.mnt / "rawcut").read_bytes() == b'{"id": 1}\n{"id"'
     assert os.getxattr(d.mnt / "rawcut", "user.segment.codec") == b"raw"
+
+
+def test_a_raw_segment_truncated_inside_its_one_append_keeps_every_byte(
+    gateway: MountedDaemon,
+) -> None:
+    """Raw: no boundary is known inside an append, so ``.trimmed`` starts at the start offset.
+
+    One append of 100 JSON lines (``append --raw`` of a file, a writer's one
+    block), truncated inside line 10: ``.trimmed`` has every byte the plain
+    file still has, so parsers report the cut line instead of reading no
+    rows; truncated at a line start, they read exactly the lines from there.
+    """
+    import pandas as pd
+    import pyarrow.json as pj
+
+    d = gateway
+    data = b"".join(event(i) for i in range(100))
+    cut = len(b"".join(event(i) for i in range(10))) + 5
+    with SyncClient(d.address) as c:
+        c.create("raw/block")
+        c.append("raw/block", data)
+        c.truncate("raw/block", cut)
+    trimmed = d.mnt / ".trimmed" / "raw" / "block"
+    assert int(os.getxattr(trimmed, "user.segment.view_offset")) == cut
+    assert trimmed.stat().st_size == len(data) - cut
+    assert trimmed.read_bytes() == data[cut:]
+    with pytest.raises(ValueError, match="Expected object or value"):
+        pd.read_json(trimmed, lines=True)  # the cut line is an error, never 0 rows
+    duckdb = pytest.importorskip("duckdb")
+    rows = duckdb.sql(
+        f"SELECT id FROM read_json_auto('{trimmed}', format='newline_delimited', "
+        "ignore_errors=true) WHERE id IS NOT NULL ORDER BY id"
+    ).fetchall()
+    assert [r[0] for r in rows] == list(range(11, 100))
+    # Truncated at a line start inside the same append: exactly the lines from there.
+    start = len(b"".join(event(i) for i in range(20)))
+    with SyncClient(d.address) as c:
+        c.truncate("raw/block", start)
+        c.seal("raw/block")
+    assert int(os.getxattr(trimmed, "user.segment.view_offset")) == start
+    assert list(pd.read_json(trimmed, lines=True)["id"]) == list(range(20, 100))
+    assert pj.read_json(trimmed).column("id").to_pylist() == list(range(20, 100))
+    rows = duckdb.sql(f"SELECT id FROM read_json_auto('{trimmed}') ORDER BY id").fetchall()
+    assert [r[0] for r in rows] == list(range(20, 100))
+
+
+def test_a_stream_directory_is_there_from_create_to_delete(gateway: MountedDaemon) -> None:
+    """Readers started before the first append (a glob, Spark's readStream) find the stream."""
+    d = gateway
+    r = run_cli("stream", "create", "early/clicks", "--connect", d.address)
+    assert r.returncode == 0, r.stderr
+    stream = d.mnt / "early" / "clicks"
+    assert stream.is_dir() and os.listdir(stream) == []
+    assert glob.glob(f"{stream}/*") == []
+    assert (d.mnt / ".trimmed" / "early" / "clicks").is_dir()
+    with SyncClient(d.address) as c:
+        landed = c.append("early/clicks", event(1)).segment
+    assert os.listdir(stream) == [landed.rpartition("/")[2]]
+    r = run_cli("stream", "delete", "early/clicks", "--connect", d.address)
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: not (d.mnt / "early").exists(), 5, "the stream's directory gone")
+    assert "early" not in os.listdir(d.mnt)
+
+
+def test_a_lines_stream_has_lines_segments_trimmed_at_a_line(gateway: MountedDaemon) -> None:
+    """``stream create --codec lines``: every segment is ``lines``, so the gateway knows
+    where its events end -- in an active segment's size and in ``.trimmed``."""
+    import pandas as pd
+
+    d = gateway
+    r = run_cli("stream", "create", "logs/app", "--codec", "lines", "--connect", d.address)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["codec"] == "lines"
+    assert os.listdir(d.mnt / "logs" / "app") == []
+    data = b"".join(event(i) for i in range(100))
+    with SyncClient(d.address) as c:
+        # One raw append that ends inside a line.
+        segment = c.append("logs/app", data + event(100)[:7]).segment
+    plain = d.mnt / segment
+    assert os.getxattr(plain, "user.segment.codec") == b"lines"
+    assert plain.stat().st_size == len(data)  # an active lines segment ends at its last newline
+    cut = len(b"".join(event(i) for i in range(30))) + 3
+    with SyncClient(d.address) as c:
+        c.truncate(segment, cut)
+    trimmed = d.mnt / ".trimmed" / segment
+    first_line = len(b"".join(event(i) for i in range(31)))
+    assert int(os.getxattr(trimmed, "user.segment.view_offset")) == first_line
+    assert trimmed.read_bytes() == data[first_line:]
+    assert list(pd.read_json(trimmed, lines=True)["id"]) == list(range(31, 100))
+    # Fixed at create: `stream set --codec` is refused, and says why.
+    r = run_cli("stream", "set", "logs/app", "--codec", "raw", "--connect", d.address)
+    assert r.returncode != 0 and "fixed" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("stream", "show", "logs/app", "--connect", d.address)
+    assert json.loads(r.stdout)["codec"] == "lines"
+    r = run_cli("stream", "delete", "logs/app", "--connect", d.address)
+    assert r.returncode == 0, r.stderr

@@ -12,6 +12,7 @@ import trio
 import trio.testing
 
 from cache.memory import MemoryCache
+from gateway.codec import Codec
 from gateway.config import ContainerConfig, StreamsConfig
 from gateway.container.container import SegmentContainer
 from gateway.container.replay import Replayer
@@ -494,3 +495,73 @@ async def test_finished_transactions_are_remembered_within_bounds_and_checkpoint
         await c2.commit(names[3])
     await c2.enforce_streams()
     assert c2.committed_snapshot().txn_outcomes == []
+
+
+class StreamEvents:
+    """A namespace watcher that records what it is told about streams."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def on_created(self, seg: object) -> None:
+        pass
+
+    def on_sealed(self, seg: object) -> None:
+        pass
+
+    def on_truncated(self, seg: object) -> None:
+        pass
+
+    def on_deleted(self, seg: object) -> None:
+        pass
+
+    def on_stream_created(self, name: str) -> None:
+        self.seen.append(("created", name))
+
+    def on_stream_deleted(self, name: str) -> None:
+        self.seen.append(("deleted", name))
+
+
+async def test_a_stream_takes_a_codec_when_created_and_its_segments_have_it() -> None:
+    c, journal, _ = make()
+    events = StreamEvents()
+    c.watchers.append(events)
+    await c.create_stream("logs", {"roll_size": 12}, codec=Codec.LINES)
+    assert events.seen == [("created", "logs")]  # before any segment exists
+    assert c.stream_info("logs").codec == "lines"
+    # Raw appends that cut lines: the current segment ends at its last newline.
+    await c.append("logs", b"one\ntwo\nthr")
+    first = c.stream_info("logs").segments[0].name
+    assert c._committed(first).codec is Codec.LINES
+    assert c._committed(first).event_end == len(b"one\ntwo\n")
+    await c.append("logs", b"ee\n")
+    await c.append("logs", b"four\n")  # past the roll size: the next segment
+    members = [m.name for m in c.stream_info("logs").segments]
+    assert len(members) == 2
+    assert [c._committed(m).codec for m in members] == [Codec.LINES] * 2
+    # A transaction on the stream has its codec too.
+    txn = await c.begin("logs")
+    assert c._committed(txn.name).codec is Codec.LINES
+    await c.abort(txn.name)
+    # Journaled: a restart replays it; a policy change keeps it.
+    c2 = restart(c, journal)
+    assert c2.stream_info("logs").codec == "lines"
+    await c2.set_stream("logs", {"roll_size": 100})
+    await c2.roll("logs")
+    await c2.append("logs", b"five\n")
+    assert c2._committed(c2.stream_info("logs").segments[-1].name).codec is Codec.LINES
+    # Checkpointed: a restart from a checkpoint has it.
+    await c2.checkpoint(roll=True)
+    c3 = restart(c2, journal)
+    assert c3.stream_info("logs").codec == "lines"
+    await c3.roll("logs")
+    await c3.append("logs", b"six\n")
+    assert c3._committed(c3.stream_info("logs").segments[-1].name).codec is Codec.LINES
+    # Without a codec: raw, as before streams had codecs.
+    await c.create_stream("plain")
+    await c.append("plain", b"x")
+    assert c.stream_info("plain").codec == "raw"
+    assert c._committed(c.stream_info("plain").segments[0].name).codec is Codec.RAW
+    await c.delete_stream("logs")
+    assert events.seen == [("created", "logs"), ("created", "plain"), ("deleted", "logs")]
+    assert c.stream_names() == ["plain"]

@@ -4,7 +4,8 @@ A `RemoteNode` keeps the committed metadata of one other node's segments:
 
 - while the node answers over the protocol, from it: a listing every
   ``cluster.refresh_interval``, and the whole record (chunk list,
-  attributes, event index) of each segment that changed;
+  attributes, event index) of each segment that changed; then the names of
+  its streams (directories in the mount before their first segment);
 - when it does not (down, stopped, or cut off), from what can be proven
   without it: its newest metadata snapshot in Tier 2, merged with the chunk
   lists already learnt from it. Each file then ends at its flushed length.
@@ -36,9 +37,16 @@ from gateway.buffers import Buffer
 from gateway.client import Client
 from gateway.cluster.fence import FenceTimes
 from gateway.container.interfaces import AttributeStore, NamespaceWatcher
+from gateway.container.names import validate_name
 from gateway.container.results import ReadResult, SegmentInfo
 from gateway.container.segment import Segment
-from gateway.errors import GatewayError, SegmentNotFound, SegmentTruncated, SnapshotInvalid
+from gateway.errors import (
+    GatewayError,
+    InvalidName,
+    SegmentNotFound,
+    SegmentTruncated,
+    SnapshotInvalid,
+)
 from gateway.protocol.metadata_pb2 import MetadataSnapshot, SegmentRecord
 from gateway.readindex import SegmentView
 from gateway.tier2 import names
@@ -131,8 +139,11 @@ class RemoteNode:
         #: Local id -> the owner's id of the segment.
         self._remote_ids: dict[int, int] = {}
         self.watchers: list[NamespaceWatcher] = []
+        #: Names of its streams (directories in the mount, with or without segments).
+        self.streams: set[str] = set()
         self._snapshot_key = ""
         self._snapshot: dict[str, SegmentRecord] = {}
+        self._snapshot_streams: set[str] = set()
         self.refreshes = 0
         #: Set once the view has been filled once (live or from Tier 2).
         self.first_refresh = trio.Event()
@@ -215,6 +226,23 @@ class RemoteNode:
         for w in list(self.watchers):
             w.on_deleted(seg)
 
+    def _set_streams(self, names: set[str]) -> None:
+        """Its streams are these now: tell the watchers which went, then which came."""
+        valid = set()
+        for name in names:
+            try:
+                valid.add(validate_name(name))
+            except InvalidName as e:
+                self.rejections.reject(f"stream name from node {self.node_id}", name, str(e))
+        names = valid
+        gone, came = sorted(self.streams - names), sorted(names - self.streams)
+        self.streams = names
+        for w in list(self.watchers):
+            for name in gone:
+                w.on_stream_deleted(name)
+            for name in came:
+                w.on_stream_created(name)
+
     async def refresh_live(self, client: Client) -> None:
         """Bring the view up to date from the owner (a listing, then changed records)."""
         infos = await client.list(local_only=True)
@@ -256,6 +284,8 @@ class RemoteNode:
                 self._put(record, proven_only=False)
             elif self.ids.get(self.node_id, info.id) not in self.segments:
                 self.ids.forget(self.node_id, info.id)  # deleted before we saw it
+        # After the segments: a deleted stream's segments have gone by now.
+        self._set_streams(set(await client.stream_names()))
         self.refreshes += 1
 
     async def refresh_proven(self, fence_epoch: int = 0, deadline: float | None = None) -> None:
@@ -282,6 +312,9 @@ class RemoteNode:
             self._remove(mount_id)
         for record in records.values():
             self._put(record, proven_only=True)
+        # Streams known from the owner stay, like its segments: an empty
+        # directory is all a stream shows by itself.
+        self._set_streams(self._snapshot_streams | self.streams)
         self.refreshes += 1
 
     async def _pick_snapshot(self, fence_epoch: int, deadline: float | None) -> None:
@@ -328,6 +361,7 @@ class RemoteNode:
                     continue
                 records[r.name] = r
             self._snapshot = records
+            self._snapshot_streams = {r.name for r in snap.container.streams}
             self._snapshot_key = obj.key
             return
 

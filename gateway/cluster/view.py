@@ -110,6 +110,11 @@ class ClusterView:
         for node in self.nodes.values():
             yield from node.segments.values()
 
+    def streams(self) -> Iterator[str]:
+        """The names of every other node's streams."""
+        for node in self.nodes.values():
+            yield from node.streams
+
     def node_of(self, mount_id: int) -> RemoteNode | None:
         """The node holding the remote segment with this local id."""
         if mount_id < REMOTE_ID_BASE:

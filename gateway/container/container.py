@@ -919,6 +919,8 @@ class SegmentContainer:
             last = stream.members[-1]
             attrs = last.pending_attributes()
             values = {k: v for k, v in attrs.items() if not is_core(k) or k == CODEC}
+        if stream.codec is not Codec.RAW:
+            values[CODEC] = stream.codec.number  # every segment of the stream has it
         name = segment_name(stream.name, stream.p_next_number)
         stream.p_next_number += 1
         self._prepare_create(name, values, attributes_from=last)
@@ -950,12 +952,18 @@ class SegmentContainer:
         return stream
 
     def prepare_set_stream(
-        self, name: str, policy: Mapping[str, int | None], create: bool = False
+        self,
+        name: str,
+        policy: Mapping[str, int | None],
+        create: bool = False,
+        codec: Codec = Codec.RAW,
     ) -> PendingOperation:
         """Create a stream, or change its policies (result: StreamInfo).
 
         ``policy`` maps POLICY_FIELDS to a value, or to None to fall back to
         the ``[streams]`` default; fields not given keep their value.
+        ``codec`` (create only): the codec every segment of the stream is
+        created with, fixed for the stream's life.
         """
         self._start()
         validate_name(name)
@@ -973,7 +981,7 @@ class SegmentContainer:
             prefix = name + "/"
             if any(n.startswith(prefix) for n in self._table.by_name):
                 raise SegmentExists(f"{name} (segments exist below it)")
-            base = StreamRecord(created_at_ms=self.now_ms(), next_number=1)
+            base = StreamRecord(created_at_ms=self.now_ms(), next_number=1, codec=codec.number)
         elif stream is None:
             raise StreamNotFound(name)
         else:
@@ -982,10 +990,15 @@ class SegmentContainer:
         ticket = self._submit((Operation(set_stream=SetStream(stream=record)).SerializeToString(),))
         if create:
             # Pending: appends pipelined behind the create find the stream.
-            self._table.streams[name] = Stream(StreamRecord(name=name, next_number=1))
+            self._table.streams[name] = Stream(
+                StreamRecord(name=name, next_number=1, codec=codec.number)
+            )
 
         def apply(seq: int) -> None:
             self._table.apply_set_stream(record)
+            if create:
+                for w in self.watchers:  # its directory shows before its first segment
+                    w.on_stream_created(name)
 
         op = PendingOperation(self, ticket, None, apply)
         op.storage = True  # the pending view does not carry stream records
@@ -1005,6 +1018,8 @@ class SegmentContainer:
 
         def apply(seq: int) -> None:
             self._table.apply_delete_stream(name)
+            for w in self.watchers:
+                w.on_stream_deleted(name)
 
         pending = PendingOperation(self, ticket, None, apply)
         pending.storage = True  # the pending view does not carry stream records
@@ -1037,7 +1052,12 @@ class SegmentContainer:
             own={f: getattr(r, f) for f in POLICY_FIELDS if r.HasField(f)},
             segments=[m.info() for m in stream.committed_members()],
             next_number=r.next_number,
+            codec=stream.codec.value,
         )
+
+    def stream_names(self) -> builtins.list[str]:
+        """The names of every stream (committed view), sorted: the mount's directories."""
+        return sorted(n for n, s in self._table.streams.items() if s.durable)
 
     def list_streams(self) -> builtins.list[StreamInfo]:
         """Every stream, by name."""
@@ -1074,6 +1094,8 @@ class SegmentContainer:
             codec = target.pending_attributes().get(CODEC)
             if codec is not None:  # its events are checked alike
                 values[CODEC] = codec
+        elif stream.codec is not Codec.RAW:
+            values[CODEC] = stream.codec.number
         name = f"{TXN_DIR}/{uuid.uuid4().hex}"
         deadline = self.now_ms() + int(timeout * 1000)
         op = self._prepare_create(name, values, txn_parent=parent, txn_deadline_ms=deadline)
@@ -1561,11 +1583,16 @@ class SegmentContainer:
         return info
 
     async def create_stream(
-        self, name: str, policy: Mapping[str, int | None] | None = None
+        self,
+        name: str,
+        policy: Mapping[str, int | None] | None = None,
+        codec: Codec = Codec.RAW,
     ) -> StreamInfo:
-        """Create a stream (policies as in `prepare_set_stream`)."""
+        """Create a stream (policies and codec as in `prepare_set_stream`)."""
         await self.wait_for_capacity(1024)
-        info: StreamInfo = await self.prepare_set_stream(name, policy or {}, create=True).wait()
+        info: StreamInfo = await self.prepare_set_stream(
+            name, policy or {}, create=True, codec=codec
+        ).wait()
         return info
 
     async def set_stream(self, name: str, policy: Mapping[str, int | None]) -> StreamInfo:

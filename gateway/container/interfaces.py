@@ -152,6 +152,12 @@ class NamespaceWatcher(Protocol):
     def on_deleted(self, seg: Segment) -> None:
         """The segment is gone."""
 
+    def on_stream_created(self, name: str) -> None:
+        """A stream now exists: its directory shows, with or without segments."""
+
+    def on_stream_deleted(self, name: str) -> None:
+        """The stream is gone (its segments went before)."""
+
 
 class LeaseGate(Protocol):
     """Whether this node may acknowledge changes now (`gateway.cluster.lease.Lease`).

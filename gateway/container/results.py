@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from gateway.codec import Codec
 from gateway.protocol import wire_pb2 as wire
 
 
@@ -72,6 +73,8 @@ class StreamInfo:
     #: Oldest first.
     segments: list[SegmentInfo]
     next_number: int
+    #: The codec its segments are created with (raw, lines, framed); fixed at create.
+    codec: str = "raw"
 
     def to_wire(self) -> wire.StreamInfo:
         """As the protocol's StreamInfo message."""
@@ -85,6 +88,7 @@ class StreamInfo:
             own=wire.StreamPolicy(**self.own),  # type: ignore[arg-type]
             segments=[s.to_wire() for s in self.segments],
             next_number=self.next_number,
+            codec=Codec(self.codec).number,  # type: ignore[arg-type]
         )
 
     @classmethod
@@ -101,6 +105,7 @@ class StreamInfo:
             own=own,
             segments=[SegmentInfo.from_wire(s) for s in m.segments],
             next_number=m.next_number,
+            codec=Codec.from_number(m.codec).value,
         )
 
 

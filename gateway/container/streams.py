@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from gateway.codec import Codec
 from gateway.config import StreamsConfig
 from gateway.container.segment import Segment
 from gateway.protocol.metadata_pb2 import StreamRecord
@@ -81,6 +82,11 @@ class Stream:
     def name(self) -> str:
         """The stream's name (its directory)."""
         return self.record.name
+
+    @property
+    def codec(self) -> Codec:
+        """The codec its segments are created with (raw for streams from before codecs)."""
+        return Codec.from_number(self.record.codec)
 
     def policy(self, defaults: StreamsConfig) -> Policy:
         """The stream's own policies, else the configured defaults."""

@@ -97,7 +97,7 @@ class SegmentRecord(_message.Message):
     def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., start_offset: _Optional[int] = ..., length: _Optional[int] = ..., storage_length: _Optional[int] = ..., sealed: _Optional[bool] = ..., sealed_in_storage: _Optional[bool] = ..., created_at_ms: _Optional[int] = ..., last_modified_ms: _Optional[int] = ..., attributes: _Optional[_Iterable[_Union[AttributeValue, _Mapping]]] = ..., chunks: _Optional[_Iterable[_Union[ChunkRecord, _Mapping]]] = ..., event_index: _Optional[_Iterable[int]] = ..., txn_parent: _Optional[str] = ..., txn_deadline_ms: _Optional[int] = ..., merged_into: _Optional[int] = ..., merge_offset: _Optional[int] = ..., attribute_index: _Optional[_Union[AttributeIndexRecord, _Mapping]] = ..., attributes_moved: _Optional[bool] = ...) -> None: ...
 
 class StreamRecord(_message.Message):
-    __slots__ = ("name", "created_at_ms", "roll_size", "roll_age_ms", "retain_size", "retain_age_ms", "next_number")
+    __slots__ = ("name", "created_at_ms", "roll_size", "roll_age_ms", "retain_size", "retain_age_ms", "next_number", "codec")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     ROLL_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +105,7 @@ class StreamRecord(_message.Message):
     RETAIN_SIZE_FIELD_NUMBER: _ClassVar[int]
     RETAIN_AGE_MS_FIELD_NUMBER: _ClassVar[int]
     NEXT_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
     name: str
     created_at_ms: int
     roll_size: int
@@ -112,7 +113,8 @@ class StreamRecord(_message.Message):
     retain_size: int
     retain_age_ms: int
     next_number: int
-    def __init__(self, name: _Optional[str] = ..., created_at_ms: _Optional[int] = ..., roll_size: _Optional[int] = ..., roll_age_ms: _Optional[int] = ..., retain_size: _Optional[int] = ..., retain_age_ms: _Optional[int] = ..., next_number: _Optional[int] = ...) -> None: ...
+    codec: int
+    def __init__(self, name: _Optional[str] = ..., created_at_ms: _Optional[int] = ..., roll_size: _Optional[int] = ..., roll_age_ms: _Optional[int] = ..., retain_size: _Optional[int] = ..., retain_age_ms: _Optional[int] = ..., next_number: _Optional[int] = ..., codec: _Optional[int] = ...) -> None: ...
 
 class ContainerSnapshot(_message.Message):
     __slots__ = ("version", "next_segment_id", "segments", "streams", "txn_outcomes")

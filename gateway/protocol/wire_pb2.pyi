@@ -169,17 +169,21 @@ class StreamPolicy(_message.Message):
     def __init__(self, roll_size: _Optional[int] = ..., roll_age_ms: _Optional[int] = ..., retain_size: _Optional[int] = ..., retain_age_ms: _Optional[int] = ..., reset: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StreamRequest(_message.Message):
-    __slots__ = ("action", "name", "policy")
+    __slots__ = ("action", "name", "policy", "codec", "names_only")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    NAMES_ONLY_FIELD_NUMBER: _ClassVar[int]
     action: StreamAction
     name: str
     policy: StreamPolicy
-    def __init__(self, action: _Optional[_Union[StreamAction, str]] = ..., name: _Optional[str] = ..., policy: _Optional[_Union[StreamPolicy, _Mapping]] = ...) -> None: ...
+    codec: EventCodec
+    names_only: bool
+    def __init__(self, action: _Optional[_Union[StreamAction, str]] = ..., name: _Optional[str] = ..., policy: _Optional[_Union[StreamPolicy, _Mapping]] = ..., codec: _Optional[_Union[EventCodec, str]] = ..., names_only: _Optional[bool] = ...) -> None: ...
 
 class StreamInfo(_message.Message):
-    __slots__ = ("name", "created_at_ms", "roll_size", "roll_age_ms", "retain_size", "retain_age_ms", "own", "segments", "next_number")
+    __slots__ = ("name", "created_at_ms", "roll_size", "roll_age_ms", "retain_size", "retain_age_ms", "own", "segments", "next_number", "codec")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     ROLL_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +193,7 @@ class StreamInfo(_message.Message):
     OWN_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     NEXT_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
     name: str
     created_at_ms: int
     roll_size: int
@@ -198,7 +203,8 @@ class StreamInfo(_message.Message):
     own: StreamPolicy
     segments: _containers.RepeatedCompositeFieldContainer[SegmentInfo]
     next_number: int
-    def __init__(self, name: _Optional[str] = ..., created_at_ms: _Optional[int] = ..., roll_size: _Optional[int] = ..., roll_age_ms: _Optional[int] = ..., retain_size: _Optional[int] = ..., retain_age_ms: _Optional[int] = ..., own: _Optional[_Union[StreamPolicy, _Mapping]] = ..., segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ..., next_number: _Optional[int] = ...) -> None: ...
+    codec: EventCodec
+    def __init__(self, name: _Optional[str] = ..., created_at_ms: _Optional[int] = ..., roll_size: _Optional[int] = ..., roll_age_ms: _Optional[int] = ..., retain_size: _Optional[int] = ..., retain_age_ms: _Optional[int] = ..., own: _Optional[_Union[StreamPolicy, _Mapping]] = ..., segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ..., next_number: _Optional[int] = ..., codec: _Optional[_Union[EventCodec, str]] = ...) -> None: ...
 
 class StreamList(_message.Message):
     __slots__ = ("streams",)
