@@ -368,9 +368,10 @@ class SegmentWriter:
                     )
                     return
                 self.reconnects += 1
-                if self.address != self._home and isinstance(e, ConnectionLost):
-                    # The owner we were sent to does not answer: ask again
-                    # where the segment lives now.
+                if self.address != self._home and isinstance(e, ConnectionLost | Unavailable):
+                    # The owner we were sent to does not answer, or no longer
+                    # speaks for the segment (taken over): ask again where it
+                    # lives now.
                     self.address = self._home
                     followed = False
                 log.info("segment writer %s: %s; reconnecting in %.2fs", self.segment, e, delay)

@@ -31,7 +31,7 @@ import crc32c
 import pytest
 
 from gateway.client import SyncClient
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, SegmentNotFound
 from gateway.protocol.metadata_pb2 import ChunkRecord, ContainerSnapshot, SegmentRecord
 from gateway.tier2 import names
 from gateway.tier2.embedded import EmbeddedS3
@@ -171,6 +171,7 @@ def test_a_takeover_beats_a_cut_off_zombie_and_trusts_nothing_it_writes_after(
                              config_text=node_config("node-obs", name, seaweedfs.endpoint_url),
                              env=env)  # fmt: skip
     acks = Acks()
+    salvages: list[Daemon] = []
     try:
         zombie.start(timeout=60)
         observer.start(timeout=60)
@@ -253,9 +254,34 @@ def test_a_takeover_beats_a_cut_off_zombie_and_trusts_nothing_it_writes_after(
         wait_for(lambda: "has been taken over" in zombie.log(), 15, "the zombie fenced")
         with SyncClient(zombie.address) as c, pytest.raises(GatewayError, match="taken over"):
             c.append("z/log", b"too late\n")
+
+        # What the old process acknowledged and never flushed is in its data
+        # directory: opened as a sandbox node (docs/OPERATIONS.md), it gives
+        # back exactly what the new owner lacks.
+        zombie.stop(timeout=30)
+        salvage = Daemon(zombie.data_dir, config_text='[node]\nid = "node-z-salvage"\n')
+        salvages.append(salvage)
+        salvage.start(timeout=60)
+        with SyncClient(again.address) as c:
+            try:
+                kept = c.read("z/log", 0, 64 * MiB).data
+            except SegmentNotFound:
+                kept = b""  # created and appended to, never flushed (flush_interval: 24 h)
+        with SyncClient(salvage.address) as c:
+            old_length = c.info("z/log").length
+            tail = c.read("z/log", len(kept), old_length - len(kept)).data
+        assert len(kept) + len(tail) == old_length
+        lost = 0
+        for _, offset, line in acks.acked:
+            if offset < len(kept):
+                assert kept[offset : offset + len(line)] == line
+            else:
+                assert tail[offset - len(kept) : offset - len(kept) + len(line)] == line
+                lost += 1
+        print(f"takeover: {len(acks.acked)} acknowledged, {lost} only in the old journal")
     finally:
         acks.stop.set()
-        for d in (again, heir, zombie):
+        for d in (again, heir, zombie, *salvages):
             d.kill()
         observer.teardown()
 
