@@ -408,3 +408,28 @@ async def test_streams_survive_a_rebuild() -> None:
     rebuilt = await t2.recover()
     (stream,) = rebuilt.container.streams
     assert (stream.name, stream.roll_size, stream.next_number) == ("s", 10, 2)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "why"),
+    [
+        ("length", "-5", "length '-5' is not a decimal number"),
+        ("length", "1e3", "is not a decimal number"),
+        ("crc32c", "zz", "crc32c 'zz' is not 8 hex digits"),
+        ("epoch", "٣", "is not a decimal number"),  # a digit, but not ASCII
+        ("segment", "../escape", "component '..' is not allowed"),
+        ("offset", "9" * 30, "is not a decimal number"),
+    ],
+)
+async def test_malformed_chunk_metadata_is_ignored_saying_why(
+    field: str, value: str, why: str
+) -> None:
+    t2 = Tier2()
+    good = t2.chunk(1, "a", 0, 100, 2)
+    md = names.chunk_metadata("b", 0, 50, crc32c.crc32c(DATA[:50]), 2)
+    md[field] = value
+    bad = t2.chunk(2, "b", 0, 50, 2, metadata=md)
+    rebuilt = await t2.recover()  # never an exception: the rest comes back
+    assert spans(by_name(rebuilt)["a"]) == [(0, 100, 2)] and good.name
+    assert "b" not in by_name(rebuilt)
+    assert why in ignored(rebuilt)[bad.name]

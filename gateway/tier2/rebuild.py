@@ -63,7 +63,13 @@ import trio
 
 from gateway.container.names import validate_name
 from gateway.container.streams import split_member
-from gateway.errors import ChunkNotFound, GatewayError, NothingToRecover, SnapshotInvalid
+from gateway.errors import (
+    ChunkNotFound,
+    GatewayError,
+    InvalidName,
+    NothingToRecover,
+    SnapshotInvalid,
+)
 from gateway.protocol.metadata_pb2 import (
     AttributeIndexRecord,
     ChunkRecord,
@@ -75,6 +81,7 @@ from gateway.tier2 import names
 from gateway.tier2.layer import ChunkLayer
 from gateway.tier2.snapshots import SNAPSHOT_VERSION, check_snapshot
 from gateway.tier2.storage import ObjectInfo
+from gateway.tier2.untrusted import BadRecord, decimal
 
 log = logging.getLogger(__name__)
 
@@ -205,15 +212,17 @@ def _decode_chunk(key: str, info: ObjectInfo) -> FoundChunk | str:
         chunk = FoundChunk(
             key=key,
             segment_id=segment_id,
-            segment=md["segment"],
-            start_offset=int(md["offset"]),
-            length=int(md["length"]),
-            crc32c=int(md["crc32c"], 16),
-            epoch=int(md["epoch"]),
+            segment=validate_name(md["segment"]),
+            start_offset=decimal(md["offset"], "offset"),
+            length=decimal(md["length"], "length"),
+            crc32c=_crc(md["crc32c"]),
+            epoch=decimal(md["epoch"], "epoch"),
             mtime=info.mtime,
         )
-    except (KeyError, ValueError):
+    except KeyError:
         return "its user metadata lacks segment, offset, length, crc32c or epoch"
+    except (BadRecord, InvalidName) as e:
+        return f"its user metadata is unusable: {e}"
     version = md.get("format-version", str(names.CHUNK_FORMAT_VERSION))
     if version != str(names.CHUNK_FORMAT_VERSION):
         return f"chunk format version {version} is unknown"
@@ -222,6 +231,13 @@ def _decode_chunk(key: str, info: ObjectInfo) -> FoundChunk | str:
     if chunk.length > info.size:
         return f"its metadata says {chunk.length} bytes, the object holds {info.size}"
     return chunk
+
+
+def _crc(text: str) -> int:
+    """A CRC32C as object metadata writes it: 8 hex digits."""
+    if len(text) != 8 or any(c not in "0123456789abcdefABCDEF" for c in text):
+        raise BadRecord(f"crc32c {text[:20]!r} is not 8 hex digits")
+    return int(text, 16)
 
 
 async def _stat_all(layer: ChunkLayer, keys: list[str]) -> dict[str, ObjectInfo | None]:
@@ -749,12 +765,17 @@ async def _index_from_batches(
     for offset, epoch, key, size in reversed(chain):
         if offset + size > state.start:
             info = await layer.stat(key)
+            try:
+                _crc(info.metadata.get("crc32c", "00000000"))
+            except BadRecord as e:
+                report.ignored_chunks.append((key, f"attribute batch metadata: {e}"))
+                return None
             state.chunks.append(
                 ChunkRecord(
                     name=key,
                     start_offset=offset,
                     length=size,
-                    crc32c=int(info.metadata.get("crc32c", "0"), 16),
+                    crc32c=_crc(info.metadata.get("crc32c", "00000000")),
                     epoch=epoch,
                 )
             )
