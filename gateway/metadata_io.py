@@ -43,6 +43,7 @@ from gateway.errors import GatewayError, NodeNotEmpty, NothingToRecover, Snapsho
 from gateway.journal import open_journal
 from gateway.journal.files import DirectoryLock, fsync_directory, list_files
 from gateway.protocol.metadata_pb2 import ContainerSnapshot, MetadataSnapshot
+from gateway.tier2 import names
 from gateway.tier2.layer import ChunkLayer
 from gateway.tier2.rebuild import (
     RebuildReport,
@@ -289,6 +290,15 @@ async def rebuild_node(
     ensure_empty(config.journal_dir)
     node = config.node.id
     log.info("recovering the metadata of node %r from Tier 2", node)
+    if not (
+        await tier2.any_under(names.meta_prefix(node))
+        or await tier2.any_under(names.chunks_prefix(node))
+    ):
+        # Before fencing anything: a wrong bucket or node id takes nothing over.
+        raise NothingToRecover(
+            f"Tier 2 holds no usable metadata snapshot and no chunk under {node!r}/: check "
+            "tier2.url and node.id; a new, empty node starts without --recover-from-tier2"
+        )
     fence = await current_epoch(tier2, node) + 1
     cl = config.cluster
     await claim_epoch(

@@ -264,6 +264,15 @@ class ChunkLayer:
             lambda: self.storage.concat(key, sources, metadata),
         )
 
+    async def any_under(self, prefix: str, *, deadline: float | None = None) -> bool:
+        """Whether any object's key starts with ``prefix`` (reads one page at most)."""
+        return await self._call(
+            "list",
+            f"list {prefix!r} (first)",
+            deadline,
+            lambda: next(iter(self.storage.list(prefix)), None) is not None,
+        )
+
     async def list(
         self, prefix: str, *, deadline: float | None = None
     ) -> builtins.list[ObjectInfo]:
