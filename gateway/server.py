@@ -64,7 +64,12 @@ from gateway import __version__
 from gateway.buffers import Buffer
 from gateway.cluster.remote import TAIL_READ_TIMEOUT
 from gateway.codec import Codec
-from gateway.config import ServerConfig, parse_host_port
+from gateway.config import (
+    STREAM_POLICY_MAX,
+    ServerConfig,
+    parse_host_port,
+    stream_policy_text,
+)
 from gateway.container import AppendResult, AttributeUpdate, Verb
 from gateway.container.attributes import ID_BYTES as ATTRIBUTE_ID_BYTES
 from gateway.container.attributes import AttributesNotLoaded
@@ -1040,6 +1045,14 @@ def _claims_name(req: wire.Request) -> str | None:
 def _policy(p: wire.StreamPolicy) -> dict[str, int | None]:
     """A request's stream policy: set fields, and None for fields to reset."""
     policy: dict[str, int | None] = {f: getattr(p, f) for f in POLICY_FIELDS if p.HasField(f)}
+    for f, value in policy.items():
+        most = STREAM_POLICY_MAX[f]
+        if value is not None and value > most:
+            # The [streams] defaults' own bounds: a client's value is no wider.
+            raise BadRequest(
+                f"stream policy {f} of {value} is above its largest value "
+                f"{most} ({stream_policy_text(f, most)})"
+            )
     for f in p.reset:
         if f not in POLICY_FIELDS:
             raise BadRequest(f"unknown stream policy {f!r} to reset")
