@@ -802,9 +802,17 @@ class Connection:
         name = req.flush.segment
         if name:
             container.info(name)  # fail now if missing, in order
+        timeout_ms = req.flush.timeout_ms
+        if timeout_ms > MAX_FLUSH_TIMEOUT_MS:
+            raise BadRequest(
+                f"flush timeout of {timeout_ms} ms is above {MAX_FLUSH_TIMEOUT_MS} ms (30 days)"
+            )
+        within = timeout_ms / 1000 if timeout_ms else None
 
         async def produce() -> wire.Response:
-            await container.flush(name)
+            # Retried within its time: "make it durable and wait until done"
+            # outlasts a Tier 2 that is briefly down (docs/OPERATIONS.md).
+            await container.flush(name, within, retry=True)
             return wire.Response(request_id=rid, done=wire.Done())
 
         return produce
@@ -1030,6 +1038,10 @@ class Connection:
         finally:
             self.reader_scope.cancel()
             close_now(self.transport)
+
+
+#: The longest wait a flush request may ask for (FlushRequest.timeout_ms).
+MAX_FLUSH_TIMEOUT_MS = 30 * 86400 * 1000
 
 
 def _claims_name(req: wire.Request) -> str | None:
