@@ -106,7 +106,7 @@ OPTIONS = [
     (["append", "s"], "--timeout"),
     (["append", "s"], "--writer-id"),
     (["txn", "begin", "s"], "--txn-timeout"),
-    (["txn", "append", "t"], "--timeout"),
+    (["txn", "append", ".txn/0123456789abcdef0123456789abcdef"], "--timeout"),
     (["flush", "s"], "--timeout"),
     (["cat", "s"], "--offset"),
     (["attrs", "s"], "--limit"),
