@@ -18,16 +18,17 @@ import json
 import logging
 import os
 import pathlib
+import struct
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
 import trio
 
 from gateway import __version__, logs
 from gateway.config import DEFAULT_CONFIG_PATH, Config
-from gateway.errors import BadRequest, GatewayError
+from gateway.errors import BadRequest, GatewayError, Unavailable, os_reason
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -319,19 +320,14 @@ def _cmd_create(args: argparse.Namespace) -> int:
     return _run_client(args, run)
 
 
-#: Input read per append by `append --raw` and `append` (lines): large
-#: enough that per-append costs vanish, within the daemon's max_append_bytes.
+#: Input read per append by `append` (every input format): large enough that
+#: per-append costs vanish, within the daemon's max_append_bytes. To a
+#: stream with a roll size, at most the room its segment has left (`_RollRoom`).
 APPEND_BLOCK = 4 << 20
 #: Bytes `append` keeps unacknowledged: a few journal groups (journal.
 #: max_group_bytes, 8 MiB), so the journal always has the next fdatasync's
 #: worth waiting; below the daemon's server.max_inflight_bytes (32 MiB).
 APPEND_WINDOW = 16 << 20
-
-
-def _read_lines(stream: BinaryIO) -> Any:
-    """Events from an input stream, one per line, each with the input bytes it took."""
-    for line in stream:
-        yield (line[:-1] if line.endswith(b"\n") else line), len(line)
 
 
 def _read_some(stream: BinaryIO, size: int, regular: bool) -> bytes:
@@ -354,7 +350,7 @@ def _read_some(stream: BinaryIO, size: int, regular: bool) -> bytes:
     return b"".join(parts)
 
 
-def _read_blocks(stream: BinaryIO, lines: bool, size: int) -> Any:
+def _read_blocks(stream: BinaryIO, lines: bool, size: int | Callable[[], int]) -> Any:
     """The input as blocks of encoded events, each with the input bytes it took.
 
     Raw: each read is one event. Lines: whole lines, each ending with the
@@ -362,35 +358,104 @@ def _read_blocks(stream: BinaryIO, lines: bool, size: int) -> Any:
     exactly what writing its lines one by one would have sent; a last line
     without a newline is one event all the same (the newline is added).
     Blocks are at most ``size`` bytes, but for a line that is longer alone.
+    ``size`` may be a function: it is asked before each block (the room left
+    in a stream's segment, `_RollRoom`).
     """
+    limit = size if callable(size) else lambda: size
     regular = _is_regular(stream)
     if not lines:
-        while chunk := _read_some(stream, size, regular):
+        while chunk := _read_some(stream, limit(), regular):
             yield chunk, len(chunk)
         return
-    rest = b""  # a line begun in the last read
-    while chunk := _read_some(stream, size - len(rest) if len(rest) < size else size, regular):
-        cut = chunk.rfind(b"\n") + 1
+    # Input read and not handed out yet: ``rest`` (a line begun, no newline
+    # in it) and then ``chunk[pos:]``. A block must be one immutable buffer
+    # (kept until acknowledged, for resends): whole lines are copied into it
+    # once, and only a line cut by a read once more (into ``rest``).
+    rest, chunk, pos = b"", b"", 0
+    while True:
+        most = limit()
+        end = pos + most - len(rest)  # where ``most`` bytes end in ``chunk``
+        cut = chunk.rfind(b"\n", pos, min(end, len(chunk))) + 1 if end > pos else 0
         if not cut:
-            rest += chunk
+            # No whole line within ``most`` bytes: a line longer than that
+            # (a block of its own), or more input is needed.
+            cut = chunk.find(b"\n", pos) + 1
+        if cut:
+            whole = not rest and pos == 0 and cut == len(chunk)
+            block = chunk if whole else b"".join((rest, memoryview(chunk)[pos:cut]))
+            rest, pos = b"", cut
+            yield block, len(block)
             continue
-        if len(rest) + cut > size:
-            # A line longer than a block ends here: a block of its own, so
-            # no block is longer than the longest line or ``size``.
-            first = chunk.find(b"\n") + 1
-            yield rest + chunk[:first], len(rest) + first
-            rest, chunk, cut = b"", chunk[first:], cut - first
-            if not cut:
-                rest = chunk
-                continue
-        # One copy per byte (the block must be one immutable buffer: it is
-        # kept until acknowledged, for resends).
-        whole = cut == len(chunk) and not rest
-        block = chunk if whole else b"".join((rest, memoryview(chunk)[:cut]))
-        rest = chunk[cut:]
-        yield block, len(block)
+        rest += chunk[pos:]
+        pos = 0
+        chunk = _read_some(stream, most - len(rest) if len(rest) < most else most, regular)
+        if not chunk:
+            break
     if rest:
         yield rest + b"\n", len(rest)
+
+
+class _RollRoom:
+    """How large the next append to a stream may be, so its segment ends near its roll size.
+
+    The daemon seals a stream's current segment before the first append
+    that finds it holding ``roll_size`` bytes or more: an append is never
+    split, so a segment passes ``roll_size`` by what its last append took
+    beyond it. Appends cut to the room left (at event boundaries) make each
+    segment end within one event past ``roll_size``. Predicted from the
+    segment's length when the command started and this command's own
+    appends, in order: exact for one writer; another writer's appends, or a
+    roll by age meanwhile, can make one segment longer by up to one of them.
+    """
+
+    def __init__(self, roll_size: int, filled: int) -> None:
+        self.roll_size = roll_size
+        #: Bytes in the current segment (once it holds ``roll_size``, the next append rolls).
+        self.filled = filled
+
+    def room(self) -> int:
+        """Bytes the next append may hold (at least 1)."""
+        return self.roll_size - self.filled if self.filled < self.roll_size else self.roll_size
+
+    def add(self, nbytes: int) -> None:
+        """An append of ``nbytes`` went out (after the ones before it)."""
+        self.filled = (self.filled if self.filled < self.roll_size else 0) + nbytes
+
+
+async def _roll_room(client: Any, name: str) -> _RollRoom | None:
+    """The room of a stream with a roll size; None for a segment (or no roll size)."""
+    from gateway.errors import SegmentNotFound
+
+    try:
+        info = await client.stream(name)
+    except SegmentNotFound:  # StreamNotFound: a plain segment
+        return None
+    if not info.roll_size:
+        return None
+    last = info.segments[-1] if info.segments else None
+    return _RollRoom(info.roll_size, last.length if last is not None and not last.sealed else 0)
+
+
+def _frames(block: bytes, consumed: int, limit: Callable[[], int]) -> Any:
+    """A block of lines as blocks of frames (4-byte length, then the line), each within
+    ``limit()`` but for a single frame, with the input bytes each took."""
+    pack = _FRAME_LENGTH.pack
+    buf, events, took, total = bytearray(), 0, 0, 0
+    for line in block.split(b"\n")[:-1]:
+        frame_bytes = 4 + len(line)
+        if buf and len(buf) + frame_bytes > limit():
+            yield bytes(buf), events, took
+            total += took
+            buf, events, took = bytearray(), 0, 0
+        buf += pack(len(line))
+        buf += line
+        events += 1
+        took += len(line) + 1
+    # The last line of the input may have had no newline: it took one byte less.
+    yield bytes(buf), events, consumed - total
+
+
+_FRAME_LENGTH = struct.Struct(">I")
 
 
 def _is_regular(stream: BinaryIO) -> bool:
@@ -509,17 +574,22 @@ def _cmd_append(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
 
-    async def main() -> int:
-        if args.create:
-            from gateway.errors import SegmentExists
+    # Input is read in blocks, in a thread.
+    try:
+        source: BinaryIO = open(args.file, "rb") if args.file else sys.stdin.buffer  # noqa: SIM115
+        size = os.fstat(source.fileno()).st_size if args.file else 0
+    except OSError as e:
+        raise GatewayError.from_text(f"cannot read {args.file}: {os_reason(e)}") from None
 
-            async with open_client(address, token, **tls) as client:
+    async def main() -> int:
+        async with open_client(address, token, **tls) as client:
+            if args.create:
+                from gateway.errors import SegmentExists
+
                 with contextlib.suppress(SegmentExists):
                     await client.create(args.segment, codec=mode)
-        # Framed input is read here, a line at a time (blocking the loop while
-        # it waits); lines and raw input in blocks, in a thread.
-        source: BinaryIO = open(args.file, "rb") if args.file else sys.stdin.buffer  # noqa: SIM115, ASYNC230
-        size = os.fstat(source.fileno()).st_size if args.file else 0
+            # A stream: appends within the room its current segment has left.
+            roll = await _roll_room(client, args.segment)
         count = nbytes = 0
         started = time.monotonic()
         w: SegmentWriter | None = None
@@ -536,29 +606,27 @@ def _cmd_append(args: argparse.Namespace) -> int:
                 **tls,
             ) as w:
                 track = _StoredInput(w.next_event_number)
-                # Counted before the write: a write that fails may have
-                # queued (and sent) its events already.
-                if mode == "framed":
-                    for event, consumed in _read_lines(source):
-                        track.add(consumed)
-                        await w.write(event)
-                        track.advance(w.acked_event)
-                        count += 1
-                        nbytes += len(event)
-                else:
-                    # Blocks of whole events, one append each, no per-event work.
-                    lines = mode == "lines"
-                    most = min(APPEND_BLOCK, w.max_append_bytes or APPEND_BLOCK)
-                    blocks = _read_blocks(source, lines, most)
-                    # Read in a thread: the writer sends and takes acks meanwhile,
-                    # and a slow producer's lines go out as they come.
-                    while item := await trio.to_thread.run_sync(
-                        next, blocks, None, abandon_on_cancel=True
-                    ):
-                        block, consumed = item
+                most = min(APPEND_BLOCK, w.max_append_bytes or APPEND_BLOCK)
+
+                def limit() -> int:
+                    return min(most, roll.room()) if roll is not None else most
+
+                # Blocks of whole events, one append each, no per-event work
+                # (framed: lines framed here, a Python loop per line).
+                blocks = _read_blocks(source, mode != "raw", limit)
+                # Read in a thread: the writer sends and takes acks meanwhile,
+                # and a slow producer's lines go out as they come.
+                while item := await trio.to_thread.run_sync(
+                    next, blocks, None, abandon_on_cancel=True
+                ):
+                    pieces = [item] if mode != "framed" else _frames(item[0], item[1], limit)
+                    for piece in pieces:
+                        block, consumed = piece[0], piece[-1]
                         if w.max_append_bytes and len(block) > w.max_append_bytes:
+                            encoded = "newline" if mode == "lines" else "4-byte length"
                             raise TooLarge(
-                                f"the line at byte {track.offset} of the input, with its newline,",
+                                f"the line at byte {track.offset} of the input, with its "
+                                f"{encoded},",
                                 len(block),
                                 w.max_append_bytes,
                             )
@@ -570,17 +638,17 @@ def _cmd_append(args: argparse.Namespace) -> int:
                             events = w.next_event_number - first
                             if events:
                                 track.add(consumed, events)
+                                if roll is not None:
+                                    roll.add(len(block))
                         track.advance(w.acked_event)
                         count += events
-                        nbytes += len(block) - events if lines else len(block)
+                        # What the segment grows by: the events as encoded.
+                        nbytes += len(block)
         except WriterFailed as e:
             if w is None:
                 raise
             await gave_up(e, w, track, size)
             return e.exit_code
-        finally:
-            if args.file:
-                source.close()
         async with open_client(address, token, **tls) as client:
             length = await _length_text(client, args.segment)
         print(
@@ -590,7 +658,11 @@ def _cmd_append(args: argparse.Namespace) -> int:
         )
         return 0
 
-    return trio.run(main)
+    try:
+        return trio.run(main)
+    finally:
+        if args.file:
+            source.close()
 
 
 def _cmd_cat(args: argparse.Namespace) -> int:
@@ -708,11 +780,19 @@ def _cmd_seal(args: argparse.Namespace) -> int:
 
 def _cmd_flush(args: argparse.Namespace) -> int:
     async def run(client: Any) -> int:
-        await client.flush(args.segment)
-        print(f"flushed {args.segment or 'every segment'} to Tier 2")
-        return 0
+        # The daemon waits (retrying) up to --timeout and then says what was
+        # left; a little longer here, for a daemon that does not answer.
+        with trio.move_on_after(args.timeout + FLUSH_ANSWER_GRACE):
+            await client.flush(args.segment, args.timeout)
+            print(f"flushed {args.segment or 'every segment'} to Tier 2")
+            return 0
+        raise Unavailable(f"the daemon did not answer the flush within {args.timeout:g}s")
 
     return _run_client(args, run)
+
+
+#: How long `flush` waits for the daemon's answer beyond its --timeout.
+FLUSH_ANSWER_GRACE = 10.0
 
 
 def _cmd_truncate(args: argparse.Namespace) -> int:
@@ -759,34 +839,22 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
     return _run_client(args, run)
 
 
-#: ``stream`` options -> (policy field, parser of the value, unit per policy unit).
+#: ``stream`` options -> their policy field (``StreamPolicy``).
 _STREAM_OPTIONS = {
-    "roll_size": ("roll_size", "size"),
-    "roll_age": ("roll_age_ms", "duration"),
-    "retain_size": ("retain_size", "size"),
-    "retain_age": ("retain_age_ms", "duration"),
+    "roll_size": "roll_size",
+    "roll_age": "roll_age_ms",
+    "retain_size": "retain_size",
+    "retain_age": "retain_age_ms",
 }
 
 
 def _stream_policy(args: argparse.Namespace) -> dict[str, int | None]:
-    """The policy options given: a size, a duration, or "default" to follow [streams]."""
-    from gateway.config import parse_duration, parse_size
-
+    """The policy options given: a value (`_policy_option`), or None for "default"."""
     policy: dict[str, int | None] = {}
-    for option, (field, kind) in _STREAM_OPTIONS.items():
+    for option, field in _STREAM_OPTIONS.items():
         value = getattr(args, option)
-        if value is None:
-            continue
-        if value == "default":
-            policy[field] = None
-            continue
-        number: Any = int(value) if value.isdigit() else value
-        try:
-            policy[field] = (
-                parse_size(number) if kind == "size" else round(parse_duration(number) * 1000)
-            )
-        except ValueError as e:
-            raise BadRequest(f"--{option.replace('_', '-')}: {e}") from None
+        if value is not None:
+            policy[field] = None if value == "default" else value
     return policy
 
 
@@ -854,9 +922,120 @@ def _cmd_txn(args: argparse.Namespace) -> int:
     return _run_client(args, run)
 
 
+# -- argument types: every value checked before anything is done ----------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        sub = self.prog.removeprefix("segment-gateway").strip()
+        where = f"{sub}: " if sub else ""
+        self.exit(2, f"segment-gateway: {where}{message} (see: {self.prog} --help)\n")
+
+
+def _value_type(parse: Callable[[str], Any], name: str) -> Callable[[str], Any]:
+    """An argparse type from a parser raising ValueError (its message says why)."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except (ValueError, OverflowError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    convert.__name__ = name  # argparse names it in some messages
+    return convert
+
+
+def _seconds(lo: float, hi: float, zero: bool = False) -> Callable[[str], float]:
+    """Seconds as a number or a duration ("90", "1.5", "2min"), in (lo, hi] (0 too if ``zero``)."""
+    from gateway.config import duration_text, parse_duration
+
+    def parse(text: str) -> float:
+        value = parse_duration(text)
+        if (value == 0 and zero) or lo < value <= hi:
+            return value
+        bound = f"more than {duration_text(lo)}" if lo else "more than 0"
+        raise ValueError(
+            f"must be {bound}{' (or 0)' if zero else ''} and at most {duration_text(hi)}, "
+            f"got {text!r}"[:200]
+        )
+
+    return _value_type(parse, "seconds")
+
+
+def _integer(lo: int, hi: int) -> Callable[[str], int]:
+    """A whole number in [lo, hi] (ASCII digits, an optional minus)."""
+    import re
+
+    def parse(text: str) -> int:
+        if not re.fullmatch(r"\s*-?[0-9]{1,30}\s*", text):
+            raise ValueError(f"expected a whole number, got {text!r}"[:200])
+        value = int(text)
+        if not lo <= value <= hi:
+            raise ValueError(f"must be between {lo} and {hi}, got {value}")
+        return value
+
+    return _value_type(parse, "integer")
+
+
+def _address(text: str) -> str:
+    """HOST:PORT (argparse type of --connect)."""
+    from gateway.config import parse_host_port
+
+    try:
+        parse_host_port(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)[:200]) from None
+    return text
+
+
+def _uuid(text: str) -> str:
+    """A writer id: a UUID (argparse type of --writer-id)."""
+    import uuid
+
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a UUID (e.g. {uuid.UUID(int=0)}), got {text!r}"[:200]
+        ) from None
+
+
+def _policy_option(field: str) -> Callable[[str], int | str]:
+    """A stream policy option: a size or duration within the policy's bounds, or "default"."""
+    from gateway.config import parse_stream_policy
+
+    def parse(text: str) -> int | str:
+        return text if text == "default" else parse_stream_policy(field, text)
+
+    return _value_type(parse, "policy")
+
+
+#: Offsets (bytes) a segment can have: the journal keeps them as int64.
+MAX_OFFSET = 2**63 - 1
+#: The longest --timeout of a client command (30 days, as the daemon allows for a flush).
+MAX_TIMEOUT = 30 * 86400.0
+#: Arguments sent to the daemon as protobuf strings: they must be UTF-8.
+_WIRE_TEXT = ("segment", "name", "prefix", "token", "tls_server_name")
+
+
+def _check_wire_text(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse (one line, exit 2) an argument the wire cannot carry: bytes that are not
+    UTF-8 reach Python as lone surrogates."""
+    for dest in _WIRE_TEXT:
+        value = getattr(args, dest, None)
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                shown = value.encode("utf-8", "surrogateescape")
+                parser.error(f"argument {dest.upper()}: {shown!r} is not UTF-8"[:300])
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (separate so docs and tests can inspect it)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="segment-gateway",
         description="Append-only segments: durable in a local journal, tiered to S3, "
         "readable as files through FUSE.",
@@ -873,7 +1052,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help)
         p.set_defaults(func=func)
         if client:
-            p.add_argument("--connect", metavar="HOST:PORT", help="daemon address "
+            p.add_argument("--connect", metavar="HOST:PORT", type=_address, help="daemon address "
                            "(default: server.listen of the configuration)")  # fmt: skip
             p.add_argument("--token", help="token (default: $SEGMENT_GATEWAY_TOKEN or "
                            "server.token)")  # fmt: skip
@@ -911,14 +1090,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mount", required=True, metavar="DIR", help="the gateway's mountpoint")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--stream", default="", help="directory under the mount (default: all)")
-    p.add_argument("--cores", type=int, default=2, help="local Spark cores (default 2)")
+    p.add_argument("--cores", type=_integer(1, 4096), default=2,
+                   help="local Spark cores (default 2)")  # fmt: skip
     p.add_argument("--streaming", action="store_true",
                    help="run as a Structured Streaming query over the streaming segments "
                    "source (docs/PIPELINE.md)")  # fmt: skip
     p.add_argument("--checkpoint", default="", metavar="DIR",
                    help="with --streaming: the query's checkpoint "
                    "(default OUT.checkpoint)")  # fmt: skip
-    p.add_argument("--trigger", type=float, default=10.0, metavar="SECONDS",
+    p.add_argument("--trigger", type=_seconds(0, 86400), default=10.0, metavar="SECONDS",
                    help="with --streaming: seconds between micro-batches (default 10)")  # fmt: skip
     p.add_argument("--available-now", action="store_true",
                    help="with --streaming: read what is there now, then stop")  # fmt: skip
@@ -969,14 +1149,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--create", action="store_true",
                    help="create the segment if missing, with the codec of the input "
                    "(lines, framed or raw)")  # fmt: skip
-    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+    p.add_argument("--timeout", type=_seconds(0, MAX_TIMEOUT), default=60.0, metavar="SECONDS",
                    help="give up (exit 25) once the daemon has been unreachable or "
                    "overloaded this long (default 60)")  # fmt: skip
-    p.add_argument("--writer-id", metavar="UUID",
+    p.add_argument("--writer-id", metavar="UUID", type=_uuid,
                    help="continue an exactly-once writer (default: a new one)")  # fmt: skip
     p = add("cat", _cmd_cat, "write a segment's bytes to stdout", client=True)
     p.add_argument("segment")
-    p.add_argument("--offset", type=int, help="start here (default: the segment's start offset)")
+    p.add_argument("--offset", type=_integer(0, MAX_OFFSET),
+                   help="start here (default: the segment's start offset)")  # fmt: skip
     p.add_argument("-f", "--follow", action="store_true",
                    help="wait for appends like tail -f, until the segment is sealed")  # fmt: skip
     p = add("ls", _cmd_ls, "list segments", client=True)
@@ -989,15 +1170,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("segment")
     p.add_argument("--from", dest="start", type=_attribute_id, metavar="ID",
                    help="start at this id (32 hex digits; default: the lowest)")  # fmt: skip
-    p.add_argument("--limit", type=int, default=0, metavar="N",
+    p.add_argument("--limit", type=_integer(0, MAX_OFFSET), default=0, metavar="N",
                    help="at most N attributes (default: all)")  # fmt: skip
     p = add("seal", _cmd_seal, "seal a segment (no more appends)", client=True)
     p.add_argument("segment")
     p = add("flush", _cmd_flush, "flush to Tier 2 now and wait until it is there", client=True)
     p.add_argument("segment", nargs="?", default="", help="one segment (default: all)")
+    p.add_argument("--timeout", type=_seconds(0, MAX_TIMEOUT), default=60.0, metavar="SECONDS",
+                   help="wait this long at most, while the daemon retries what fails (an "
+                   "embedded S3 server restarting), then exit 27 saying what was left "
+                   "(default 60)")  # fmt: skip
     p = add("truncate", _cmd_truncate, "drop the bytes below OFFSET", client=True)
     p.add_argument("segment")
-    p.add_argument("offset", type=int)
+    p.add_argument("offset", type=_integer(0, MAX_OFFSET))
     p = add("delete", _cmd_delete, "delete a segment", client=True)
     p.add_argument("segment")
     p = add("cluster", _cmd_cluster, "list the nodes sharing this node's Tier 2: state, "
@@ -1008,14 +1193,17 @@ def build_parser() -> argparse.ArgumentParser:
             "of segments that rolls and expires)", client=True)  # fmt: skip
     p.add_argument("action", choices=["create", "set", "show", "list", "roll", "delete"])
     p.add_argument("name", nargs="?", default="", metavar="NAME")
-    p.add_argument("--roll-size", metavar="SIZE", help="seal the current segment at this "
-                   "size, e.g. 64MiB (0: never; default: follow [streams])")  # fmt: skip
-    p.add_argument("--roll-age", metavar="DURATION", help="... or when its first byte is "
-                   "this old, e.g. 1h")  # fmt: skip
-    p.add_argument("--retain-size", metavar="SIZE", help="delete the oldest data while the "
-                   "newer bytes alone are at least this many (0: keep all)")  # fmt: skip
-    p.add_argument("--retain-age", metavar="DURATION", help="delete sealed segments last "
-                   "changed longer ago than this, e.g. 7d (0: keep all)")  # fmt: skip
+    p.add_argument("--roll-size", metavar="SIZE", type=_policy_option("roll_size"),
+                   help="seal the current segment at this size, e.g. 64MiB (0: never; "
+                   "default: follow [streams])")  # fmt: skip
+    p.add_argument("--roll-age", metavar="DURATION", type=_policy_option("roll_age_ms"),
+                   help="... or when its first byte is this old, e.g. 1h")  # fmt: skip
+    p.add_argument("--retain-size", metavar="SIZE", type=_policy_option("retain_size"),
+                   help="delete the oldest data while the newer bytes alone are at least "
+                   "this many (0: keep all)")  # fmt: skip
+    p.add_argument("--retain-age", metavar="DURATION", type=_policy_option("retain_age_ms"),
+                   help="delete sealed segments last changed longer ago than this, e.g. 7d "
+                   "(0: keep all)")  # fmt: skip
     p.add_argument("--codec", choices=["raw", "lines", "framed"], help="create: the codec "
                    "every segment of the stream is created with, as `create --codec` "
                    "(docs/FORMATS.md; default raw)")  # fmt: skip
@@ -1024,16 +1212,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["begin", "append", "commit", "abort"])
     p.add_argument("name", metavar="NAME", help="begin: the parent segment or stream; "
                    "otherwise the transaction's name")  # fmt: skip
-    p.add_argument("--txn-timeout", type=float, default=0.0, metavar="SECONDS",
+    p.add_argument("--txn-timeout", type=_seconds(0, MAX_TIMEOUT, zero=True), default=0.0,
+                   metavar="SECONDS",
                    help="begin: abort unless committed within this long (default: "
                    "streams.txn_timeout)")  # fmt: skip
     p.add_argument("--file", help="append: read this file instead of stdin")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--framed", action="store_true", help="append: framed events")
     fmt.add_argument("--raw", action="store_true", help="append: the input bytes as they are")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+    p.add_argument("--timeout", type=_seconds(0, MAX_TIMEOUT), default=60.0, metavar="SECONDS",
                    help="append: give up once the daemon is unreachable this long")  # fmt: skip
-    p.add_argument("--writer-id", metavar="UUID", help="append: continue an exactly-once writer")
+    p.add_argument("--writer-id", metavar="UUID", type=_uuid,
+                   help="append: continue an exactly-once writer")  # fmt: skip
     return parser
 
 
@@ -1055,7 +1245,12 @@ def _private_umask() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        _check_wire_text(parser, args)
+    except SystemExit as e:  # --help, or a usage error (printed: one line)
+        return e.code if isinstance(e.code, int) else 2
     # Client commands print their own results; the library's progress notes
     # (a writer reconnecting) are for -v.
     quiet = args.func is not _cmd_serve

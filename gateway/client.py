@@ -524,12 +524,18 @@ class Client:
         """Delete a segment."""
         await self._segment_call(segment, delete=wire.DeleteRequest(segment=segment))
 
-    async def flush(self, segment: str = "") -> None:
-        """Flush a segment ("" = all) to Tier 2; returns once it is there."""
+    async def flush(self, segment: str = "", within: float = 0.0) -> None:
+        """Flush a segment ("" = all) to Tier 2; returns once it is there.
+
+        The daemon retries failed attempts meanwhile; with ``within`` (seconds,
+        0 = no bound) it gives up once that has passed, and the error
+        (`Tier2Error`, ``TIER2_UNAVAILABLE``) says what was still to be uploaded.
+        """
+        request = wire.FlushRequest(segment=segment, timeout_ms=math.ceil(within * 1000))
         if segment:
-            await self._segment_call(segment, flush=wire.FlushRequest(segment=segment))
+            await self._segment_call(segment, flush=request)
         else:
-            await self._call(flush=wire.FlushRequest(segment=segment))
+            await self._call(flush=request)
 
     async def export_metadata(self) -> MetadataSnapshot:
         """The committed metadata of every segment (chunk lists, attributes)."""
@@ -932,10 +938,10 @@ class SyncClient:
         assert self._client is not None
         return self._run(self._client.seal, segment)
 
-    def flush(self, segment: str = "") -> None:
+    def flush(self, segment: str = "", within: float = 0.0) -> None:
         """See `Client.flush`."""
         assert self._client is not None
-        self._run(self._client.flush, segment)
+        self._run(self._client.flush, segment, within)
 
     def truncate(self, segment: str, offset: int) -> SegmentInfo:
         """See `Client.truncate`."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import grp
+import math
 import pathlib
 import pwd
 import re
@@ -20,6 +21,7 @@ import ssl
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from gateway.errors import ConfigError, os_reason
@@ -45,52 +47,95 @@ _SIZE_UNITS = {
     "mib": MiB,
     "gib": GiB,
     "tib": 1024 * GiB,
+    "p": 1000**5,
+    "pb": 1000**5,
+    "pib": 1024**5,
 }
 _DURATION_UNITS = {
-    "": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "min": 60.0, "h": 3600.0, "d": 86400.0
+    "": 1, "s": 1, "ms": Fraction(1, 1000), "us": Fraction(1, 10**6), "min": 60, "h": 3600,
+    "d": 86400,
 }  # fmt: skip
 _NUMBER_WITH_UNIT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 Parser = Callable[[Any], Any]
+#: Numbers beyond this (40 digits) are out of every range here, and a float holds them.
+_LARGEST_NUMBER = 10**40
+
+
+def _shown(value: Any, most: int = 40) -> str:
+    """``repr(value)``, cut short: an error message stays one readable line."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"a number of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= most else f"{text[: most - 5]}...{text[-2:]} ({len(text)} chars)"
+
+
+def _number_with_unit(value: str, units: Mapping[str, Any]) -> Fraction | None:
+    """The number a string such as ``"1.5 KiB"`` means, exactly; None if it is not one."""
+    m = _NUMBER_WITH_UNIT.match(value)
+    if not m or m.group(2).lower() not in units:
+        return None
+    if len(m.group(1)) > 40:
+        raise ValueError(f"{_shown(value)} is out of range (a number of over 40 digits)")
+    # A unit multiplies it by 1024**5 at most: still far from a float's limit.
+    # Exact: a float overflows (to inf) on a long digit string, and rounds.
+    return Fraction(m.group(1)) * Fraction(units[m.group(2).lower()])
 
 
 def parse_size(value: Any) -> int:
-    """A byte count from an integer or a string such as ``"64 MiB"``."""
+    """A byte count from an integer or a string such as ``"64 MiB"``.
+
+    Raises ValueError (one line) for anything else; the caller checks the range.
+    """
     if isinstance(value, bool):
         raise ValueError("expected a size (bytes, or a string such as '64 MiB'), got a boolean")
     if isinstance(value, int):
         if value < 0:
-            raise ValueError(f"size must not be negative, got {value}")
+            raise ValueError(f"size must not be negative, got {_shown(value)}")
         return value
     if isinstance(value, str):
-        m = _NUMBER_WITH_UNIT.match(value)
-        if m and m.group(2).lower() in _SIZE_UNITS:
-            return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
-        raise ValueError(f"cannot read {value!r} as a size (examples: 4096, '512 KiB', '64MiB')")
+        n = _number_with_unit(value, _SIZE_UNITS)
+        if n is not None:
+            return int(n)
+        raise ValueError(
+            f"cannot read {_shown(value)} as a size (examples: 4096, '512 KiB', '64MiB')"
+        )
     raise ValueError(f"expected a size, got {type(value).__name__}")
 
 
 def parse_duration(value: Any) -> float:
-    """Seconds from a number or a string such as ``"2ms"`` or ``"10s"``."""
+    """Seconds from a number or a string such as ``"2ms"`` or ``"10s"``.
+
+    Raises ValueError (one line) for anything else, NaN and infinities; the
+    caller checks the range.
+    """
     if isinstance(value, bool):
         raise ValueError("expected a duration (seconds, or a string such as '2ms'), got a boolean")
     if isinstance(value, int | float):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"expected a finite duration, got {value}")
+        if value > _LARGEST_NUMBER:
+            raise ValueError(f"duration {_shown(value)} is out of range")
         if value < 0:
-            raise ValueError(f"duration must not be negative, got {value}")
-        return float(value)
-    if isinstance(value, str):
-        m = _NUMBER_WITH_UNIT.match(value)
-        if m and m.group(2).lower() in _DURATION_UNITS:
-            return float(m.group(1)) * _DURATION_UNITS[m.group(2).lower()]
-        raise ValueError(f"cannot read {value!r} as a duration (examples: 0.5, '2ms', '10s')")
-    raise ValueError(f"expected a duration, got {type(value).__name__}")
+            raise ValueError(f"duration must not be negative, got {_shown(value)}")
+        seconds: float | Fraction = value
+    elif isinstance(value, str):
+        n = _number_with_unit(value, _DURATION_UNITS)
+        if n is None:
+            raise ValueError(
+                f"cannot read {_shown(value)} as a duration (examples: 0.5, '2ms', '10s')"
+            )
+        seconds = n
+    else:
+        raise ValueError(f"expected a duration, got {type(value).__name__}")
+    return float(seconds)  # finite: at most _LARGEST_NUMBER
 
 
 def parse_host_port(value: str) -> tuple[str, int]:
     """Split ``"host:port"`` or ``"[v6addr]:port"``; raise ValueError if malformed."""
     m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:([0-9]{1,5})|([^:\[\]\s]+):([0-9]{1,5})", value)
     if not m:
-        raise ValueError(f"expected HOST:PORT (e.g. 127.0.0.1:9410), got {value!r}")
+        raise ValueError(f"expected HOST:PORT (e.g. 127.0.0.1:9410), got {_shown(value)}")
     host = m.group(1) or m.group(3)
     port = int(m.group(2) or m.group(4))
     if port > 65535:
@@ -107,29 +152,45 @@ def _bool(value: Any) -> bool:
 def _user(value: Any) -> str:
     """A user name or numeric uid that exists here ("" = the daemon's)."""
     text = _string(value)
-    if text and not text.isdigit():
+    if text and not _numeric_id(text):
         try:
             pwd.getpwnam(text)
         except KeyError:
-            raise ValueError(f"no user named {text!r} on this machine") from None
+            raise ValueError(f"no user named {_shown(text)} on this machine") from None
     return text
 
 
 def _group(value: Any) -> str:
     """A group name or numeric gid that exists here ("" = the daemon's)."""
     text = _string(value)
-    if text and not text.isdigit():
+    if text and not _numeric_id(text):
         try:
             grp.getgrnam(text)
         except KeyError:
-            raise ValueError(f"no group named {text!r} on this machine") from None
+            raise ValueError(f"no group named {_shown(text)} on this machine") from None
     return text
 
 
 def _string(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {type(value).__name__}")
+    if "\0" in value:
+        # No path, name or address holds one; the OS would refuse it later.
+        raise ValueError(f"must not contain a NUL character, got {_shown(value)}")
     return value
+
+
+#: Largest user or group id (the kernel's uid_t, less the "no id" value -1).
+MAX_ID = 2**32 - 2
+
+
+def _numeric_id(text: str) -> bool:
+    """Whether a ``fuse.owner``/``fuse.group`` value is a numeric id (ASCII digits only)."""
+    if not re.fullmatch(r"[0-9]+", text):
+        return False
+    if len(text) > 10 or int(text) > MAX_ID:
+        raise ValueError(f"id {_shown(text)} is out of range 0..{MAX_ID}")
+    return True
 
 
 def _int_in(lo: int, hi: int | None = None) -> Parser:
@@ -137,17 +198,42 @@ def _int_in(lo: int, hi: int | None = None) -> Parser:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"expected an integer, got {type(value).__name__}")
         if value < lo or (hi is not None and value > hi):
-            raise ValueError(f"must be between {lo} and {hi}, got {value}")
+            bound = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
+            raise ValueError(f"must be {bound}, got {_shown(value)}")
         return value
 
     return parse
+
+
+def size_text(n: int) -> str:
+    """A byte count for messages: ``"1 GiB"`` when a power-of-1024 unit divides it."""
+    for unit, name in (
+        (1024**5, "PiB"),
+        (1024**4, "TiB"),
+        (GiB, "GiB"),
+        (MiB, "MiB"),
+        (KiB, "KiB"),
+    ):
+        if n >= unit and n % unit == 0:
+            return f"{n // unit} {name}"
+    return f"{n} bytes"
+
+
+def duration_text(seconds: float) -> str:
+    """A duration for messages: ``"10d"``, ``"2h"``, ``"0.5s"``."""
+    for unit, name in ((86400, "d"), (3600, "h"), (60, "min")):
+        if seconds >= unit and seconds % unit == 0:
+            return f"{seconds / unit:g}{name}"
+    return f"{seconds:g}s"
 
 
 def _size_in(lo: int, hi: int) -> Parser:
     def parse(value: Any) -> int:
         n = parse_size(value)
         if not lo <= n <= hi:
-            raise ValueError(f"must be between {lo} and {hi} bytes, got {n}")
+            raise ValueError(
+                f"must be between {size_text(lo)} and {size_text(hi)}, got {_shown(value)}"
+            )
         return n
 
     return parse
@@ -157,7 +243,9 @@ def _duration_in(lo: float, hi: float) -> Parser:
     def parse(value: Any) -> float:
         s = parse_duration(value)
         if not lo <= s <= hi:
-            raise ValueError(f"must be between {lo}s and {hi}s, got {s}s")
+            raise ValueError(
+                f"must be between {duration_text(lo)} and {duration_text(hi)}, got {_shown(value)}"
+            )
         return s
 
     return parse
@@ -180,7 +268,7 @@ def _choice(*choices: str) -> Parser:
     def parse(value: Any) -> str:
         s = _string(value)
         if s not in choices:
-            raise ValueError(f"must be one of {', '.join(choices)}; got {s!r}")
+            raise ValueError(f"must be one of {', '.join(choices)}; got {_shown(s)}")
         return s
 
     return parse
@@ -195,7 +283,7 @@ def _node_id(value: Any) -> str:
     if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", s) or s in (".", "..", CLUSTER_PREFIX):
         raise ValueError(
             f"must be 1-64 characters of A-Z a-z 0-9 . _ - (not ., .. or {CLUSTER_PREFIX}); "
-            f"got {s!r}"
+            f"got {_shown(s)}"
         )
     return s
 
@@ -206,9 +294,11 @@ def _advertise(value: Any) -> str:
         return s
     host, port = parse_host_port(s)
     if port == 0:
-        raise ValueError(f"must name the port other nodes connect to, not 0; got {s!r}")
+        raise ValueError(f"must name the port other nodes connect to, not 0; got {_shown(s)}")
     if host in _ANY_HOST:
-        raise ValueError(f"must be an address other nodes can reach, not a wildcard; got {s!r}")
+        raise ValueError(
+            f"must be an address other nodes can reach, not a wildcard; got {_shown(s)}"
+        )
     return s
 
 
@@ -217,7 +307,7 @@ def _abs_path_or_empty(value: Any) -> str:
     if s and not s.startswith("/"):
         # Relative paths would depend on the daemon's working directory, which
         # systemd sets to /; say so instead of guessing.
-        raise ValueError(f"must be an absolute path (or empty), got {s!r}")
+        raise ValueError(f"must be an absolute path (or empty), got {_shown(s)}")
     return s
 
 
@@ -239,18 +329,21 @@ def _tier2_url(value: Any) -> str:
         bucket = s[5:].split("/", 1)[0]
         if not _BUCKET.fullmatch(bucket):
             raise ValueError(
-                f"bucket {bucket!r} is not a valid S3 bucket name (3-63 characters of a-z 0-9 . -)"
+                f"bucket {_shown(bucket)} is not a valid S3 bucket name "
+                "(3-63 characters of a-z 0-9 . -)"
             )
         return s
     if s.startswith("file:///"):
         return s
-    raise ValueError(f"must be 'embedded', 's3://BUCKET[/PREFIX]' or 'file:///PATH'; got {s!r}")
+    raise ValueError(
+        f"must be 'embedded', 's3://BUCKET[/PREFIX]' or 'file:///PATH'; got {_shown(s)}"
+    )
 
 
 def _http_url_or_empty(value: Any) -> str:
     s = _string(value)
     if s and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", s):
-        raise ValueError(f"must be an http(s):// URL or empty, got {s!r}")
+        raise ValueError(f"must be an http(s):// URL or empty, got {_shown(s)}")
     return s
 
 
@@ -428,7 +521,7 @@ def _budget(value: Any) -> int:
 
 def _fraction(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0.05 <= value <= 0.95:
-        raise ValueError(f"must be a number between 0.05 and 0.95, got {value!r}")
+        raise ValueError(f"must be a number between 0.05 and 0.95, got {_shown(value)}")
     return float(value)
 
 
@@ -585,27 +678,54 @@ class ClusterConfig:
     )
 
 
+#: The largest value of each stream policy (``StreamPolicy`` field -> bound),
+#: whether a ``[streams]`` default, a ``stream create|set`` option or a request.
+STREAM_POLICY_MAX = {
+    "roll_size": 1 << 50,
+    "roll_age_ms": 10 * 365 * 86400 * 1000,
+    "retain_size": 1 << 60,
+    "retain_age_ms": 100 * 365 * 86400 * 1000,
+}
+
+
+def stream_policy_text(field: str, value: int) -> str:
+    """A stream policy's value (bytes, or milliseconds for ``*_ms``) for messages."""
+    return duration_text(value / 1000) if field.endswith("_ms") else size_text(value)
+
+
+def parse_stream_policy(field: str, value: Any) -> int:
+    """A stream policy (a `STREAM_POLICY_MAX` field) from a size, or a duration for
+    ``*_ms``, in the field's unit (bytes, milliseconds); ValueError when out of range."""
+    n = round(parse_duration(value) * 1000) if field.endswith("_ms") else parse_size(value)
+    most = STREAM_POLICY_MAX[field]
+    if n > most:
+        raise ValueError(f"must be at most {stream_policy_text(field, most)}, got {_shown(value)}")
+    return n
+
+
 @dataclass(frozen=True)
 class StreamsConfig:
     """``[streams]``: stream policy defaults (rolling, retention) and transactions."""
 
     roll_size: int = _key(
-        1 * GiB, _size_in(0, 1 << 50), "seal a stream's current segment at this size (0 = never)"
+        1 * GiB,
+        _size_in(0, STREAM_POLICY_MAX["roll_size"]),
+        "seal a stream's current segment at this size (0 = never)",
     )
     roll_age: float = _key(
         3600.0,
-        _duration_in(0.0, 10 * 365 * 86400.0),
+        _duration_in(0.0, STREAM_POLICY_MAX["roll_age_ms"] / 1000),
         "seal a stream's current segment when its first byte is this old (0 = never)",
     )
     retain_size: int = _key(
         0,
-        _size_in(0, 1 << 60),
+        _size_in(0, STREAM_POLICY_MAX["retain_size"]),
         "delete a stream's oldest data while the newer bytes alone are at least this many "
         "(0 = keep all)",
     )
     retain_age: float = _key(
         0.0,
-        _duration_in(0.0, 100 * 365 * 86400.0),
+        _duration_in(0.0, STREAM_POLICY_MAX["retain_age_ms"] / 1000),
         "delete a stream's sealed segments last changed longer ago than this (0 = keep all)",
     )
     retain_unflushed: bool = _key(
@@ -677,6 +797,12 @@ class Config:
             raise ConfigError(str(path), [f"file: cannot read: {e.strerror}"]) from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(str(path), [f"file: not valid TOML: {e}"]) from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(
+                str(path), [f"file: not UTF-8 (TOML is): {e.reason} at byte {e.start}"]
+            ) from None
+        except RecursionError:
+            raise ConfigError(str(path), ["file: not valid TOML: nested too deeply"]) from None
         return cls.from_dict(data, source=str(path), check_files=check_files)
 
     @classmethod

@@ -332,6 +332,10 @@ class Tier2Error(GatewayError):
     wire_code = "TIER2_UNAVAILABLE"
 
 
+class FlushTimeout(Tier2Error):
+    """{} (a flush's time ran out; the data is safe in the journal and is flushed later)"""
+
+
 class ChunkNotFound(Tier2Error):
     """Tier-2 object {!r} does not exist"""
 

@@ -65,7 +65,12 @@ from gateway.buffers import Buffer
 from gateway.cluster.registry import UP
 from gateway.cluster.remote import TAIL_READ_TIMEOUT, remote_attributes
 from gateway.codec import Codec
-from gateway.config import ServerConfig, parse_host_port
+from gateway.config import (
+    STREAM_POLICY_MAX,
+    ServerConfig,
+    parse_host_port,
+    stream_policy_text,
+)
 from gateway.container import AppendResult, AttributeUpdate, Verb
 from gateway.container.attributes import ID_BYTES as ATTRIBUTE_ID_BYTES
 from gateway.container.attributes import AttributesNotLoaded
@@ -801,9 +806,17 @@ class Connection:
         name = req.flush.segment
         if name:
             container.info(name)  # fail now if missing, in order
+        timeout_ms = req.flush.timeout_ms
+        if timeout_ms > MAX_FLUSH_TIMEOUT_MS:
+            raise BadRequest(
+                f"flush timeout of {timeout_ms} ms is above {MAX_FLUSH_TIMEOUT_MS} ms (30 days)"
+            )
+        within = timeout_ms / 1000 if timeout_ms else None
 
         async def produce() -> wire.Response:
-            await container.flush(name)
+            # Retried within its time: "make it durable and wait until done"
+            # outlasts a Tier 2 that is briefly down (docs/OPERATIONS.md).
+            await container.flush(name, within, retry=True)
             return wire.Response(request_id=rid, done=wire.Done())
 
         return produce
@@ -1089,6 +1102,10 @@ class Connection:
             close_now(self.transport)
 
 
+#: The longest wait a flush request may ask for (FlushRequest.timeout_ms).
+MAX_FLUSH_TIMEOUT_MS = 30 * 86400 * 1000
+
+
 def _claims_name(req: wire.Request) -> str | None:
     """The name a request creates, which a cluster claims first (segment or stream create)."""
     kind = req.WhichOneof("kind")
@@ -1102,6 +1119,14 @@ def _claims_name(req: wire.Request) -> str | None:
 def _policy(p: wire.StreamPolicy) -> dict[str, int | None]:
     """A request's stream policy: set fields, and None for fields to reset."""
     policy: dict[str, int | None] = {f: getattr(p, f) for f in POLICY_FIELDS if p.HasField(f)}
+    for f, value in policy.items():
+        most = STREAM_POLICY_MAX[f]
+        if value is not None and value > most:
+            # The [streams] defaults' own bounds: a client's value is no wider.
+            raise BadRequest(
+                f"stream policy {f} of {value} is above its largest value "
+                f"{most} ({stream_policy_text(f, most)})"
+            )
     for f in p.reset:
         if f not in POLICY_FIELDS:
             raise BadRequest(f"unknown stream policy {f!r} to reset")

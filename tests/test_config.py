@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import pathlib
+import re
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from gateway.client import SyncClient
 from gateway.config import Config, all_keys, parse_duration, parse_host_port, parse_size
@@ -93,7 +97,7 @@ checkpoint_every_frames = 100
         ("[fuse]\nmountpoint = 'mnt'\n", "fuse.mountpoint: must be an absolute path"),
         ("[fuse]\nowner = 'no-such-user-x'\n", "fuse.owner: no user named 'no-such-user-x'"),
         ("[fuse]\ngroup = 'no-such-group-x'\n", "fuse.group: no group named"),
-        ("[fuse]\nactive_timeout = 2\n", "fuse.active_timeout: must be between 0.0s and 1.0s"),
+        ("[fuse]\nactive_timeout = 2\n", "fuse.active_timeout: must be between 0s and 1s"),
         ("[fuse]\nallow_other = 'yes'\n", "fuse.allow_other: expected true or false"),
         ("[fuse]\nprefetch_memory = '1 MiB'\n", "fuse.prefetch_memory: must be between"),
         ("[logging]\nlevel = 'loud'\n", "logging.level: must be one of debug, info"),
@@ -224,3 +228,206 @@ def test_config_md_lists_every_key() -> None:
     assert not missing, f"docs/CONFIG.md does not document: {missing}"
     for section in {k.split(".")[0] for k in all_keys()}:
         assert f"[{section}]" in text
+
+
+# -- no value, however wrong, gives anything but a one-line error naming its key ----------
+
+#: Numbers as text: huge, fractional, signed, exponents, non-ASCII digits.
+_NUMBER_TEXT = st.one_of(
+    st.integers(min_value=0, max_value=10**60).map(str),
+    st.sampled_from(
+        [
+            "1" + "0" * 400,
+            "9" * 5000,
+            "0.5",
+            "1.",
+            ".5",
+            "1e3",
+            "1e400",
+            "-1",
+            "+1",
+            "nan",
+            "inf",
+            "-inf",
+            "²",
+            "٣",
+            "\uff11\uff12",  # fullwidth digits
+            "0x10",
+            "1_000",
+            "",
+        ]
+    ),
+    st.floats(allow_nan=True, allow_infinity=True).map(str),
+)
+_UNIT_TEXT = st.sampled_from(
+    ["", "b", "KiB", "kib", "MB", "gib", "TiB", "PiB", "ms", "us", "s", "min", "h", "d", "µs",
+     "parsecs", "KİB", "ﬀ", " ", "\t"]
+)  # fmt: skip
+#: Anything a TOML document can hold for one key (and what tomllib makes of it).
+CONFIG_VALUES = st.one_of(
+    st.builds(
+        lambda n, sp, u: f"{n}{sp}{u}", _NUMBER_TEXT, st.sampled_from(["", " ", "  "]), _UNIT_TEXT
+    ),
+    st.text(max_size=40),
+    st.integers(),
+    st.integers(min_value=-(2**64), max_value=2**64),
+    st.sampled_from([2**63 - 1, 2**64, -(2**63), 10**400]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.datetimes(),
+)
+
+
+def _config_errors(key: str, value: object) -> list[str]:
+    """Every error of a configuration that sets only ``key`` (none: it is accepted)."""
+    section, name = key.split(".", 1)
+    try:
+        config = Config.from_dict({section: {name: value}}, check_files=False)
+    except ConfigError as e:
+        return e.errors
+    parsed = getattr(getattr(config, section), name)
+    # Accepted: a value the daemon can use as it is.
+    if isinstance(parsed, float):
+        assert math.isfinite(parsed), (key, value, parsed)
+    if isinstance(parsed, str):
+        assert "\0" not in parsed, (key, value)
+    return []
+
+
+@settings(max_examples=300, deadline=None)
+@given(key=st.sampled_from(all_keys()), value=CONFIG_VALUES)
+@example(key="streams.roll_size", value="1" + "0" * 400)
+@example(key="streams.roll_size", value="9" * 5000)
+@example(key="tier2.flush_size", value="99999999999999999999999 TiB")
+@example(key="streams.roll_age", value="300000000000d")
+@example(key="streams.roll_age", value=math.nan)
+@example(key="server.memory_timeout", value=-math.inf)
+@example(key="cache.budget", value="1" + "0" * 400)
+@example(key="fuse.owner", value="²")
+@example(key="fuse.group", value="99999999999")
+@example(key="node.data_dir", value="/var/lib/a\0b")
+def test_any_value_of_any_key_is_accepted_or_refused_in_one_line_naming_it(
+    key: str, value: object
+) -> None:
+    errors = _config_errors(key, value)
+    for e in errors:
+        assert "\n" not in e and len(e) < 400, e
+        # The key itself, or (a cross-check) another key of the file.
+        assert re.match(r"[a-z0-9_]+\.[a-z0-9_]+: ", e), e
+    if errors:
+        assert any(key in e for e in errors), errors
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("streams.roll_size", "1" + "0" * 400, "streams.roll_size: '1000000000000000000000000"),
+        ("streams.roll_size", "99999999999999999999", "streams.roll_size: must be between 0 bytes"
+         " and 1 PiB, got '99999999999999999999'"),
+        ("streams.roll_age", "300000000000d", "streams.roll_age: must be between 0s and 3650d, "
+         "got '300000000000d'"),
+        ("streams.roll_age", math.nan, "streams.roll_age: expected a finite duration, got nan"),
+        ("server.send_timeout", math.inf, "server.send_timeout: expected a finite duration"),
+        ("fuse.owner", "²", "fuse.owner: no user named '²'"),
+        ("fuse.group", "99999999999", "fuse.group: id '99999999999' is out of range"),
+        ("node.data_dir", "/a\0b", "node.data_dir: must not contain a NUL character"),
+        ("journal.file_size", 10**400, "journal.file_size: must be between 1 MiB and 64 GiB, got "
+         "a number of about 401 digits"),
+    ],
+)  # fmt: skip
+def test_values_out_of_range_say_the_key_and_the_range(
+    key: str, value: object, expected: str
+) -> None:
+    errors = _config_errors(key, value)
+    assert len(errors) == 1 and errors[0].startswith(expected), errors
+
+
+def test_sizes_and_durations_are_exact_at_any_length() -> None:
+    assert parse_size("1.5 KiB") == 1536
+    assert parse_size("1 PiB") == 1 << 50
+    assert parse_size("123456789012345678901234567890") == 123456789012345678901234567890
+    assert parse_duration("1.5min") == 90.0
+    assert parse_duration("300000000000d") == 300000000000 * 86400.0
+    for bad in ("1" + "0" * 400, "nan", "inf", "1e3", "-1", "²"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+    for bad_number in (math.nan, math.inf, -math.inf):
+        with pytest.raises(ValueError, match="finite"):
+            parse_duration(bad_number)
+
+
+_TOML_SCALARS = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70).map(str),
+    st.sampled_from(
+        [
+            "nan",
+            "inf",
+            "-inf",
+            "+nan",
+            "1e400",
+            "-0.0",
+            "0x7fffffffffffffff",
+            "9" * 30,
+            "1979-05-27T07:32:00Z",
+            "[1, 2]",
+            "{a = 1}",
+            "'a\\u0000b'",
+            '"\\u0000"',
+            '"\\udcff"',
+            "'''x\ny'''",
+            "true",
+        ]
+    ),
+    CONFIG_VALUES.filter(lambda v: isinstance(v, str)).map(
+        lambda v: '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    ),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    key=st.sampled_from(all_keys()),
+    literal=_TOML_SCALARS,
+    junk=st.one_of(
+        st.just(b""), st.binary(max_size=20), st.just(b"\xff\xfe"), st.just(b"[" * 3000)
+    ),
+)
+@example(key="node.id", literal='"x"', junk=b"\xff")
+@example(key="node.id", literal="[" * 2000 + "]" * 2000, junk=b"")
+def test_check_config_of_any_file_exits_0_or_2_with_one_line_per_error(
+    tmp_path_factory: pytest.TempPathFactory, key: str, literal: str, junk: bytes
+) -> None:
+    """``check-config`` in-process: a result or errors, never an exception."""
+    section, name = key.split(".", 1)
+    path = tmp_path_factory.mktemp("fuzz") / "gateway.toml"
+    path.write_bytes(f"[{section}]\n{name} = {literal}\n".encode("utf-8", "surrogatepass") + junk)
+    code, out, err = run_main("check-config", str(path))
+    assert code in (0, 2), (code, err)
+    if code == 0:
+        assert out.endswith("ok (node node-1, journal /var/lib/segment-gateway/journal)\n") or (
+            key.startswith(("node.", "journal."))
+        ), out
+    else:
+        head, *lines = err.splitlines()
+        assert head == f"segment-gateway: configuration {path} has {len(lines)} error(s):", err
+        assert all(re.match(r"\s+([a-z0-9_]+\.[a-z0-9_]+|file): ", line) for line in lines), err
+
+
+def run_main(*argv: str) -> tuple[int, str, str]:
+    """``segment-gateway ARGV`` in this process: exit code, stdout, stderr."""
+    import contextlib
+    import io
+    from unittest import mock
+
+    from gateway import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    # logs.setup would replace the test's log handlers (check_error_logs).
+    with mock.patch("gateway.logs.setup"), contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):  # fmt: skip
+        code = cli.main(list(argv))
+    return code, out.getvalue(), err.getvalue()

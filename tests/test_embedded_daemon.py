@@ -5,14 +5,18 @@ Real ``segment-gateway serve`` processes with ``tier2.url = "embedded"``.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import pathlib
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -20,7 +24,7 @@ from gateway.client import SyncClient
 from gateway.errors import GatewayError
 from gateway.tier2.embedded import EmbeddedS3
 from gateway.tier2.s3 import S3Storage
-from tests.helpers.daemon import ROOT, Daemon, free_port, scrape
+from tests.helpers.daemon import ROOT, Daemon, free_port, run_cli, scrape
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
 pytestmark = pytest.mark.slow
@@ -219,5 +223,90 @@ def test_a_killed_weed_is_reported_and_restarted_without_restarting_the_daemon(
         # daemon's main thread, whose end fires its parent-death signal).
         daemon.kill()
         wait_for(lambda: not weed_pids(s3_dir), 10, "the restarted weed died with the daemon")
+    finally:
+        daemon.kill()
+
+
+@contextlib.contextmanager
+def holding_port(port: int) -> Iterator[None]:
+    """Listen on a loopback port, so a SeaweedFS restart on its ports fails meanwhile."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                s.bind(("127.0.0.1", port))
+                break
+            except OSError:  # the killed weed's listener is not closed yet
+                assert time.monotonic() < deadline, f"port {port} stayed busy"
+                time.sleep(0.005)
+        s.listen()
+        yield
+
+
+def flush_failures(daemon: Daemon) -> int:
+    """How many flush attempts the daemon's log says failed."""
+    return len(re.findall(r"flush of segment id \d+ failed", daemon.log_path.read_text()))
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.expect_errors(r"embedded S3 server \(SeaweedFS, pid \d+\) exited")
+def test_flush_waits_while_the_embedded_s3_server_restarts(tmp_path: pathlib.Path) -> None:
+    """`flush` is "make it durable and wait": it outlasts a restart, within its --timeout."""
+    data_dir = tmp_path / "node"
+    # Nothing is flushed but what is asked for.
+    config = '[tier2]\nurl = "embedded"\nflush_size = "64 MiB"\nflush_interval = "1h"\n'
+    daemon = Daemon(data_dir, config)
+    s3_dir = data_dir / "s3"
+    data = os.urandom(1 * MiB + 17)
+    daemon.start(timeout=60)
+    try:
+        with SyncClient(daemon.address) as c:
+            c.create("k/s")
+            c.append("k/s", data)
+            assert c.info("k/s").storage_length == 0
+        s3_port = json.loads((s3_dir / "embedded-s3.json").read_text())["ports"]["s3"]
+        (pid,) = weed_pids(s3_dir)
+        os.kill(pid, signal.SIGKILL)
+        # Its restarts fail while the port is taken: the server stays down.
+        with holding_port(s3_port):
+            wait_for(
+                lambda: scrape(daemon.metrics_port)["segment_gateway_embedded_s3_up"] == 0,
+                10,
+                "/metrics shows the server down",
+            )
+            started = time.monotonic()
+            r = run_cli("flush", "k/s", "--connect", daemon.address, "--timeout", "2")
+            took = time.monotonic() - started
+            assert r.returncode == 27, r.stderr
+            assert re.fullmatch(
+                rf"segment-gateway: flush of 'k/s': {len(data)} byte\(s\) not in Tier 2 after "
+                r"waiting 2\.\ds; the storage writer keeps retrying, its last attempt failed: "
+                r"embedded S3 server is down \(restarting\) \(a flush's time ran out; the data "
+                r"is safe in the journal and is flushed later\)\n",
+                r.stderr,
+            ), r.stderr
+            assert 2 <= took < 30, took
+
+            # Without a short --timeout, the flush waits for the server.
+            before = flush_failures(daemon)
+            waiting = subprocess.Popen(
+                [sys.executable, "-m", "gateway.cli", "flush", "k/s", "--connect", daemon.address],
+                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            try:
+                wait_for(lambda: flush_failures(daemon) >= before + 2, 30, "it retries meanwhile")
+                assert waiting.poll() is None, waiting.communicate()
+            except BaseException:
+                waiting.kill()
+                raise
+        # The port is free: the next restart succeeds, and so does the flush.
+        out, err = waiting.communicate(timeout=90)
+        assert (waiting.returncode, out, err) == (0, "flushed k/s to Tier 2\n", "")
+        with SyncClient(daemon.address) as c:
+            assert c.info("k/s").storage_length == len(data)
+        assert scrape(daemon.metrics_port)["segment_gateway_embedded_s3_restarts_total"] == 1
+        assert daemon.stop() == 0, daemon.log()
+        assert chunks_in_tier2(s3_dir) == data
     finally:
         daemon.kill()

@@ -19,7 +19,7 @@ import trio.testing
 
 from gateway.config import Config
 from gateway.container.container import SegmentContainer
-from gateway.errors import Overloaded, Tier2Error
+from gateway.errors import FlushTimeout, Overloaded, Tier2Error
 from gateway.node import open_node
 from gateway.tier2 import names
 from gateway.tier2.filesystem import FileStorage
@@ -245,6 +245,62 @@ async def test_flush_reports_failure_while_down(tmp_path: pathlib.Path) -> None:
         storage.set_down(False)
         await c.flush("s")
         assert c.info("s").storage_length == 1
+
+
+async def test_a_waiting_flush_outlasts_an_outage_shorter_than_its_time(
+    tmp_path: pathlib.Path,
+) -> None:
+    """With ``retry`` (a flush request), failures are retried about once a second,
+    and the flush returns once Tier 2 is back."""
+    storage = MemoryStorage()
+    config = tier2_config(tmp_path, retry_deadline="100ms")
+    async with running(config, storage) as (c, writer):
+        await c.create("s")
+        await c.append("s", b"x" * 1000)
+        storage.set_down(True)
+        finished: list[float] = []
+
+        async def flush() -> None:
+            await c.flush("s", within=60, retry=True)
+            finished.append(trio.current_time())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(flush)
+            await wait_until(lambda: writer.flush_failures >= 3)
+            assert not finished
+            back = trio.current_time()
+            storage.set_down(False)
+        # Retried within REQUESTED_RETRY_WAIT (1 s) of its return, not after the backoff.
+        assert finished and finished[0] - back < 3
+        assert c.info("s").storage_length == 1000
+        assert chunk_bytes(storage, c, "s") == b"x" * 1000
+
+
+async def test_a_waiting_flush_says_what_is_left_when_its_time_is_up(
+    tmp_path: pathlib.Path,
+) -> None:
+    storage = MemoryStorage()
+    config = tier2_config(tmp_path, retry_deadline="100ms")
+    async with running(config, storage) as (c, _):
+        await c.create("s")
+        await c.append("s", b"x" * 1000)
+        storage.set_down(True)
+        started = trio.current_time()
+        with pytest.raises(FlushTimeout) as e:
+            await c.flush("s", within=1.5, retry=True)
+        assert 1.5 <= trio.current_time() - started < 5
+        assert e.value.exit_code == 27 and e.value.wire_code == "TIER2_UNAVAILABLE"
+        assert str(e.value).startswith(
+            "flush of 's': 1000 byte(s) not in Tier 2 after waiting 1.5s; the storage writer "
+            "keeps retrying, its last attempt failed: "
+        ), str(e.value)
+        # No time given (a client that sends none): failures are waited through
+        # for tier2.retry_deadline, then the error says so.
+        with pytest.raises(FlushTimeout, match=r"after waiting 0\.\ds"):
+            await c.flush("s", retry=True)
+        storage.set_down(False)
+        await c.flush("s", within=10, retry=True)
+        assert c.info("s").storage_length == 1000
 
 
 async def test_journal_is_truncated_once_flushed(tmp_path: pathlib.Path) -> None:

@@ -1451,12 +1451,15 @@ class SegmentContainer:
         """The committed view of every segment (Tier-2 metadata snapshots)."""
         return self._table.committed_snapshot()
 
-    async def flush(self, name: str = "") -> None:
-        """Flush one segment (or all, for "") to Tier 2 and wait until it is there."""
+    async def flush(self, name: str = "", within: float | None = None, retry: bool = False) -> None:
+        """Flush one segment (or all, for "") to Tier 2 and wait until it is there.
+
+        ``within`` and ``retry`` as for `StorageListener.flush`.
+        """
         if self.storage is None:
             raise Unavailable("Tier 2 is not running in this process")
         ids = [self._committed(name).id] if name else None
-        await self.storage.flush(ids)
+        await self.storage.flush(ids, within, retry)
 
     # -- convenience: prepare and wait -------------------------------------------
 

@@ -109,8 +109,14 @@ class StorageListener(Protocol):
     def on_attributes(self, seg: Segment) -> None:
         """The segment's extended attributes waiting for its index fill memory: index them."""
 
-    async def flush(self, segment_ids: list[int] | None = None) -> None:
-        """Flush now; return once what was committed before the call is in Tier 2."""
+    async def flush(
+        self, segment_ids: list[int] | None = None, within: float | None = None, retry: bool = False
+    ) -> None:
+        """Flush now; return once what was committed before the call is in Tier 2.
+
+        ``retry``: wait through failed attempts (until ``within`` seconds, which
+        also bound the whole wait) instead of raising the first one.
+        """
 
     async def durability_barrier(self) -> None:
         """Return once everything flushed so far is durable in Tier 2."""

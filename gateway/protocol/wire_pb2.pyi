@@ -315,10 +315,12 @@ class DeleteRequest(_message.Message):
     def __init__(self, segment: _Optional[str] = ...) -> None: ...
 
 class FlushRequest(_message.Message):
-    __slots__ = ("segment",)
+    __slots__ = ("segment", "timeout_ms")
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     segment: str
-    def __init__(self, segment: _Optional[str] = ...) -> None: ...
+    timeout_ms: int
+    def __init__(self, segment: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class FsckRequest(_message.Message):
     __slots__ = ("deep", "repair")

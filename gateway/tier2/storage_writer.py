@@ -54,7 +54,7 @@ from gateway.config import Tier2Config
 from gateway.container.container import PendingOperation, SegmentContainer
 from gateway.container.interfaces import LeaseGate
 from gateway.container.segment import Segment
-from gateway.errors import GatewayError, Overloaded, SegmentNotFound, Tier2Error
+from gateway.errors import FlushTimeout, GatewayError, Overloaded, SegmentNotFound, Tier2Error
 from gateway.protocol.metadata_pb2 import AttributeIndexRecord, ChunkRecord
 from gateway.tier2 import gc, names
 from gateway.tier2.attribute_index import AttributeIndexStore
@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 
 #: Longest wait before retrying a segment whose flush failed.
 MAX_RETRY_WAIT = 30.0
+#: Longest wait before retrying a failed flush that a `flush` request waits for.
+REQUESTED_RETRY_WAIT = 1.0
 #: Longest wait between attempts to journal an uploaded chunk the journal refused.
 MAX_RECORD_WAIT = 2.0
 
@@ -133,6 +135,9 @@ class StorageWriter:
         self._urgent: dict[int, int] = {}
         self._busy: set[int] = set()
         self._failures: dict[int, _Failure] = {}
+        #: Segment id -> `flush` calls waiting for it (with ``retry``): its
+        #: failed flushes are retried at most `REQUESTED_RETRY_WAIT` apart.
+        self._waiting: dict[int, int] = {}
         #: Object keys being uploaded and not yet named by applied metadata:
         #: GC and the deleter must leave them alone.
         self.uploading: set[str] = set()
@@ -224,7 +229,7 @@ class StorageWriter:
         self._failures.pop(source.id, None)
         self.reader.forget_segment(source.id)
         self._wake.set()
-        self._progress.set()
+        self._signal_progress()
 
     def on_dropped(self, seg: Segment, chunks: list[ChunkRecord], deleted: bool) -> None:
         """Delete the objects of chunks that left the metadata, in the background."""
@@ -240,7 +245,12 @@ class StorageWriter:
             self.reader.forget_segment(seg.id)
             self.attributes.forget(seg.id)
         self._wake.set()
-        self._progress.set()  # flush waiters re-check: the segment may be gone
+        self._signal_progress()  # flush waiters re-check: the segment may be gone
+
+    def _signal_progress(self) -> None:
+        """Wake every `flush` waiting (a new event for the next wait: none spins on a set one)."""
+        self._progress.set()
+        self._progress = trio.Event()
 
     # -- the flush loop ----------------------------------------------------------------
 
@@ -380,6 +390,8 @@ class StorageWriter:
             old = self._failures.get(seg_id)
             count = old.count + 1 if old else 1
             wait = min(MAX_RETRY_WAIT, 0.5 * 2 ** (count - 1))
+            if self._waiting.get(seg_id):
+                wait = min(wait, REQUESTED_RETRY_WAIT)  # the backoff is for nobody waiting
             self._failures[seg_id] = _Failure(count, trio.current_time() + wait, e)
             log.warning("flush of segment id %d failed (retry in %.1fs): %s", seg_id, wait, e)
         finally:
@@ -392,8 +404,7 @@ class StorageWriter:
                 else:
                     del self._unflushed[seg_id]
             self._wake.set()
-            self._progress.set()
-            self._progress = trio.Event()
+            self._signal_progress()
 
     async def _flush_segment(self, seg_id: int) -> None:
         """Upload everything unflushed of one segment (one flush at a time per segment)."""
@@ -563,11 +574,23 @@ class StorageWriter:
 
     # -- flush on request --------------------------------------------------------------
 
-    async def flush(self, segment_ids: list[int] | None = None) -> None:
+    async def flush(
+        self,
+        segment_ids: list[int] | None = None,
+        within: float | None = None,
+        retry: bool = False,
+    ) -> None:
         """Flush now and wait until every byte committed before the call is in Tier 2.
 
-        ``None`` flushes every segment. Raises the error of a flush attempt
-        that failed after the call (the caller may retry).
+        ``None`` flushes every segment. Without ``retry``, the error of a
+        flush attempt that failed after the call is raised at once (the
+        caller may retry). With ``retry``, failed attempts are retried (at
+        most `REQUESTED_RETRY_WAIT` apart while the call waits) until
+        ``within`` seconds have passed, or ``tier2.retry_deadline`` when
+        ``within`` is None: a Tier 2 that is back within that time (an
+        embedded server restarting) does not fail the call. ``within``
+        bounds the whole wait; past it, `FlushTimeout` says what was still
+        to be uploaded and the last attempt's error.
         """
         self._check_fence()
         if segment_ids is None:
@@ -587,8 +610,35 @@ class StorageWriter:
                 if failure is not None:
                     failure.retry_at = 0.0
         started = trio.current_time()
+        deadline = math.inf if within is None else started + within
+        # Failures are waited through until then (retry), else the first one raises.
+        retry_until = -math.inf
+        if retry:
+            retry_until = deadline if within is not None else started + self.cfg.retry_deadline
         self._wake.set()
+        waiting = list(targets) if retry else []
+        for seg_id in waiting:
+            self._waiting[seg_id] = self._waiting.get(seg_id, 0) + 1
+        try:
+            await self._wait_flushed(targets, through, started, deadline, retry_until, retry)
+        finally:
+            for seg_id in waiting:
+                self._waiting[seg_id] -= 1
+                if not self._waiting[seg_id]:
+                    del self._waiting[seg_id]
+
+    async def _wait_flushed(
+        self,
+        targets: dict[int, int],
+        through: int,
+        started: float,
+        deadline: float,
+        retry_until: float,
+        retry: bool,
+    ) -> None:
+        """`flush`'s wait: until every target is in Tier 2, or the deadline."""
         while targets:
+            failed: list[tuple[Segment, _Failure]] = []
             for seg_id, target in list(targets.items()):
                 seg = self.container.segment_by_id(seg_id)
                 done = seg is None or (
@@ -602,13 +652,51 @@ class StorageWriter:
                 if done:
                     del targets[seg_id]
                     continue
+                assert seg is not None
                 failure = self._failures.get(seg_id)
                 if failure is not None and failure.retry_at > started and seg_id not in self._busy:
-                    assert seg is not None
-                    raise Tier2Error(f"flush of {seg.name!r} failed: {failure.error}")
-            if targets:
+                    failed.append((seg, failure))
+            if not targets:
+                return
+            now = trio.current_time()
+            if failed and now >= retry_until:
+                seg, failure = failed[0]
+                if retry:
+                    raise FlushTimeout(self._still_to_flush(targets, now - started, failure))
+                raise Tier2Error(f"flush of {seg.name!r} failed: {failure.error}")
+            if now >= deadline:
+                raise FlushTimeout(self._still_to_flush(targets, now - started, None))
+            for _seg, failure in failed:
+                # An attempt begun before this wait counted took the backoff's wait.
+                if retry and failure.retry_at > now + REQUESTED_RETRY_WAIT:
+                    failure.retry_at = now + REQUESTED_RETRY_WAIT
+                    self._wake.set()
+            # Woken by each attempt's end; at the deadline, or when failures stop being retried.
+            with trio.move_on_at(min(deadline, retry_until) if failed else deadline):
                 await self._progress.wait()
-                self._check_fence()
+            self._check_fence()
+
+    def _still_to_flush(
+        self, targets: dict[int, int], waited: float, failure: _Failure | None
+    ) -> str:
+        """What a flush that ran out of time was still waiting for (its `FlushTimeout`)."""
+        names, left = [], 0
+        for seg_id, target in targets.items():
+            seg = self.container.segment_by_id(seg_id)
+            if seg is not None:
+                names.append(repr(seg.name))
+                left += max(0, target - seg.storage_length)
+        if failure is None:
+            for seg_id in targets:
+                failure = self._failures.get(seg_id) or failure
+        what = names[0] if len(names) == 1 else f"{len(names)} segments ({', '.join(names[:3])}"
+        what += "" if len(names) == 1 else (", ...)" if len(names) > 3 else ")")
+        why = (
+            f"; the storage writer keeps retrying, its last attempt failed: {failure.error}"
+            if failure is not None
+            else "; still uploading"
+        )
+        return f"flush of {what}: {left} byte(s) not in Tier 2 after waiting {waited:.1f}s{why}"
 
     # -- background deletion -------------------------------------------------------------
 
