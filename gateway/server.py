@@ -613,7 +613,7 @@ class Connection:
         return await self._admit(
             req.request_id,
             nbytes,
-            handler.changes,
+            handler.changes and not _reads_only(req),
             lambda: handler.prepare(self, req),
             handler.frees,
         )
@@ -1104,6 +1104,15 @@ class Connection:
 
 #: The longest wait a flush request may ask for (FlushRequest.timeout_ms).
 MAX_FLUSH_TIMEOUT_MS = 30 * 86400 * 1000
+
+
+def _reads_only(req: wire.Request) -> bool:
+    """A request of a changing kind that changes nothing (a stream's get or list):
+    answered without waiting for room in the journal, like any read."""
+    return req.WhichOneof("kind") == "stream" and req.stream.action in (
+        wire.STREAM_GET,
+        wire.STREAM_LIST,
+    )
 
 
 def _claims_name(req: wire.Request) -> str | None:
