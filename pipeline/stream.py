@@ -676,7 +676,7 @@ def _read_part(p: InputPartition) -> Iterator[Any]:
     if not isinstance(p, LinesPart | SegmentPart):
         return
     deadline = time.monotonic() + MOUNT_CATCH_UP
-    handed = False
+    handed = waited = False
     while True:
         try:
             for batch in _read_part_once(p):
@@ -694,6 +694,10 @@ def _read_part(p: InputPartition) -> Iterator[Any]:
                     "deleted, so the task fails (to be run again)"
                 )
                 raise (OSError(e.errno, problem) if e.errno else OSError(problem)) from e
+            if not waited:
+                log.warning("segments: a task cannot read %s yet: %s; trying again for up "
+                            "to %g s", p.segment, e, MOUNT_CATCH_UP)  # fmt: skip
+                waited = True
             time.sleep(_RETRY)
 
 

@@ -5,9 +5,11 @@ stream and record every acknowledged event; a separate Spark driver
 (tests/helpers/stream_driver.py, ``local[2]``) runs a query over the stream
 with a trigger of two seconds into Spark's Parquet file sink with a
 checkpoint. The gateway is killed with SIGKILL several times at random
-points (seeded: ``SEGMENT_GATEWAY_TEST_SEED`` replays a run) and started
-again each time: its mount answers ENOTCONN while it is down, and its
-mountpoint is a plain empty directory for a moment while it comes back. The
+points, some anywhere, some just after the query logged a batch's offsets
+(while its tasks read), seeded (``SEGMENT_GATEWAY_TEST_SEED`` replays a
+run), and started again each time: its mount answers ENOTCONN while it is
+down, and its mountpoint is a plain empty directory for a moment while it
+comes back. The
 query may fail (a task that cannot read) and is then started again from its
 checkpoint; it may never take the segments it cannot see for deleted. At
 the end Spark's read of the sink (its ``_spark_metadata`` log honoured)
@@ -19,6 +21,7 @@ from __future__ import annotations
 import collections
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -103,6 +106,12 @@ def test_gateway_sigkills_under_a_running_query_keep_every_event_exactly_once(
             "--retry-failed", "40", "--until-file", str(until), "--dump", str(dump),
             "--stall", "40",
         ]  # fmt: skip
+
+        def batches() -> int:
+            """Batches whose offsets the query has logged (each before it runs)."""
+            logged = checkpoint / "offsets"
+            return sum(1 for f in logged.iterdir() if f.name.isdigit()) if logged.exists() else 0
+
         writers = [threading.Thread(target=write, args=(k,)) for k in range(2)]
         for t in writers:
             t.start()
@@ -119,7 +128,15 @@ def test_gateway_sigkills_under_a_running_query_keep_every_event_exactly_once(
                     lambda: p.poll() is None and (out / "_spark_metadata" / "0").exists(),
                 )
                 for _ in range(KILLS):
-                    time.sleep(rnd.uniform(1.0, 5.0))
+                    if rnd.random() < 0.5:
+                        time.sleep(rnd.uniform(1.0, 5.0))  # anywhere
+                    else:
+                        # While a batch runs: its offsets are logged before its tasks.
+                        n = batches()
+                        deadline = time.monotonic() + 60
+                        while batches() == n and time.monotonic() < deadline:
+                            time.sleep(0.005)
+                        time.sleep(rnd.uniform(0.0, 0.3))
                     d.kill()
                     time.sleep(rnd.uniform(0.0, 3.0))  # the mount answers ENOTCONN
                     d.start(timeout=90)
@@ -139,7 +156,14 @@ def test_gateway_sigkills_under_a_running_query_keep_every_event_exactly_once(
                 p.wait(timeout=30)
         text = log.read_text(errors="replace")
         assert p.returncode == 0, text[-3000:]
-        print(text.splitlines()[-1])
+        print(text.splitlines()[-1])  # "done: N row(s), K failed query run(s)"
+        # What the source met (for a reader of the run): waits, kept segments, task retries.
+        print(
+            collections.Counter(
+                re.sub(r"\S*/\S*", "…", m.split(":")[1]).strip()
+                for m in re.findall(r"segments: [^\n]*", text)
+            )
+        )
     got = [bytes(e) for e in pq.read_table(dump).column("event").to_pylist()]
     counts = collections.Counter(got)
     twice = [e for e, n in counts.items() if n > 1]
