@@ -43,6 +43,9 @@ unread, with a warning, and read on when it shows again. A task that does
 not find its file, or cannot read it, tries again for a while before it
 hands over rows, then fails (Spark runs it again, or the batch fails);
 it ends early only for a segment the mount shows deleted by the same rule.
+So a segment deleted with no later one of its node beside it (a lone
+segment, a whole stream) while a planned batch reads it fails that batch
+until it shows again: unproven, a deletion is not assumed.
 
 Options (besides those of the batch source: ``codec``, ``includeActive``,
 ``splitSize``):
