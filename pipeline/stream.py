@@ -637,12 +637,15 @@ def _deleted(p: Part) -> bool:
 
     Asked only when the file is not found (or stale): a live gateway mount
     shows its name holding another segment, or a segment of the same node
-    created after it in its directory.
+    created after it in its directory. A part whose segment's creation is
+    not known has no proof.
     """
+    if not p.created:
+        return False
     try:
         check_mount(_part_root(p))
         try:
-            return bool(p.created) and int(_xattr(p.file, "created_ms")) != p.created
+            return int(_xattr(p.file, "created_ms")) != p.created
         except OSError as e:
             if e.errno not in (errno.ENOENT, errno.ESTALE):
                 return False
