@@ -709,6 +709,9 @@ def _read_part(p: InputPartition) -> Iterator[Any]:
 
 def _read_part_once(p: LinesPart | SegmentPart) -> Iterator[Any]:
     """A part's events, read once; starting at the first event left if it was truncated."""
+    if p.created and int(_xattr(p.file, "created_ms")) != p.created:
+        # Deleted and created again: its bytes are another segment's.
+        raise OSError(errno.ESTALE, f"{p.segment} was created again", p.file)
     _wait_for_end(p, p.length if isinstance(p, LinesPart) else p.end)
     start_offset = int(_xattr(p.file, "start_offset"))
     if start_offset > p.start:

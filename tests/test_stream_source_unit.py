@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import os
 import pathlib
 import time
 from collections.abc import Mapping
@@ -270,3 +271,37 @@ def test_a_task_never_ends_early_on_a_file_the_mount_does_not_show(
     assert time.monotonic() - began >= 1.0
     with pytest.raises(MountUnavailable, match="no segment-gateway mount"):
         check_mount(str(tmp_path))
+
+
+def test_a_task_ends_early_only_for_a_segment_proven_deleted(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Local files with the mount's xattrs stand in for a live mount (checked elsewhere)."""
+    monkeypatch.setattr(stream, "check_mount", lambda root: "1")
+    monkeypatch.setattr(stream, "MOUNT_CATCH_UP", 1.0)
+    (tmp_path / "s").mkdir()
+
+    def segment(name: str, created: int, node: str) -> None:
+        file = tmp_path / name
+        file.write_bytes(b"x\n")
+        try:
+            os.setxattr(file, "user.segment.created_ms", b"%d" % created)
+        except OSError as e:
+            pytest.skip(f"no user xattrs here: {e}")
+        os.setxattr(file, "user.segment.node", node.encode())
+
+    def part(name: str, created: int, node: str) -> LinesPart:
+        p = LinesPart(str(tmp_path / name), name, 0, 10, 10, True, False, True)
+        p.created, p.node = created, node
+        return p
+
+    segment("s/3", 3, "n2")
+    # Only another node's newer segment beside it: no proof, the task fails.
+    with pytest.raises(OSError, match="does not show it deleted"):
+        list(stream._read_part(part("s/1", 1, "n1")))
+    # A newer segment of its own node: deleted (retention), nothing more to read.
+    segment("s/2", 2, "n1")
+    assert list(stream._read_part(part("s/1", 1, "n1"))) == []
+    # Its name holds another segment: that one's bytes are not read as its.
+    segment("s/1", 7, "n1")
+    assert list(stream._read_part(part("s/1", 1, "n1"))) == []
