@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import re
 import struct
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO, cast
@@ -64,7 +65,8 @@ def _mounts() -> list[tuple[str, str, str]]:
         for line in f:
             fields = line.split()
             sep = fields.index("-")
-            point = fields[4].encode().decode("unicode_escape")  # "\040" is a space
+            # Space, tab, newline and backslash are octal escapes ("\040").
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
             out.append((fields[0], point, fields[sep + 1]))
     return out
 
