@@ -11,8 +11,10 @@ described in `pipeline.source`.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
+import re
 import struct
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO, cast
@@ -38,6 +40,9 @@ LINES_BLOCK = 1024 * 1024
 #: time (doubling up to `BATCH_BYTES`): most lines are short, so a part
 #: reads little beyond its own bytes.
 SCAN_BYTES = 64 * 1024
+#: The filesystem type of the gateway's mount in ``/proc/self/mountinfo``
+#: (``fuse.`` and the subtype fs/mount.py gives it).
+MOUNT_TYPE = "fuse.segment-gateway"
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -53,20 +58,89 @@ def parse_bool(text: str) -> bool:
     return text.strip().lower() in ("true", "1", "yes")
 
 
+def _mounts() -> list[tuple[str, str, str]]:
+    """(mount id, mount point, filesystem type) of every mount, in mount order."""
+    out = []
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            fields = line.split()
+            sep = fields.index("-")
+            # Space, tab, newline and backslash are octal escapes ("\040").
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+            out.append((fields[0], point, fields[sep + 1]))
+    return out
+
+
+def gateway_mount(path: str) -> str | None:
+    """The mount point of the gateway's mount that holds ``path``, or None.
+
+    Found in the mount table, so a mount whose daemon died (it answers
+    ENOTCONN until the next start clears it) still counts: the name of a
+    segment is its path under this point whatever state the mount is in.
+    """
+    p = os.path.abspath(path)
+    best = None
+    for _, point, fstype in _mounts():
+        inside = p == point or p.startswith(point.rstrip("/") + "/")
+        if fstype == MOUNT_TYPE and inside and (best is None or len(point) > len(best)):
+            best = point
+    return best
+
+
 def mount_root(path: str) -> str:
     """The mountpoint above ``path`` (segment names are relative to it)."""
+    found = gateway_mount(path)
+    if found is not None:
+        return found
     p = os.path.abspath(path)
     while not os.path.ismount(p) and p != "/":
         p = os.path.dirname(p)
     return p
 
 
+class MountUnavailable(OSError):
+    """The gateway's mount cannot be read now: its daemon is down or restarting."""
+
+
+def check_mount(root: str) -> str:
+    """The id of the live gateway mount at ``root``; `MountUnavailable` if there is none.
+
+    Live: the topmost mount at ``root`` is the gateway's and answers. A
+    daemon killed leaves its mount in place answering ENOTCONN; while the
+    next start clears it and mounts again, ``root`` is a plain directory for
+    a moment. What such a mount lists is not what the gateway holds.
+    """
+    top = None
+    for mount_id, point, fstype in _mounts():
+        if point == root:
+            top = (mount_id, fstype)
+    if top is None or top[1] != MOUNT_TYPE:
+        what = "nothing" if top is None else f"a {top[1]} filesystem"
+        raise MountUnavailable(errno.ENOTCONN, f"no segment-gateway mount at {root} ({what})")
+    try:
+        os.statvfs(root)
+    except OSError as e:
+        problem = f"the segment-gateway mount at {root} does not answer: {e.strerror}"
+        raise MountUnavailable(e.errno or errno.EIO, problem) from None
+    return top[0]
+
+
+def _vanished(e: OSError) -> None:
+    """``os.walk``'s error handler: a directory deleted while listed is skipped, no more."""
+    if e.errno not in (errno.ENOENT, errno.ESTALE):
+        raise e
+
+
 def list_segment_files(path: str) -> list[str]:
-    """Segment files at or under ``path``, sorted; hidden and ``_`` names skipped."""
+    """Segment files at or under ``path``, sorted; hidden and ``_`` names skipped.
+
+    A directory that cannot be read (a mount that does not answer) is an
+    error, not an empty directory; one deleted while listed is skipped.
+    """
     if os.path.isfile(path):
         return [os.path.abspath(path)]
     found: list[str] = []
-    for directory, dirs, files in os.walk(path):
+    for directory, dirs, files in os.walk(path, onerror=_vanished):
         dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
         found.extend(
             os.path.join(directory, f) for f in sorted(files) if not f.startswith((".", "_"))
@@ -103,6 +177,11 @@ class Part(InputPartition):
         self.start = start
         self.end = end
         self.sealed = sealed
+        #: The segment's creation time (Unix ms) and owner when the part was
+        #: planned (0 and "": not known), to tell its deletion from a mount
+        #: that does not show it for a moment.
+        self.created = 0
+        self.node = ""
         #: Read with O_DIRECT: the mount then serves every byte up to the
         #: segment's current end, where the kernel's copy of the size (kept
         #: up to ``fuse.active_timeout``) could cut a growing file short.

@@ -9,12 +9,22 @@ once however the driver dies. With ``--until N`` it stops once the batches
 written hold N events; otherwise it runs until killed. With ``--restarts K``
 it also stops the query K times at random points (``--seed``) and starts it
 again from the checkpoint, in the same process.
+
+With ``--sink parquet`` the query writes to OUT with Spark's own Parquet
+file sink (its ``_spark_metadata`` log says which files hold the data);
+``--retry-failed K`` starts a failed query again from its checkpoint, up to
+K times; ``--until-file F``: once F exists it holds a number N, and the
+driver stops when Spark's read of the sink has held at least N rows for
+``--settle`` seconds (so that a late duplicate shows), or has not grown for
+``--stall`` seconds, writing what that read gives to ``--dump`` (one
+Parquet file).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import random
 import sys
 import time
@@ -47,6 +57,12 @@ def main() -> int:
     p.add_argument("--max-events", type=int, default=0)
     p.add_argument("--restarts", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sink", choices=("batches", "parquet"), default="batches")
+    p.add_argument("--retry-failed", type=int, default=0)
+    p.add_argument("--until-file", default="")
+    p.add_argument("--dump", default="")
+    p.add_argument("--stall", type=float, default=30.0)
+    p.add_argument("--settle", type=float, default=5.0)
     args = p.parse_args()
     rnd = random.Random(args.seed)
 
@@ -66,21 +82,60 @@ def main() -> int:
         )
 
     def start() -> Any:
+        if args.sink == "parquet":
+            writer = (
+                events.select("segment", "offset", "event")
+                .writeStream.format("parquet")
+                .option("path", args.out)
+            )
+        else:
+            writer = events.writeStream.foreachBatch(sink)
         return (
-            events.writeStream.foreachBatch(sink)
-            .option("checkpointLocation", args.checkpoint)
+            writer.option("checkpointLocation", args.checkpoint)
             .trigger(processingTime=args.trigger)
             .start()
         )
 
+    def sink_rows() -> int:
+        """Rows in the Parquet sink as Spark reads it (only files its log commits)."""
+        if not os.path.isdir(os.path.join(args.out, "_spark_metadata")):
+            return 0
+        return int(spark.read.parquet(args.out).count())
+
     query = start()
     print("started", flush=True)
     restarts = args.restarts
+    failures = 0
+    grown = (-1, time.monotonic())  # (rows in the sink, when that was first seen)
+    reached = 0.0  # when the sink first held the rows wanted
     stop_at = time.monotonic() + rnd.uniform(0.5, 3.0)
     while True:
         if query.exception() is not None:
-            print(f"query failed: {query.exception()}", file=sys.stderr, flush=True)
-            return 1
+            print(f"query failed: {query.exception()}"[:3000], file=sys.stderr, flush=True)
+            if failures >= args.retry_failed:
+                return 1
+            failures += 1
+            print(f"restarting the failed query from its checkpoint ({failures})", flush=True)
+            query = start()
+            continue
+        if args.until_file and os.path.exists(args.until_file):
+            want = int(pathlib.Path(args.until_file).read_text())
+            rows = sink_rows()
+            now = time.monotonic()
+            if rows != grown[0]:
+                grown = (rows, now)
+            if rows >= want and not reached:
+                reached = now
+            if (reached and now - reached > args.settle) or now - grown[1] > args.stall:
+                query.stop()
+                if args.dump:
+                    import pyarrow.parquet as pq
+
+                    pq.write_table(spark.read.parquet(args.out).toArrow(), args.dump)
+                print(f"done: {rows} row(s), {failures} failed query run(s)", flush=True)
+                spark.stop()
+                return 0
+            time.sleep(1.0)
         if args.until and written(args.out) >= args.until:
             query.stop()
             spark.stop()
