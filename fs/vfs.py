@@ -42,18 +42,13 @@ line is whole.
 Sealed segments never change again (short of a truncation), so their
 attributes and names are cached for ``fuse.sealed_timeout``. Active segments
 grow: ``fuse.active_timeout`` (at most 1 s), so ``stat`` and ``tail -f`` see
-growth. The pages of both survive a reopen (``keep_cache``): a byte below a
-segment's committed length never changes, so what the kernel cached stays
-true, and a re-read of an active segment runs at page-cache speed too. What
-can change is pushed to the kernel: a truncation (zeros below the new start)
-and a deletion drop the inode's pages (`on_truncated`, `on_deleted`). Growth
-needs nothing from here: when the kernel refreshes the attributes and finds a
-new size it drops the file's cached pages itself (FUSE without
-``FUSE_CAP_EXPLICIT_INVAL_DATA``, which pyfuse3 does not let a filesystem ask
-for), so the zero-filled end of the old last page is never served as data.
-The trimmed view of an active segment is the exception: its first byte may
-still move (`trim_start` finds a later boundary as the index grows), so its
-pages are kept only once the segment is sealed.
+growth. A sealed segment's pages survive a reopen (``keep_cache``). An active
+segment is served as direct I/O, without the page cache: the page holding a
+growing file's end is cached zero-filled past it, and with several readers
+of one growing file the kernel did not always drop it when the file grew
+(readers saw zeros where appended bytes were; docs/PERFORMANCE.md). What can
+change is pushed to the kernel: a truncation (zeros below the new start)
+and a deletion drop the inode's pages (`on_truncated`, `on_deleted`).
 """
 
 from __future__ import annotations
@@ -499,7 +494,12 @@ class SegmentVFS:
         fh = self._new_fh()
         # O_DIRECT: served as direct I/O, so reads go up to the segment's
         # current end even while the kernel's copy of the size is older.
-        direct = bool(flags & os.O_DIRECT)
+        # Active segments always: the page holding a growing file's end is
+        # cached zero-filled past it, and the kernel does not always drop it
+        # when the file grows (measured: with several readers of one growing
+        # file, a held descriptor read a run of zeros where appended bytes
+        # were, within a minute; with direct I/O, none in 10 minutes).
+        direct = bool(flags & os.O_DIRECT) or not seg.sealed
         if trimmed:
             base = self.trim_start(seg)
             self._files[fh] = _Handle(seg.id, Prefetcher(self.source, self.read_ahead), None, base)
@@ -510,7 +510,7 @@ class SegmentVFS:
             self._files[fh] = _Handle(seg.id, None, events_file(seg))
             return Opened(fh, direct_io=True)
         self._files[fh] = _Handle(seg.id, Prefetcher(self.source, self.read_ahead))
-        # Active segments too: bytes below the committed length never change.
+        # Sealed segments never change: their pages survive a reopen.
         return Opened(fh, keep_cache=not direct, direct_io=direct)
 
     async def read(self, fh: int, off: int, size: int) -> Buffer:

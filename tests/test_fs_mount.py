@@ -7,6 +7,8 @@ FUSE connection: a broken mount fails a test, never hangs the suite.
 
 from __future__ import annotations
 
+import errno
+import mmap
 import os
 import pathlib
 import random
@@ -324,26 +326,35 @@ def wait_for_size(path: pathlib.Path, size: int, s: float = 5.0) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_an_active_segment_is_read_again_from_the_page_cache(tmp_path: pathlib.Path) -> None:
-    """keep_cache for active segments: a re-read costs the daemon nothing, and
-    growth, truncation and reads during appends still show the right bytes."""
+def test_an_active_segment_is_direct_io_and_a_sealed_one_is_read_again_from_the_page_cache(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Active segments bypass the page cache (no stale zero-filled last page,
+    whoever reads); sealed ones keep their pages across opens. Growth,
+    truncation and reads during appends show the right bytes."""
     rng = random.Random(17)
     with mounted_daemon(tmp_path) as daemon, SyncClient(daemon.address) as c:
         path = daemon.mnt / "grow/s"
         c.create("grow/s")
-        # The end falls inside a page: the kernel caches that page zero-filled.
+        # The end falls inside a page: the kernel would cache that page zero-filled.
         data = rng.randbytes(6 * MiB + 1234)
         for i in range(0, len(data), MiB):
             c.append("grow/s", data[i : i + MiB])
         wait_for_size(path, len(data))
         assert run("cat", path).stdout == data
         served = fuse_read_bytes(daemon)
-        assert served >= len(data)
-        for _ in range(2):  # new opens, new processes: the pages are still there
-            assert run("cat", path).stdout == data
-        # Not exactly 0: reclaim under a busy machine may take a few pages.
-        again = fuse_read_bytes(daemon) - served
-        assert again < len(data) // 10, f"the re-reads took {again} bytes from the daemon"
+        assert run("cat", path).stdout == data
+        # Served by the daemon again: no page cache for a file that grows.
+        assert fuse_read_bytes(daemon) - served >= len(data)
+        # A shared mapping of a direct-I/O FUSE file is refused by the kernel;
+        # a private one works.
+        with open(path, "rb") as f:
+            with pytest.raises(OSError) as e:
+                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            assert e.value.errno == errno.ENODEV
+            private = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
+            assert private[:4096] == data[:4096]
+            private.close()
 
         # Growth: the old last page must not be served zero-filled.
         tail = rng.randbytes(100 * KiB + 7)
@@ -393,6 +404,74 @@ def test_an_active_segment_is_read_again_from_the_page_cache(tmp_path: pathlib.P
         whole = b"".join(expected_parts)
         wait_for_size(path, len(whole))
         assert run("cat", path).stdout == whole
+
+        # Readers holding the file open (tail -f), several at once, while it
+        # grows by lines: never a zero where an appended byte is.
+        held_stop = time.monotonic() + 6
+        line_writer = threading.Thread(target=append_lines, args=(daemon.address, held_stop))
+        line_writer.start()
+        readers = [
+            threading.Thread(target=follow_lines, args=(daemon.mnt / "grow/lines", held_stop))
+            for _ in range(4)
+        ]
+        wait_for_size_at_least(daemon.mnt / "grow/lines", 1)
+        for t in readers:
+            t.start()
+        for t in (line_writer, *readers):
+            t.join(60)
+        assert not FOLLOW_ERRORS, FOLLOW_ERRORS[:3]
+
+        # Sealed: its pages survive new opens and new processes.
+        c.seal("grow/s")
+        assert run("cat", path).stdout == whole
+        served = fuse_read_bytes(daemon)
+        for _ in range(2):
+            assert run("cat", path).stdout == whole
+        # Not exactly 0: reclaim under a busy machine may take a few pages.
+        again = fuse_read_bytes(daemon) - served
+        assert again < len(whole) // 10, f"the re-reads took {again} bytes from the daemon"
+
+
+FOLLOW_ERRORS: list[str] = []
+
+
+def line_of(i: int) -> bytes:
+    return b"line %09d\n" % i
+
+
+def append_lines(address: str, until: float) -> None:
+    """Appends numbered lines in small batches until ``until``."""
+    with SyncClient(address) as w:
+        w.create("grow/lines", codec="lines")
+        i = 0
+        while time.monotonic() < until:
+            n = random.randint(1, 40)
+            w.append("grow/lines", b"".join(line_of(j) for j in range(i, i + n)))
+            i += n
+
+
+def follow_lines(path: pathlib.Path, until: float) -> None:
+    """Reads ``path`` like tail -f through one open descriptor; records any wrong line."""
+    got = bytearray()
+    with open(path, "rb", buffering=0) as f:
+        while time.monotonic() < until + 1:
+            piece = f.read(1 << 20)
+            if not piece:
+                time.sleep(0.002)
+                continue
+            got += piece
+            whole = got[: got.rfind(b"\n") + 1]
+            count = len(whole) // len(line_of(0))
+            if whole != b"".join(line_of(j) for j in range(count)):
+                FOLLOW_ERRORS.append(f"{path}: wrong bytes at or after {len(whole) - 200}")
+                return
+
+
+def wait_for_size_at_least(path: pathlib.Path, size: int, s: float = 10) -> None:
+    deadline = time.monotonic() + s
+    while not path.exists() or os.stat(path).st_size < size:
+        assert time.monotonic() < deadline, f"{path}: not {size} bytes"
+        time.sleep(0.02)
 
 
 @pytest.fixture
