@@ -17,7 +17,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,7 +27,7 @@ import pytest
 
 from gateway.tier2.embedded import EmbeddedS3
 from gateway.tier2.s3 import S3Storage
-from tests.helpers.cluster import Cluster, wait_for
+from tests.helpers.cluster import BlackHole, Cluster, record, wait_for
 from tests.helpers.daemon import ROOT, run_cli, scrape
 from tests.helpers.mount import require_fuse
 
@@ -69,16 +68,6 @@ def nodes_listed(cluster: Cluster, on: str) -> dict[str, dict[str, object]]:
     r = run_cli("cluster", "--connect", cluster.daemons[on].address, "--json")
     assert r.returncode == 0, r.stderr
     return {n["id"]: n for n in map(json.loads, r.stdout.splitlines())}
-
-
-def record(node: str, advertise: str, heartbeat_ms: int, **changes: object) -> bytes:
-    doc: dict[str, object] = {
-        "format": 1, "id": node, "advertise": advertise, "epoch": 1, "version": "test",
-        "started_at_ms": heartbeat_ms, "heartbeat_at_ms": heartbeat_ms, "state": "up",
-        "segments": 0, "unflushed_bytes": 0, "host": "test", "pid": 1,
-    }  # fmt: skip
-    doc.update(changes)
-    return json.dumps(doc).encode()
 
 
 def test_malformed_records_in_the_bucket_stop_no_node(cluster: Cluster, bucket: S3Storage) -> None:
@@ -261,19 +250,6 @@ def test_a_stopped_owner_is_timed_out_and_down_for_readers(cluster: Cluster) -> 
     assert path.read_bytes() == flushed + tail
     with cluster.client("node-a") as c:
         assert c.append(name, b"after\n").offset == len(flushed + tail)
-
-
-class BlackHole:
-    """A TCP port that accepts connections and never answers (a hung process)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(128)  # the kernel accepts; nobody reads
-        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def test_a_peer_that_never_answers_and_a_heartbeat_from_the_future(
