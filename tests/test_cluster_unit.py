@@ -215,6 +215,30 @@ async def test_bad_records_are_skipped_and_reported_once_per_version(
     assert rejections.bad_now() == {}
 
 
+async def test_a_record_rewritten_between_listing_and_read_is_read_whole(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A heartbeat that lands between the listing and the read makes a longer record:
+    it is read whole (the new version), not cut to the listed size and refused."""
+    layer = ChunkLayer(MemoryStorage(), retry_deadline=1.0)
+    rec = NodeRecord("n1", "h:1", 1, "1", 1, 1, UP, unflushed_bytes=9)
+    await write_record(layer, rec, deadline=1.0)
+    listed = layer.list
+
+    async def list_then_beat(prefix: str, **kwargs: Any) -> Any:
+        objects = await listed(prefix, **kwargs)
+        newer = dataclasses.replace(rec, heartbeat_at_ms=2, unflushed_bytes=123456789)
+        await write_record(layer, newer, deadline=1.0)
+        return objects
+
+    layer.list = list_then_beat  # type: ignore[method-assign]
+    rejections = Rejections()
+    (got,) = await read_registry(layer, rejections=rejections)
+    assert got.heartbeat_at_ms == 2 and got.unflushed_bytes == 123456789
+    assert rejections.total == {}
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 def test_liveness_is_by_the_readers_clock() -> None:
     now = [100.0]
     live = Liveness(3.0, clock=lambda: now[0])
