@@ -21,12 +21,16 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
+import trio
 
+from gateway.client import open_client
 from gateway.tier2.embedded import EmbeddedS3
 from gateway.tier2.s3 import S3Storage
+from gateway.writer import open_segment_writer
 from tests.helpers.cluster import BlackHole, Cluster, record, wait_for
 from tests.helpers.daemon import ROOT, run_cli, scrape
 from tests.helpers.mount import require_fuse
@@ -326,3 +330,47 @@ def test_the_sync_client_follows_nothing_forever(cluster: Cluster) -> None:
         assert "did not answer Hello within 2s" in " ".join(rest)
     finally:
         hole.close()
+
+
+async def test_a_writer_through_another_node_survives_its_owner_going_down(
+    cluster: Cluster,
+) -> None:
+    """Its stored event number comes from the owner, never from a view of it.
+
+    While the owner is down, the node the writer connects through knows the
+    writer's event number only as the owner's last snapshot had it; a writer
+    that took that for what is stored would see fewer events than it was
+    acknowledged, and stop.
+    """
+    a, b = cluster.daemons["node-a"], cluster.daemons["node-b"]
+    name = "a/exactly-once"
+    async with open_client(a.address) as c:
+        await c.create(name, codec="lines")
+    writer_id = uuid.uuid4().bytes
+    async with open_segment_writer(b.address, name, codec="lines", writer_id=writer_id,
+                                   reconnect_timeout=120) as w:  # fmt: skip
+        for i in range(100):
+            await w.write(b"event %d" % i)
+        await w.flush()
+        async with open_client(a.address) as c:
+            await c.flush(name)
+        for i in range(100, 200):
+            await w.write(b"event %d" % i)
+        await w.flush()  # in node-a's journal only; its snapshot says 100
+        assert w.acked_event == 200
+        await trio.to_thread.run_sync(a.kill)
+
+        def a_down() -> bool:
+            return nodes_listed(cluster, "node-b")["node-a"]["state"] == "down"
+
+        await trio.to_thread.run_sync(wait_for, a_down, 15, "node-a listed down")
+        # The writer writes on; its appends wait for the owner.
+        for i in range(200, 210):
+            await w.write(b"event %d" % i)
+        await trio.sleep(2.0)  # reconnects through node-b meanwhile
+        await trio.to_thread.run_sync(lambda: a.start(timeout=60))
+        await w.flush()
+        assert w.acked_event == 210
+    async with open_client(a.address) as c:
+        data = (await c.read(name, 0, 1 << 20)).data
+    assert data == b"".join(b"event %d\n" % i for i in range(210))
