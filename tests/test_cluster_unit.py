@@ -441,6 +441,33 @@ async def test_a_remote_view_follows_churn_and_stays_bounded() -> None:
     assert keep.id != owner.records["keep"].id
 
 
+async def test_the_moment_the_owner_is_dropped_files_end_at_their_flushed_length() -> None:
+    """Before (and without) any Tier-2 read: Tier 2 may be what is down."""
+
+    class Unreachable(ChunkLayer):
+        async def list(self, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("no Tier-2 read is needed to cut the view")
+
+    node = RemoteNode("other", Unreachable(MemoryStorage(), retry_deadline=1.0), None, MountIds())
+    events = Events()
+    node.watchers.append(events)
+    owner = FakeOwner()
+    r = owner.create("tail", length=100)
+    r.storage_length = 60
+    r.chunks.append(ChunkRecord(name="other/chunks/1/x", start_offset=0, length=60))
+    owner.create("empty", length=30)
+    client: Any = owner
+    await node.refresh_live(client)
+    node.attach(client, trio.CancelScope())
+    assert {s.name: s.length for s in node.segments.values()} == {"tail": 100, "empty": 30}
+    node.detach()
+    assert {s.name: s.length for s in node.segments.values()} == {"tail": 60, "empty": 0}
+    assert ("truncated", "tail") in events.seen and ("truncated", "empty") in events.seen
+    tail = node.by_name("tail")
+    assert tail is not None and tail.events_unknown and not node.tail_available
+    assert await node.read(tail.view(), 60, 10) == b""  # the end of the file as shown
+
+
 async def test_without_the_owner_files_end_at_their_flushed_length() -> None:
     layer = ChunkLayer(MemoryStorage(), retry_deadline=1.0)
     node = RemoteNode("other", layer, None, MountIds())
