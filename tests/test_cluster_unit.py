@@ -468,6 +468,31 @@ async def test_the_moment_the_owner_is_dropped_files_end_at_their_flushed_length
     assert await node.read(tail.view(), 60, 10) == b""  # the end of the file as shown
 
 
+async def test_a_tail_read_whose_connection_goes_away_is_a_tail_unavailable() -> None:
+    """The following ended (and closed its connection) while a read used it."""
+    node = RemoteNode("other", ChunkLayer(MemoryStorage(), retry_deadline=1.0), None, MountIds())
+    owner = FakeOwner()
+    owner.create("tail", length=100)
+    client: Any = owner
+    await node.refresh_live(client)
+
+    async def read(*args: Any, **kwargs: Any) -> Any:
+        raise ConnectionLost("127.0.0.1:1", "closed by the client")
+
+    owner.read = read  # type: ignore[attr-defined]
+    node.attach(client, trio.CancelScope())
+    tail = node.by_name("tail")
+    assert tail is not None
+    attempts = (lambda: node.read(tail.view(), 10, 10), lambda: node.read_result(tail, 10, 10, 0))
+    for attempt in attempts:
+        node.attach(client, trio.CancelScope())
+        with pytest.raises(GatewayError, match="only on node other, which does not answer"):
+            await attempt()
+        assert not node.tail_available
+        seg = node.by_name("tail")
+        assert seg is not None and seg.length == 0  # nothing of it is flushed
+
+
 async def test_without_the_owner_files_end_at_their_flushed_length() -> None:
     layer = ChunkLayer(MemoryStorage(), retry_deadline=1.0)
     node = RemoteNode("other", layer, None, MountIds())

@@ -30,6 +30,7 @@ never reused while the daemon runs), so their inodes never meet local ones.
 from __future__ import annotations
 
 import logging
+from typing import NoReturn
 
 import trio
 
@@ -41,6 +42,7 @@ from gateway.container.names import validate_name
 from gateway.container.results import ReadResult, SegmentInfo
 from gateway.container.segment import Segment
 from gateway.errors import (
+    ConnectionLost,
     GatewayError,
     InvalidName,
     SegmentNotFound,
@@ -417,7 +419,10 @@ class RemoteNode:
         client = self.client
         if client is not None:
             with trio.move_on_after(TAIL_READ_TIMEOUT + wait):
-                return await client.read(seg.name, offset, size, wait)
+                try:
+                    return await client.read(seg.name, offset, size, wait)
+                except ConnectionLost as e:
+                    self._gone(seg.name, offset, e)
             self.lost(f"a read of {seg.name!r} got no answer within {TAIL_READ_TIMEOUT:g}s")
             raise TailUnavailable(seg.name, offset, self.node_id)
         if offset < seg.start_offset:
@@ -458,10 +463,20 @@ class RemoteNode:
         if client is None:
             raise TailUnavailable(view.name, offset, self.node_id)
         with trio.move_on_after(TAIL_READ_TIMEOUT):
-            result = await client.read(view.name, offset, end - offset)
+            try:
+                result = await client.read(view.name, offset, end - offset)
+            except ConnectionLost as e:
+                self._gone(view.name, offset, e)
             return result.data
         self.lost(f"a read of {view.name!r} got no answer within {TAIL_READ_TIMEOUT:g}s")
         raise TailUnavailable(view.name, offset, self.node_id)
+
+    def _gone(self, name: str, offset: int, e: ConnectionLost) -> NoReturn:
+        """A read's connection to the owner broke (the owner died, or the following
+        ended and closed it): like an owner that does not answer, not a client's
+        broken connection."""
+        self.lost(f"a read of {name!r}: {e}")
+        raise TailUnavailable(name, offset, self.node_id) from e
 
 
 async def remote_attributes(
