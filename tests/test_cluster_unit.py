@@ -641,3 +641,36 @@ async def test_a_view_cut_to_its_flushed_length_does_not_claim_the_event_count()
     await node.refresh_proven()  # the owner is gone: nothing of it is flushed
     seg = node.by_name("s")
     assert seg is not None and seg.length == 0 and seg.info().event_count == -1
+
+
+async def test_an_unusable_version_of_a_known_record_keeps_the_node_as_it_was() -> None:
+    """A node's record overwritten by something unusable (a hand edit, a newer
+    version's format) does not make the node vanish or look down at once: the
+    last good record stands, and ages like any record that stops changing."""
+    from contextlib import asynccontextmanager
+
+    from gateway.cluster.view import ClusterView
+    from gateway.config import Config
+
+    @asynccontextmanager
+    async def unreachable(address: str) -> Any:
+        raise ConnectionLost(address, "not in this test")
+        yield
+
+    layer = ChunkLayer(MemoryStorage(), retry_deadline=1.0)
+    view = ClusterView(Config(), layer, None, unreachable)
+    beat = NodeRecord("n2", "127.0.0.1:1", 1, "1", 1, now_ms(), UP)
+    await write_record(layer, beat, deadline=1.0)
+    async with trio.open_nursery() as nursery:
+        view._nursery = nursery
+        await view._read_registry_once(1.0)
+        assert view.state_of("n2") == UP
+        await layer.write("_cluster/nodes/n2.json", _doc(id="n2", format=2), {})
+        await view._read_registry_once(1.0)
+        assert view.records["n2"] == beat and view.state_of("n2") == UP
+        assert view.rejections.bad_now() == {"node record": 1}
+        # Gone for good is gone.
+        await layer.delete("_cluster/nodes/n2.json")
+        await view._read_registry_once(1.0)
+        assert "n2" not in view.records and view.state_of("n2") == DOWN
+        nursery.cancel_scope.cancel()
