@@ -24,8 +24,10 @@ test: install
 test-fast: install
 	$(PY) -m pytest -m "not slow" -x $(PYTEST_ARGS)
 
-# The torture loop for longer than CI's short run (tests/torture): faults at
-# random against a real daemon, SeaweedFS and mount; prints a summary.
+# The torture loops for longer than CI's short run (tests/torture): faults at
+# random against a real daemon, SeaweedFS and mount, and against three nodes
+# sharing one bucket; each prints a summary. SEGMENT_GATEWAY_TORTURE_SEED
+# picks the faults' order.
 TORTURE_SECONDS ?= 1800
 torture: install
 	SEGMENT_GATEWAY_TORTURE_SECONDS=$(TORTURE_SECONDS) $(PY) -m pytest -s \

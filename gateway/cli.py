@@ -541,7 +541,9 @@ def _cmd_append(args: argparse.Namespace) -> int:
         with trio.move_on_after(10):
             try:
                 async with open_client(address, token, **tls) as client:
-                    answer = await client.get_attributes(args.segment, [w.writer_id])
+                    answer = await client.get_attributes(
+                        args.segment, [w.writer_id], from_owner=True
+                    )
                     stored_event = max(stored_event, answer.get(w.writer_id, 0))
                     length = await _length_text(client, args.segment)
                     sure = True

@@ -575,18 +575,21 @@ class Client:
                 return out
             start_after = r.list.segments[-1].name
 
-    async def get_attributes(self, segment: str, ids: Iterable[bytes] = ()) -> dict[bytes, int]:
+    async def get_attributes(
+        self, segment: str, ids: Iterable[bytes] = (), *, from_owner: bool = False
+    ) -> dict[bytes, int]:
         """Attribute values (those of ``ids`` that exist; all of them without ``ids``).
 
         All of them means every extended attribute in the segment's index:
-        with many, prefer `iter_attributes`.
+        with many, prefer `iter_attributes`. ``from_owner`` (with ``ids``):
+        only the owner's values, never another node's view of them (which
+        may be older); `OwnerDown` while the owner is down.
         """
         wanted = list(ids)
         if not wanted:
             return {k: v async for k, v in self.iter_attributes(segment)}
-        r = await self._segment_call(
-            segment, get_attributes=wire.GetAttributesRequest(segment=segment, ids=wanted)
-        )
+        request = wire.GetAttributesRequest(segment=segment, ids=wanted, from_owner=from_owner)
+        r = await self._segment_call(segment, get_attributes=request)
         return {v.id: v.value for v in r.attributes.values}
 
     async def attribute_range(

@@ -923,6 +923,8 @@ class Connection:
         try:
             container.check_exists(g.segment)  # fail now if missing, in order
         except SegmentNotFound:
+            if g.from_owner:
+                raise  # NOT_OWNER or OWNER_DOWN (`_admit`), never a view's values
             # Another node's segment: from its owner while it answers, else
             # from what this node knows of it (a down owner's flushed record).
             return self._remote_attributes(req, *self.server.remote_segment(g.segment))

@@ -323,9 +323,11 @@ class SegmentWriter:
                 ) as client:
                     if client.server_hello is not None:
                         self.max_append_bytes = client.server_hello.max_append_bytes
-                    stored = (await client.get_attributes(self.segment, [self.writer_id])).get(
-                        self.writer_id, 0
-                    )
+                    # From the owner: another node's view may be older than
+                    # what was acknowledged (its owner down since its snapshot).
+                    stored = (
+                        await client.get_attributes(self.segment, [self.writer_id], from_owner=True)
+                    ).get(self.writer_id, 0)
                     if first:
                         self._next_event = stored + 1
                         self.acked_event = stored

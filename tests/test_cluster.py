@@ -276,6 +276,25 @@ def test_a_stream_shows_on_every_mount_from_create_to_delete(cluster: Cluster) -
         wait_for(lambda path=path: not path.exists(), 10, f"the stream gone from {node}'s mount")
 
 
+def test_fsck_of_a_node_that_read_other_nodes_chunks_finds_nothing(cluster: Cluster) -> None:
+    """Another node's chunks in this node's cache are a reader's copies, not garbage."""
+    name = "node-b/read-elsewhere"
+    data = payload(name, 2 * MiB + 3)
+    with cluster.client("node-b") as c:
+        c.create(name)
+        c.append(name, data)
+        c.flush(name)
+    a = cluster.daemons["node-a"]
+    path = a.mnt / name
+    wait_for(lambda: path.exists() and path.stat().st_size == len(data), 5, "on node-a")
+    assert path.read_bytes() == data  # through node-a's cache, from node-b's chunks
+    r = run_cli("fsck", "--connect", a.address, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "no segment names the chunk" not in r.stdout
+    (cache_line,) = [ln for ln in r.stdout.splitlines() if "check cache" in ln]
+    assert "other nodes' chunks" in cache_line, cache_line
+
+
 def test_a_killed_owner_leaves_its_flushed_bytes_readable(cluster: Cluster) -> None:
     """Runs last in the module: node-c stays down."""
     name = "node-c/dies"

@@ -17,18 +17,21 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
+import trio
 
+from gateway.client import open_client
 from gateway.tier2.embedded import EmbeddedS3
 from gateway.tier2.s3 import S3Storage
-from tests.helpers.cluster import Cluster, wait_for
+from gateway.writer import open_segment_writer
+from tests.helpers.cluster import BlackHole, Cluster, record, wait_for
 from tests.helpers.daemon import ROOT, run_cli, scrape
 from tests.helpers.mount import require_fuse
 
@@ -69,16 +72,6 @@ def nodes_listed(cluster: Cluster, on: str) -> dict[str, dict[str, object]]:
     r = run_cli("cluster", "--connect", cluster.daemons[on].address, "--json")
     assert r.returncode == 0, r.stderr
     return {n["id"]: n for n in map(json.loads, r.stdout.splitlines())}
-
-
-def record(node: str, advertise: str, heartbeat_ms: int, **changes: object) -> bytes:
-    doc: dict[str, object] = {
-        "format": 1, "id": node, "advertise": advertise, "epoch": 1, "version": "test",
-        "started_at_ms": heartbeat_ms, "heartbeat_at_ms": heartbeat_ms, "state": "up",
-        "segments": 0, "unflushed_bytes": 0, "host": "test", "pid": 1,
-    }  # fmt: skip
-    doc.update(changes)
-    return json.dumps(doc).encode()
 
 
 def test_malformed_records_in_the_bucket_stop_no_node(cluster: Cluster, bucket: S3Storage) -> None:
@@ -263,19 +256,6 @@ def test_a_stopped_owner_is_timed_out_and_down_for_readers(cluster: Cluster) -> 
         assert c.append(name, b"after\n").offset == len(flushed + tail)
 
 
-class BlackHole:
-    """A TCP port that accepts connections and never answers (a hung process)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(128)  # the kernel accepts; nobody reads
-        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def test_a_peer_that_never_answers_and_a_heartbeat_from_the_future(
     cluster: Cluster, bucket: S3Storage
 ) -> None:
@@ -350,3 +330,47 @@ def test_the_sync_client_follows_nothing_forever(cluster: Cluster) -> None:
         assert "did not answer Hello within 2s" in " ".join(rest)
     finally:
         hole.close()
+
+
+async def test_a_writer_through_another_node_survives_its_owner_going_down(
+    cluster: Cluster,
+) -> None:
+    """Its stored event number comes from the owner, never from a view of it.
+
+    While the owner is down, the node the writer connects through knows the
+    writer's event number only as the owner's last snapshot had it; a writer
+    that took that for what is stored would see fewer events than it was
+    acknowledged, and stop.
+    """
+    a, b = cluster.daemons["node-a"], cluster.daemons["node-b"]
+    name = "a/exactly-once"
+    async with open_client(a.address) as c:
+        await c.create(name, codec="lines")
+    writer_id = uuid.uuid4().bytes
+    async with open_segment_writer(b.address, name, codec="lines", writer_id=writer_id,
+                                   reconnect_timeout=120) as w:  # fmt: skip
+        for i in range(100):
+            await w.write(b"event %d" % i)
+        await w.flush()
+        async with open_client(a.address) as c:
+            await c.flush(name)
+        for i in range(100, 200):
+            await w.write(b"event %d" % i)
+        await w.flush()  # in node-a's journal only; its snapshot says 100
+        assert w.acked_event == 200
+        await trio.to_thread.run_sync(a.kill)
+
+        def a_down() -> bool:
+            return nodes_listed(cluster, "node-b")["node-a"]["state"] == "down"
+
+        await trio.to_thread.run_sync(wait_for, a_down, 15, "node-a listed down")
+        # The writer writes on; its appends wait for the owner.
+        for i in range(200, 210):
+            await w.write(b"event %d" % i)
+        await trio.sleep(2.0)  # reconnects through node-b meanwhile
+        await trio.to_thread.run_sync(lambda: a.start(timeout=60))
+        await w.flush()
+        assert w.acked_event == 210
+    async with open_client(a.address) as c:
+        data = (await c.read(name, 0, 1 << 20)).data
+    assert data == b"".join(b"event %d\n" % i for i in range(210))

@@ -215,6 +215,30 @@ async def test_bad_records_are_skipped_and_reported_once_per_version(
     assert rejections.bad_now() == {}
 
 
+async def test_a_record_rewritten_between_listing_and_read_is_read_whole(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A heartbeat that lands between the listing and the read makes a longer record:
+    it is read whole (the new version), not cut to the listed size and refused."""
+    layer = ChunkLayer(MemoryStorage(), retry_deadline=1.0)
+    rec = NodeRecord("n1", "h:1", 1, "1", 1, 1, UP, unflushed_bytes=9)
+    await write_record(layer, rec, deadline=1.0)
+    listed = layer.list
+
+    async def list_then_beat(prefix: str, **kwargs: Any) -> Any:
+        objects = await listed(prefix, **kwargs)
+        newer = dataclasses.replace(rec, heartbeat_at_ms=2, unflushed_bytes=123456789)
+        await write_record(layer, newer, deadline=1.0)
+        return objects
+
+    layer.list = list_then_beat  # type: ignore[method-assign]
+    rejections = Rejections()
+    (got,) = await read_registry(layer, rejections=rejections)
+    assert got.heartbeat_at_ms == 2 and got.unflushed_bytes == 123456789
+    assert rejections.total == {}
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 def test_liveness_is_by_the_readers_clock() -> None:
     now = [100.0]
     live = Liveness(3.0, clock=lambda: now[0])
@@ -417,6 +441,58 @@ async def test_a_remote_view_follows_churn_and_stays_bounded() -> None:
     assert keep.id != owner.records["keep"].id
 
 
+async def test_the_moment_the_owner_is_dropped_files_end_at_their_flushed_length() -> None:
+    """Before (and without) any Tier-2 read: Tier 2 may be what is down."""
+
+    class Unreachable(ChunkLayer):
+        async def list(self, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("no Tier-2 read is needed to cut the view")
+
+    node = RemoteNode("other", Unreachable(MemoryStorage(), retry_deadline=1.0), None, MountIds())
+    events = Events()
+    node.watchers.append(events)
+    owner = FakeOwner()
+    r = owner.create("tail", length=100)
+    r.storage_length = 60
+    r.chunks.append(ChunkRecord(name="other/chunks/1/x", start_offset=0, length=60))
+    owner.create("empty", length=30)
+    client: Any = owner
+    await node.refresh_live(client)
+    node.attach(client, trio.CancelScope())
+    assert {s.name: s.length for s in node.segments.values()} == {"tail": 100, "empty": 30}
+    node.detach()
+    assert {s.name: s.length for s in node.segments.values()} == {"tail": 60, "empty": 0}
+    assert ("truncated", "tail") in events.seen and ("truncated", "empty") in events.seen
+    tail = node.by_name("tail")
+    assert tail is not None and tail.events_unknown and not node.tail_available
+    assert await node.read(tail.view(), 60, 10) == b""  # the end of the file as shown
+
+
+async def test_a_tail_read_whose_connection_goes_away_is_a_tail_unavailable() -> None:
+    """The following ended (and closed its connection) while a read used it."""
+    node = RemoteNode("other", ChunkLayer(MemoryStorage(), retry_deadline=1.0), None, MountIds())
+    owner = FakeOwner()
+    owner.create("tail", length=100)
+    client: Any = owner
+    await node.refresh_live(client)
+
+    async def read(*args: Any, **kwargs: Any) -> Any:
+        raise ConnectionLost("127.0.0.1:1", "closed by the client")
+
+    owner.read = read  # type: ignore[attr-defined]
+    node.attach(client, trio.CancelScope())
+    tail = node.by_name("tail")
+    assert tail is not None
+    attempts = (lambda: node.read(tail.view(), 10, 10), lambda: node.read_result(tail, 10, 10, 0))
+    for attempt in attempts:
+        node.attach(client, trio.CancelScope())
+        with pytest.raises(GatewayError, match="only on node other, which does not answer"):
+            await attempt()
+        assert not node.tail_available
+        seg = node.by_name("tail")
+        assert seg is not None and seg.length == 0  # nothing of it is flushed
+
+
 async def test_without_the_owner_files_end_at_their_flushed_length() -> None:
     layer = ChunkLayer(MemoryStorage(), retry_deadline=1.0)
     node = RemoteNode("other", layer, None, MountIds())
@@ -565,3 +641,36 @@ async def test_a_view_cut_to_its_flushed_length_does_not_claim_the_event_count()
     await node.refresh_proven()  # the owner is gone: nothing of it is flushed
     seg = node.by_name("s")
     assert seg is not None and seg.length == 0 and seg.info().event_count == -1
+
+
+async def test_an_unusable_version_of_a_known_record_keeps_the_node_as_it_was() -> None:
+    """A node's record overwritten by something unusable (a hand edit, a newer
+    version's format) does not make the node vanish or look down at once: the
+    last good record stands, and ages like any record that stops changing."""
+    from contextlib import asynccontextmanager
+
+    from gateway.cluster.view import ClusterView
+    from gateway.config import Config
+
+    @asynccontextmanager
+    async def unreachable(address: str) -> Any:
+        raise ConnectionLost(address, "not in this test")
+        yield
+
+    layer = ChunkLayer(MemoryStorage(), retry_deadline=1.0)
+    view = ClusterView(Config(), layer, None, unreachable)
+    beat = NodeRecord("n2", "127.0.0.1:1", 1, "1", 1, now_ms(), UP)
+    await write_record(layer, beat, deadline=1.0)
+    async with trio.open_nursery() as nursery:
+        view._nursery = nursery
+        await view._read_registry_once(1.0)
+        assert view.state_of("n2") == UP
+        await layer.write("_cluster/nodes/n2.json", _doc(id="n2", format=2), {})
+        await view._read_registry_once(1.0)
+        assert view.records["n2"] == beat and view.state_of("n2") == UP
+        assert view.rejections.bad_now() == {"node record": 1}
+        # Gone for good is gone.
+        await layer.delete("_cluster/nodes/n2.json")
+        await view._read_registry_once(1.0)
+        assert "n2" not in view.records and view.state_of("n2") == DOWN
+        nursery.cancel_scope.cancel()

@@ -135,9 +135,15 @@ async def read_registry(
             rejections.reject("node record", obj.key, f"{obj.size} bytes is too large", version)
             continue
         try:
-            data = await layer.read(obj.key, 0, max(obj.size, 1), deadline=deadline)
+            # Not the listed size: a heartbeat may have rewritten the record
+            # since the listing, longer, and its first bytes are no record.
+            data = await layer.read(obj.key, 0, MAX_RECORD_BYTES + 1, deadline=deadline)
         except ChunkNotFound:
             continue  # removed since the listing
+        if len(data) > MAX_RECORD_BYTES:
+            rejections.reject("node record", obj.key, f"more than {MAX_RECORD_BYTES} bytes",
+                              version)  # fmt: skip
+            continue
         try:
             record = NodeRecord.decode(data, key_node=name[: -len(".json")])
         except BadRecord as e:

@@ -30,6 +30,7 @@ never reused while the daemon runs), so their inodes never meet local ones.
 from __future__ import annotations
 
 import logging
+from typing import NoReturn
 
 import trio
 
@@ -41,6 +42,7 @@ from gateway.container.names import validate_name
 from gateway.container.results import ReadResult, SegmentInfo
 from gateway.container.segment import Segment
 from gateway.errors import (
+    ConnectionLost,
     GatewayError,
     InvalidName,
     SegmentNotFound,
@@ -160,9 +162,24 @@ class RemoteNode:
         self.lost_reason = ""
 
     def detach(self) -> None:
-        """No longer connected to the owner."""
+        """No longer connected to the owner: from now on every file ends at its flushed length.
+
+        At once, from the chunk lists already known: the newest snapshot
+        comes later (`refresh_proven`), and may not come at all while Tier 2
+        is down -- which is also when the owner's heartbeat goes stale.
+        Until then a file would show bytes that no read can return.
+        """
         self.client = None
         self._live_scope = None
+        self._cut_to_flushed()
+
+    def _cut_to_flushed(self) -> None:
+        """Every segment ends where its known chunks end (no I/O)."""
+        for seg in list(self.segments.values()):
+            if seg.length > max(seg.start_offset, _covered(seg)):
+                record = seg.committed_record()
+                record.id = self._remote_ids[seg.id]
+                self._put(record, proven_only=True, own_view=True)
 
     def lost(self, reason: str) -> None:
         """The owner did not answer a read in time: stop waiting on it, show what Tier 2 proves.
@@ -175,6 +192,7 @@ class RemoteNode:
             return
         self.lost_reason = reason
         self.client = None
+        self._cut_to_flushed()
         if self._live_scope is not None:
             self._live_scope.cancel()
 
@@ -185,8 +203,12 @@ class RemoteNode:
 
     # -- keeping the view ---------------------------------------------------------------
 
-    def _put(self, record: SegmentRecord, proven_only: bool) -> None:
-        """Add or update a segment from its record, telling the watchers what changed."""
+    def _put(self, record: SegmentRecord, proven_only: bool, own_view: bool = False) -> None:
+        """Add or update a segment from its record, telling the watchers what changed.
+
+        ``own_view``: ``record`` is this view's own segment as it stands (its
+        event count may be of more bytes than the view shows).
+        """
         seg = Segment.from_record(record)
         seg.id = self.ids.get(self.node_id, record.id)
         old = self.segments.get(seg.id)
@@ -197,9 +219,11 @@ class RemoteNode:
             if seg.length < record.length:
                 seg.sealed = False  # its end is not readable: not the sealed file
             # The record's count is of the whole segment, not of the part shown
-            # (nor is the count of a view cut already, known again later).
+            # (nor is it known again from the view's own record of a segment
+            # cut already; a snapshot's record that ends where the view does
+            # counts exactly what it shows).
             seg.events_unknown = seg.length < record.length or (
-                old is not None and old.events_unknown
+                own_view and old is not None and old.events_unknown
             )
         self.segments[seg.id] = seg
         self._remote_ids[seg.id] = record.id
@@ -298,6 +322,7 @@ class RemoteNode:
         """
         await self._pick_snapshot(fence_epoch, deadline)
         records: dict[str, SegmentRecord] = dict(self._snapshot)
+        own: set[str] = set()
         for seg in self.segments.values():
             known = seg.committed_record()
             known.id = self._remote_ids[seg.id]
@@ -307,11 +332,12 @@ class RemoteNode:
                 and sum(c.length for c in known.chunks) > sum(c.length for c in theirs.chunks)
             ):
                 records[seg.name] = known
+                own.add(seg.name)
         keep = {self.ids.get(self.node_id, r.id) for r in records.values()}
         for mount_id in [m for m in self.segments if m not in keep]:
             self._remove(mount_id)
         for record in records.values():
-            self._put(record, proven_only=True)
+            self._put(record, proven_only=True, own_view=record.name in own)
         # Streams known from the owner stay, like its segments: an empty
         # directory is all a stream shows by itself.
         self._set_streams(self._snapshot_streams | self.streams)
@@ -393,7 +419,10 @@ class RemoteNode:
         client = self.client
         if client is not None:
             with trio.move_on_after(TAIL_READ_TIMEOUT + wait):
-                return await client.read(seg.name, offset, size, wait)
+                try:
+                    return await client.read(seg.name, offset, size, wait)
+                except ConnectionLost as e:
+                    self._gone(seg.name, offset, e)
             self.lost(f"a read of {seg.name!r} got no answer within {TAIL_READ_TIMEOUT:g}s")
             raise TailUnavailable(seg.name, offset, self.node_id)
         if offset < seg.start_offset:
@@ -434,10 +463,20 @@ class RemoteNode:
         if client is None:
             raise TailUnavailable(view.name, offset, self.node_id)
         with trio.move_on_after(TAIL_READ_TIMEOUT):
-            result = await client.read(view.name, offset, end - offset)
+            try:
+                result = await client.read(view.name, offset, end - offset)
+            except ConnectionLost as e:
+                self._gone(view.name, offset, e)
             return result.data
         self.lost(f"a read of {view.name!r} got no answer within {TAIL_READ_TIMEOUT:g}s")
         raise TailUnavailable(view.name, offset, self.node_id)
+
+    def _gone(self, name: str, offset: int, e: ConnectionLost) -> NoReturn:
+        """A read's connection to the owner broke (the owner died, or the following
+        ended and closed it): like an owner that does not answer, not a client's
+        broken connection."""
+        self.lost(f"a read of {name!r}: {e}")
+        raise TailUnavailable(name, offset, self.node_id) from e
 
 
 async def remote_attributes(

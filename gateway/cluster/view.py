@@ -40,6 +40,7 @@ from gateway.cluster.registry import (
     NodeRecord,
     now_ms,
     read_registry,
+    record_key,
     run_heartbeat,
     write_stopped,
 )
@@ -306,6 +307,12 @@ class ClusterView:
             self.liveness.observe(r)
             fresh[r.id] = r
         for gone in set(self.records) - set(fresh):
+            if ("node record", record_key(gone)) in self.rejections.current:
+                # Its record is there but unusable now (a hand edit, a newer
+                # format, garbage): what was known of the node stands, and
+                # goes stale like any record that stops changing.
+                fresh[gone] = self.records[gone]
+                continue
             self.liveness.forget(gone)
         self.records = fresh
         for record in fresh.values():

@@ -371,16 +371,18 @@ class ListSegmentsRequest(_message.Message):
     def __init__(self, prefix: _Optional[str] = ..., limit: _Optional[int] = ..., start_after: _Optional[str] = ..., local_only: _Optional[bool] = ...) -> None: ...
 
 class GetAttributesRequest(_message.Message):
-    __slots__ = ("segment", "ids", "start", "limit")
+    __slots__ = ("segment", "ids", "start", "limit", "from_owner")
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    FROM_OWNER_FIELD_NUMBER: _ClassVar[int]
     segment: str
     ids: _containers.RepeatedScalarFieldContainer[bytes]
     start: bytes
     limit: int
-    def __init__(self, segment: _Optional[str] = ..., ids: _Optional[_Iterable[bytes]] = ..., start: _Optional[bytes] = ..., limit: _Optional[int] = ...) -> None: ...
+    from_owner: bool
+    def __init__(self, segment: _Optional[str] = ..., ids: _Optional[_Iterable[bytes]] = ..., start: _Optional[bytes] = ..., limit: _Optional[int] = ..., from_owner: _Optional[bool] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
     __slots__ = ("segment", "offset", "max_length", "wait_ms")

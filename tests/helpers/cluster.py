@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -93,3 +95,27 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
                 return last
         time.sleep(0.05)
     raise AssertionError(f"{what}: not within {timeout}s (last: {last!r})")
+
+
+def record(node: str, advertise: str, heartbeat_ms: int, **changes: object) -> bytes:
+    """A registry record as a node writes it (JSON), with ``changes`` applied."""
+    doc: dict[str, object] = {
+        "format": 1, "id": node, "advertise": advertise, "epoch": 1, "version": "test",
+        "started_at_ms": heartbeat_ms, "heartbeat_at_ms": heartbeat_ms, "state": "up",
+        "segments": 0, "unflushed_bytes": 0, "host": "test", "pid": 1,
+    }  # fmt: skip
+    doc.update(changes)
+    return json.dumps(doc).encode()
+
+
+class BlackHole:
+    """A TCP port that accepts connections and never answers (a hung process)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)  # the kernel accepts; nobody reads
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def close(self) -> None:
+        self.sock.close()

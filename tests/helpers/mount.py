@@ -60,9 +60,12 @@ class MountedDaemon(Daemon):
         super().__init__(data_dir, mountpoint=mountpoint, **kwargs)  # type: ignore[arg-type]
         self.mnt = mountpoint
 
-    def start(self, timeout: float = 30.0) -> None:
-        """Start; ready means serving the protocol with the mount in place."""
-        super().start(timeout)
+    def start(self, timeout: float = 30.0, serve_args: tuple[str, ...] = ()) -> None:
+        """Start; ready means serving the protocol with the mount in place.
+
+        ``serve_args`` as for `Daemon.start` (e.g. ``--recover-from-tier2``).
+        """
+        super().start(timeout, serve_args)
         deadline = time.monotonic() + timeout
         while mount_entry(self.mnt) is None:
             if not self.alive() or time.monotonic() > deadline:
