@@ -335,7 +335,6 @@ class SegmentWriter:
                     if first:
                         task_status.started()
                         first = False
-                    delay = 0.05
                     await self._session(client)
             except NotOwner as e:
                 # Another node owns the segment: write there (once; nothing
@@ -358,7 +357,12 @@ class SegmentWriter:
                 # (Overloaded: a full disk) counts as down.
                 now = trio.current_time()
                 if self._broken_since is None:
+                    # The first failure since an acknowledgement: retry soon.
+                    # (Not after every connect: a daemon that takes the
+                    # connection and refuses every append -- a full disk, no
+                    # lease -- would be asked many times a second.)
                     self._broken_since = now
+                    delay = 0.05
                 if now - self._broken_since > self._reconnect_timeout:
                     why = f"gave up after {self._reconnect_timeout:g}s of retrying: {e}"
                     # A down owner keeps its own error (and exit code): it
