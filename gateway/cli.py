@@ -526,7 +526,7 @@ def _cmd_append(args: argparse.Namespace) -> int:
 
     from gateway.client import open_client
     from gateway.errors import TooLarge
-    from gateway.writer import SegmentWriter, WriterFailed, open_segment_writer
+    from gateway.writer import SegmentWriter, WriterFailed, close_writer, open_segment_writer
 
     address, token = _connect(args)
     tls = _tls(args)
@@ -537,14 +537,15 @@ def _cmd_append(args: argparse.Namespace) -> int:
         """Say how much of the input is stored, and how to append the rest."""
         stored_event, length, sure = w.acked_event, "unknown", False
         # The writer stopped; the daemon knows what it stored even if an
-        # acknowledgement never came back.
+        # acknowledgement never came back. Appends sent may still wait in
+        # the daemon (behind a full disk): closing the writer id makes what
+        # it says now final, so the resume below cannot overlap them.
         with trio.move_on_after(10):
             try:
                 async with open_client(address, token, **tls) as client:
-                    answer = await client.get_attributes(
-                        args.segment, [w.writer_id], from_owner=True
+                    stored_event = await close_writer(
+                        client, args.segment, w.writer_id, stored_event
                     )
-                    stored_event = max(stored_event, answer.get(w.writer_id, 0))
                     length = await _length_text(client, args.segment)
                     sure = True
             except GatewayError:
@@ -569,7 +570,9 @@ def _cmd_append(args: argparse.Namespace) -> int:
             if args.connect:
                 command += ["--connect", args.connect]
             command += [f"--{mode}"] if mode != "lines" else []
-            command += ["--writer-id", writer, args.segment]
+            # A new writer id: this one is closed (a resume numbers its
+            # events afresh, from its own first block).
+            command += [args.segment]
             print(
                 f"segment-gateway: resume at byte {stored} of the file: tail -c +{stored + 1} "
                 f"{shlex.quote(args.file)} | {shlex.join(command)}",

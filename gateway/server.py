@@ -73,7 +73,7 @@ from gateway.config import (
 )
 from gateway.container import AppendResult, AttributeUpdate, Verb
 from gateway.container.attributes import ID_BYTES as ATTRIBUTE_ID_BYTES
-from gateway.container.attributes import AttributesNotLoaded
+from gateway.container.attributes import AttributesNotLoaded, closes_writers
 from gateway.container.container import PendingOperation, SegmentContainer
 from gateway.container.names import validate_name, validate_prefix
 from gateway.container.results import POLICY_FIELDS, ReadResult
@@ -615,7 +615,11 @@ class Connection:
             nbytes,
             handler.changes and not _reads_only(req),
             lambda: handler.prepare(self, req),
-            handler.frees,
+            handler.frees
+            or (
+                kind == "update_attributes"
+                and closes_writers(_updates(list(req.update_attributes.updates)))
+            ),
         )
 
     async def _admit(

@@ -38,6 +38,7 @@ import trio
 from gateway.aio import service_nursery
 from gateway.client import CONNECT_TIMEOUT, Client, ResponseFuture, open_client
 from gateway.codec import Codec, whole_frames
+from gateway.container.attributes import AttributeUpdate, Verb
 from gateway.container.results import TransactionInfo
 from gateway.errors import (
     ConditionalCheckFailed,
@@ -65,6 +66,56 @@ class WriterFailed(GatewayError):
     """segment writer for {!r} failed: {}"""
 
     exit_code = 25
+
+
+class WriterClosed(WriterFailed):
+    """segment writer for {!r} failed: {}"""
+
+
+def closed_value(stored: int) -> int:
+    """The value that closes a writer id whose last stored event is ``stored``.
+
+    Negative, so no append of the writer (its previous event number is never
+    below 0) matches it again; ``-(stored + 1)`` keeps the number readable.
+    """
+    return -(stored + 1)
+
+
+async def close_writer(client: Client, segment: str, writer_id: bytes, stored: int) -> int:
+    """Close a writer id for good; return its last stored event number.
+
+    Appends a writer sent may still wait in the daemon after the writer has
+    stopped (behind a full journal, in a connection the daemon has not seen
+    close yet) and land later. Once this returns none of them can: the
+    writer's event number is replaced, by a compare-and-set from the stored
+    one, with a value no append expects (`closed_value`). ``stored`` is what
+    the caller knows is stored; when an append lands meanwhile, the compare
+    fails and the new number is read and closed instead. A writer id that is
+    closed refuses to write again (`WriterClosed`): a run that reads its
+    input afresh takes a new id.
+    """
+    while True:
+        answer = await client.get_attributes(segment, [writer_id], from_owner=True)
+        current = answer.get(writer_id, 0)
+        if current < 0:
+            return -current - 1  # closed already
+        stored = max(stored, current)
+        try:
+            await client.update_attributes(
+                segment,
+                [
+                    AttributeUpdate(
+                        writer_id,
+                        Verb.REPLACE_IF_EQUALS,
+                        closed_value(stored),
+                        compare_value=stored,
+                        expect_absent=stored == 0,
+                    )
+                ],
+            )
+        except ConditionalCheckFailed:
+            continue  # an append landed meanwhile: read the number again
+        return stored
 
 
 class _Resync(Exception):
@@ -328,6 +379,13 @@ class SegmentWriter:
                     stored = (
                         await client.get_attributes(self.segment, [self.writer_id], from_owner=True)
                     ).get(self.writer_id, 0)
+                    if stored < 0:
+                        raise WriterClosed(
+                            self.segment,
+                            f"writer {uuid.UUID(bytes=self.writer_id)} was closed after its "
+                            f"event {-stored - 1} (a run that gave up); a new run takes a new "
+                            "writer id",
+                        )
                     if first:
                         self._next_event = stored + 1
                         self.acked_event = stored

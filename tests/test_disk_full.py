@@ -12,12 +12,13 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from gateway.client import SyncClient
-from gateway.errors import Overloaded
+from gateway.errors import ConditionalCheckFailed, Overloaded
 from gateway.tier2.embedded import EmbeddedS3
 from gateway.tier2.s3 import S3Storage
 from tests.helpers.daemon import Daemon, run_cli
@@ -356,18 +357,34 @@ def test_append_file_that_gives_up_says_where_to_resume(
 
             # Room again: the printed command appends the rest, exactly.
             ballast.unlink()
+            # An append the run sent and the daemon had not read yet (still in
+            # the socket of a connection the writer left, or held behind the
+            # full disk) cannot land now: the writer id is closed. (It did
+            # land, and the resume then duplicated a block.)
+            last = int(m.group(2))
+            with pytest.raises(ConditionalCheckFailed):
+                c.append("full/r", data[stored : stored + 64 * KiB],
+                         writer_id=uuid.UUID(m.group(3)).bytes,
+                         event_number=last + 1, previous_event_number=last)  # fmt: skip
+            assert c.info("full/r").length == stored
             prefix = f"segment-gateway: resume at byte {stored} of the file: "
             assert resume.startswith(prefix), resume
             command = resume.removeprefix(prefix)
             assert command.startswith(f"tail -c +{stored + 1} "), command
-            assert f"--writer-id {m.group(3)} full/r" in command, command
+            # A new writer id: the one that gave up is closed, so nothing it
+            # sent can land after the count above (or in the resume's place).
+            assert command.endswith(" full/r") and "--writer-id" not in command, command
+            closed = run_cli("append", "--connect", daemon.address, "--raw", "--timeout", "3",
+                    "--writer-id", m.group(3), "full/r", input_text="more")  # fmt: skip
+            assert closed.returncode == 25, closed.stderr
+            assert f"was closed after its event {m.group(2)}" in closed.stderr, closed.stderr
             command = command.replace("| segment-gateway ", f"| {sys.executable} -m gateway.cli ")
             done = subprocess.run(
                 command, shell=True, capture_output=True, text=True, cwd=ROOT, timeout=60,
                 env={**os.environ, "PYTHONPATH": str(ROOT)},
             )  # fmt: skip
             assert done.returncode == 0, done.stderr
-            assert c.info("full/r").length == len(data)
+            assert c.info("full/r").length == len(data), (r.stderr, done.stderr, daemon.log())
             assert c.read("full/r", 0, len(data) + 1).data == data
     finally:
         daemon.stop()

@@ -53,6 +53,21 @@ class AttributeUpdate:
     expect_absent: bool = False
 
 
+def closes_writers(updates: Iterable[AttributeUpdate]) -> bool:
+    """Whether ``updates`` only close exactly-once writers (`gateway.writer.close_writer`).
+
+    A closed writer's event number is negative, set by compare-and-set. Such
+    an update is tiny and keeps appends from landing late, so it may use the
+    journal's reserve while the disk is full (like a deletion).
+    """
+    found = False
+    for u in updates:
+        if u.verb != Verb.REPLACE_IF_EQUALS or u.value >= 0:
+            return False
+        found = True
+    return found
+
+
 class AttributesNotLoaded(Overloaded):
     """attributes of {} are not in memory yet"""
 

@@ -50,6 +50,7 @@ from gateway.container.attributes import (
     AttributesNotLoaded,
     AttributeUpdate,
     check_id,
+    closes_writers,
     is_core,
     needs_current,
     resolve,
@@ -866,7 +867,7 @@ class SegmentContainer:
                 at_ms=at_ms,
             )
         )
-        ticket = self._submit((op.SerializeToString(),))
+        ticket = self._submit((op.SerializeToString(),), reserved=closes_writers(updates))
         seg.set_pending_attributes(values)
 
         def apply(seq: int) -> None:
