@@ -167,8 +167,8 @@ async def _writers_rate(
     data_dir: pathlib.Path, writers: int, appends: int, repeat: int
 ) -> dict[str, Any]:
     from gateway.node import open_node
-    from gateway.tier2.filesystem import FileStorage
-    from gateway.tier2.layer import ChunkLayer
+    from gateway.storage.filesystem import FileStorage
+    from gateway.storage.layer import ChunkLayer
 
     config = _config(data_dir)
     layer = ChunkLayer(FileStorage(data_dir / "tier2"), max_concurrency=4)
@@ -256,9 +256,9 @@ def part_writers(counts: list[int], appends: int, repeat: int) -> dict[str, Any]
 
 async def _lookups(data_dir: pathlib.Path, n: int, probes: int) -> dict[str, Any]:
     from cache import CacheStore
-    from gateway.tier2.attribute_index import AttributeIndexStore
-    from gateway.tier2.filesystem import FileStorage
-    from gateway.tier2.layer import ChunkLayer
+    from gateway.attrindex.store import AttributeIndexStore
+    from gateway.storage.filesystem import FileStorage
+    from gateway.storage.layer import ChunkLayer
 
     layer = ChunkLayer(FileStorage(data_dir / "tier2"), max_concurrency=4)
     index = AttributeIndexRecord()

@@ -15,7 +15,7 @@ count (lines) the number of lines, its first and last MiB the file's, and
 the command's "appended N event(s), B bytes" line says the same.
 
 Reference, same daemon setup: the same file sent by this process with
-`gateway.client.Client.start_append` in 4 MiB appends with 16 MiB in flight
+`gateway.client.client.Client.start_append` in 4 MiB appends with 16 MiB in flight
 (the command's block and window), without the writer or the command: what
 one connection of this daemon takes, the command's ceiling.
 
@@ -66,7 +66,7 @@ from common import (  # noqa: E402
 
 from gateway import __version__  # noqa: E402
 from gateway.cli import APPEND_BLOCK, APPEND_WINDOW  # noqa: E402
-from gateway.client import ResponseFuture, open_client  # noqa: E402
+from gateway.client.client import ResponseFuture, open_client  # noqa: E402
 
 MIB = 1024 * 1024
 LINE_BYTES = 100  # with its newline

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """FUSE read benchmark: the mount against s3fs-fuse, rclone, boto3 and a local file.
 
-One embedded S3 server (SeaweedFS, `gateway.tier2.embedded.EmbeddedS3`) runs
+One embedded S3 server (SeaweedFS, `gateway.embedded.server.EmbeddedS3`) runs
 for the whole benchmark. A real daemon (its own process, `[tier2]` pointing
 at that server, segments mounted) gets one segment of --size bytes (default
 1 GiB; 1 MiB appends of seeded random bytes), which is sealed and flushed:
@@ -107,10 +107,10 @@ from common import (  # noqa: E402
 )
 
 from gateway import __version__  # noqa: E402
-from gateway.client import SyncClient  # noqa: E402
+from gateway.client.client import SyncClient  # noqa: E402
+from gateway.embedded.server import EmbeddedS3  # noqa: E402
 from gateway.errors import SegmentNotFound  # noqa: E402
-from gateway.tier2.embedded import EmbeddedS3  # noqa: E402
-from gateway.tier2.s3 import S3Storage  # noqa: E402
+from gateway.storage.s3 import S3Storage  # noqa: E402
 
 KiB = 1024
 MiB = 1024 * KiB

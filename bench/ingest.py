@@ -5,7 +5,7 @@ Each configuration starts its own daemon (``segment-gateway serve``, a
 separate process, fresh data directory on the same filesystem as --dir) and
 drives it from this process over the wire protocol:
 
-- Events through `gateway.writer.SegmentWriter` (``lines`` codec, default
+- Events through `gateway.client.writer.SegmentWriter` (``lines`` codec, default
   writer settings) for 100 B and 1 KiB events: 1 writer to 1 segment, 16
   writers to 16 segments (one each) and 16 writers sharing 1 segment. The
   writers are trio tasks in this process, writing as fast as they can for
@@ -14,7 +14,7 @@ drives it from this process over the wire protocol:
   latency: every 500th event's number and write time are noted and one
   background task, polling the writers' ``acked_event`` every 0.5 ms, turns
   them into latencies (write called -> known stored) when they are acked.
-- 1 MiB appends through `gateway.client.Client.start_append` on one
+- 1 MiB appends through `gateway.client.client.Client.start_append` on one
   connection, with 1 and with 16 appends in flight: appends/s, MB/s and
   per-append latency (send started -> acknowledged).
 
@@ -64,8 +64,8 @@ from common import (  # noqa: E402
 )
 
 from gateway import __version__  # noqa: E402
-from gateway.client import ResponseFuture, open_client  # noqa: E402
-from gateway.writer import SegmentWriter, open_segment_writer  # noqa: E402
+from gateway.client.client import ResponseFuture, open_client  # noqa: E402
+from gateway.client.writer import SegmentWriter, open_segment_writer  # noqa: E402
 
 EVENT_SIZES = [100, 1024]
 #: (writers, segments): 1 -> 1, 16 -> 16 (one each), 16 -> 1 (shared).

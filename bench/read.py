@@ -123,7 +123,7 @@ def read_over_protocol(address: str, size: int, read_size: int) -> float:
     code = f"""
 import sys, time, trio
 sys.path.insert(0, {str(ROOT)!r})
-from gateway.client import open_client
+from gateway.client.client import open_client
 async def main():
     async with open_client({address!r}) as c:
         t = time.perf_counter(); offset = 0

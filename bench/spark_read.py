@@ -41,7 +41,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bench.common import ROOT, drop_page_cache, replace_table, running_daemon
 from gateway import __version__
-from gateway.client import SyncClient
+from gateway.client.client import SyncClient
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

@@ -43,7 +43,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bench.common import ROOT, replace_table, running_daemon
 from gateway import __version__
-from gateway.client import SyncClient
+from gateway.client.client import SyncClient
 
 MiB = 1024 * 1024
 TABLE_START = "<!-- bench/spark_stream.py:start -->"
@@ -71,7 +71,7 @@ def latency_run(
     import trio
     from pyspark.sql import functions as F
 
-    from gateway.writer import open_segment_writer
+    from gateway.client.writer import open_segment_writer
 
     with SyncClient(address) as c:
         c.create(name, codec="lines")

@@ -5,7 +5,7 @@ Every daemon is its own process (``segment-gateway serve``, fresh data
 directory under --dir, Tier 2 a ``file://`` directory beside it, no mount),
 driven from this process over loopback TCP.
 
-- **Ingest into a rolling stream.** 4 `gateway.writer.SegmentWriter`s
+- **Ingest into a rolling stream.** 4 `gateway.client.writer.SegmentWriter`s
   (``lines`` codec, default writer settings) write 1 KiB events as fast as
   they can for --seconds, either to one plain segment (the baseline) or to a
   stream whose current segment is sealed and succeeded every 64 MiB (the
@@ -63,8 +63,8 @@ sys.path.insert(0, str(BENCH))
 from common import TIER2_OFF, replace_table, running_daemon, sigterm_as_interrupt  # noqa: E402
 
 from gateway import __version__  # noqa: E402
-from gateway.client import open_client  # noqa: E402
-from gateway.writer import SegmentWriter, open_segment_writer  # noqa: E402
+from gateway.client.client import open_client  # noqa: E402
+from gateway.client.writer import SegmentWriter, open_segment_writer  # noqa: E402
 
 KIB = 1024
 MIB = 1024 * KIB

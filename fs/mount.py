@@ -20,7 +20,7 @@ import pyfuse3
 import trio
 
 from fs.operations import SegmentFS
-from fs.source import SegmentSource
+from fs.segment_source import SegmentSource
 from gateway.config import Config
 from gateway.errors import MountError
 

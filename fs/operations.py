@@ -28,7 +28,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 import pyfuse3
 import trio
 
-from fs.source import SegmentSource
+from fs.segment_source import SegmentSource
 from fs.vfs import TRIMMED_BASE, Attributes, FsError, Invalidation, SegmentVFS
 from gateway.config import FuseConfig
 from gateway.errors import SegmentNotFound

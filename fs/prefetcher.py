@@ -1,6 +1,6 @@
 """Per-handle sequential prefetching for the mount.
 
-Every open handle keeps its own `gateway.tier2.readahead.ReadAhead` (the one
+Every open handle keeps its own `gateway.read.readahead.ReadAhead` (the one
 read-ahead policy, Mountpoint-s3's doubling window up to ``tier2.read_ahead``
 MiB) and hands the ranges it asks for to `ChunkReader.prefetch`, which turns
 them into parallel ranged GETs and bounds all handles' read-ahead together
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from gateway.protocol.metadata_pb2 import ChunkRecord
-from gateway.readindex import SegmentView
-from gateway.tier2.readahead import INITIAL_WINDOW, ReadAhead
+from gateway.read.index import SegmentView
+from gateway.read.readahead import INITIAL_WINDOW, ReadAhead
 
 __all__ = ["INITIAL_WINDOW", "Prefetcher"]
 

@@ -6,7 +6,7 @@ attributes and cache timeouts, lookups (the hidden ``.NAME.events`` files
 included), directory listings, opening and reading files, extended
 attributes, ``statfs``, and which kernel caches to invalidate when the
 namespace changes. `fs.operations.SegmentFS` is the thin pyfuse3 adapter over
-it; the segments come from a `fs.source.SegmentSource`.
+it; the segments come from a `fs.segment_source.SegmentSource`.
 
 Errors are `FsError(errno)`; the adapter raises them as FUSEError:
 
@@ -68,16 +68,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from fs.prefetcher import Prefetcher
-from fs.source import SegmentSource
+from fs.segment_source import SegmentSource
 from fs.tree import ROOT_INODE, SEGMENT_INODE_BASE, Tree
 from gateway.buffers import Buffer
-from gateway.codec import Codec
+from gateway.client.codec import Codec
 from gateway.config import FuseConfig
 from gateway.container.attributes import EVENT_COUNT, is_core
-from gateway.container.names import TRIMMED_DIR
 from gateway.container.segment import Segment
+from gateway.container.segment_names import TRIMMED_DIR
 from gateway.errors import GatewayError
-from gateway.tier2.reader import random_access
+from gateway.read.chunks import random_access
 
 log = logging.getLogger(__name__)
 

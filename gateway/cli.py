@@ -61,7 +61,7 @@ def _tls(args: argparse.Namespace) -> dict[str, Any]:
     ca = args.tls_ca or os.environ.get("SEGMENT_GATEWAY_TLS_CA", "")
     if not (ca or args.tls or args.tls_cert or args.tls_key):
         return {}
-    from gateway.client import client_ssl_context
+    from gateway.client.client import client_ssl_context
 
     context = client_ssl_context(
         ca or None, cert_file=args.tls_cert or None, key_file=args.tls_key or None
@@ -70,7 +70,7 @@ def _tls(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run_client(args: argparse.Namespace, fn: Callable[[Any], Awaitable[int]]) -> int:
-    from gateway.client import open_client
+    from gateway.client.client import open_client
 
     address, token = _connect(args)
     tls = _tls(args)
@@ -253,7 +253,7 @@ def _node_config(args: argparse.Namespace, check_files: bool = True) -> Config:
 
 
 def _cmd_export_metadata(args: argparse.Namespace) -> int:
-    from gateway import metadata_io
+    from gateway.recovery import metadata_io
 
     if args.offline:
         config = _node_config(args, check_files=False)
@@ -287,7 +287,7 @@ def _cmd_export_metadata(args: argparse.Namespace) -> int:
 
 
 def _cmd_import_metadata(args: argparse.Namespace) -> int:
-    from gateway import metadata_io
+    from gateway.recovery import metadata_io
 
     config = _node_config(args)
     if args.from_tier2 == bool(args.source):
@@ -524,9 +524,9 @@ def _cmd_append(args: argparse.Namespace) -> int:
     import shlex
     import uuid
 
-    from gateway.client import open_client
+    from gateway.client.client import open_client
+    from gateway.client.writer import SegmentWriter, WriterFailed, close_writer, open_segment_writer
     from gateway.errors import TooLarge
-    from gateway.writer import SegmentWriter, WriterFailed, close_writer, open_segment_writer
 
     address, token = _connect(args)
     tls = _tls(args)

@@ -39,7 +39,7 @@ import trio
 
 from gateway import failpoints
 from gateway.aio import service_nursery
-from gateway.client import Client, client_ssl_context, open_client
+from gateway.client.client import Client, client_ssl_context, open_client
 from gateway.cluster.claims import NameClaims
 from gateway.cluster.lease import Lease, claim_epoch
 from gateway.cluster.view import ClusterView
@@ -50,8 +50,8 @@ from gateway.fsck.online import live_target
 from gateway.node import Node, open_node
 from gateway.notify import Notifier
 from gateway.server import Server
-from gateway.tier2.bindings import open_tier2
-from gateway.tier2.layer import ChunkLayer
+from gateway.storage.bindings import open_tier2
+from gateway.storage.layer import ChunkLayer
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ async def check_tier2(tier2: ChunkLayer, config: Config) -> None:
     Lists the node's metadata snapshots: a few objects at most, and a listing
     (unlike a HEAD) tells a missing bucket from a missing object.
     """
-    from gateway.tier2 import names
+    from gateway.tier2 import object_keys as names
 
     await tier2.list(names.meta_prefix(config.node.id))
 
@@ -263,7 +263,7 @@ class _Lifecycle:
         self, node: Node, cluster: ClusterView, *, task_status: trio.TaskStatus[Any]
     ) -> None:
         from fs.mount import serve_mount  # pyfuse3 only when mounting
-        from fs.source import ClusterSegments, LocalSegments
+        from fs.segment_source import ClusterSegments, LocalSegments
 
         local = LocalSegments(node.container, node.reader, self.config.node.id)
         try:
@@ -348,21 +348,21 @@ async def run_daemon(
     ``load`` re-reads the configuration at SIGHUP (without it, SIGHUP only
     logs that there is nothing to reload). ``recover_from_tier2``: this node
     has lost its journal; rebuild its metadata from Tier 2 first
-    (`gateway.metadata_io.rebuild_node`; refused unless the journal
+    (`gateway.recovery.metadata_io.rebuild_node`; refused unless the journal
     directory is empty).
     """
     notifier = notifier or Notifier()
     life = _Lifecycle(config, notifier)
     raise_fd_limit()
     if recover_from_tier2:
-        from gateway.metadata_io import ensure_empty
+        from gateway.recovery.metadata_io import ensure_empty
 
         ensure_empty(config.journal_dir)  # before starting anything
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with open_tier2(config) as tier2:
             await check_tier2(tier2, config)
             if recover_from_tier2:
-                from gateway.metadata_io import rebuild_node
+                from gateway.recovery.metadata_io import rebuild_node
 
                 notifier.status("recovering the metadata from Tier 2")
                 await rebuild_node(config, tier2, status=notifier.status)

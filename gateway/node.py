@@ -7,7 +7,7 @@ writer; it runs their background tasks and, on exit, stops them in the
 reverse order. Nothing below this module wires one part into another: the
 container knows its journal and listeners only as protocols
 (`gateway.container.interfaces`) and the read index knows Tier 2 only as a
-source of flushed bytes (`gateway.readindex.FlushedBytes`).
+source of flushed bytes (`gateway.read.index.FlushedBytes`).
 
 The serving surfaces (protocol server, mount, metrics) and the lifecycle
 (signals, systemd, the ordered stop) are `gateway.daemon`'s; fsck and the
@@ -30,12 +30,12 @@ from gateway.aio import service_nursery
 from gateway.config import Config
 from gateway.container.container import SegmentContainer
 from gateway.container.interfaces import LeaseGate
-from gateway.container.replay import Replayer
+from gateway.container.replayer import Replayer
 from gateway.container.table import SegmentTable
 from gateway.journal import Journal, open_journal
-from gateway.readindex import ReadIndex
-from gateway.tier2.layer import ChunkLayer
-from gateway.tier2.reader import ChunkReader
+from gateway.read.chunks import ChunkReader
+from gateway.read.index import ReadIndex
+from gateway.storage.layer import ChunkLayer
 from gateway.tier2.storage_writer import StorageWriter
 
 log = logging.getLogger(__name__)

@@ -62,9 +62,9 @@ from google.protobuf.message import DecodeError
 
 from gateway import __version__
 from gateway.buffers import Buffer
+from gateway.client.codec import Codec
 from gateway.cluster.registry import UP
 from gateway.cluster.remote import TAIL_READ_TIMEOUT, remote_attributes
-from gateway.codec import Codec
 from gateway.config import (
     STREAM_POLICY_MAX,
     ServerConfig,
@@ -75,9 +75,9 @@ from gateway.container import AppendResult, AttributeUpdate, Verb
 from gateway.container.attributes import ID_BYTES as ATTRIBUTE_ID_BYTES
 from gateway.container.attributes import AttributesNotLoaded, closes_writers
 from gateway.container.container import PendingOperation, SegmentContainer
-from gateway.container.names import validate_name, validate_prefix
 from gateway.container.results import POLICY_FIELDS, ReadResult
 from gateway.container.segment import Segment
+from gateway.container.segment_names import validate_name, validate_prefix
 from gateway.errors import (
     BadRequest,
     ConnectionLost,

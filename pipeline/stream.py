@@ -88,7 +88,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from gateway.config import parse_duration
-from gateway.container.names import TRIMMED_DIR
+from gateway.container.segment_names import TRIMMED_DIR
 from pipeline.parts import (
     DEFAULT_SPLIT,
     SCAN_BYTES,

@@ -17,8 +17,8 @@ from tests.helpers import daemon as daemon_helper
 from tests.helpers.disk import tmpfs
 
 if TYPE_CHECKING:
-    from gateway.tier2.embedded import EmbeddedS3
-    from gateway.tier2.s3 import S3Storage
+    from gateway.embedded.server import EmbeddedS3
+    from gateway.storage.s3 import S3Storage
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -108,7 +108,7 @@ def small_tmpfs(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
 @pytest.fixture(scope="session")
 def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
     """One SeaweedFS for the whole session (~2.5 s to start), stopped at the end."""
-    from gateway.tier2.embedded import EmbeddedS3
+    from gateway.embedded.server import EmbeddedS3
 
     server = EmbeddedS3(tmp_path_factory.mktemp("seaweedfs"))
     server.start()
@@ -119,7 +119,7 @@ def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
 @pytest.fixture
 def s3_storage(seaweedfs: EmbeddedS3) -> Iterator[S3Storage]:
     """An `S3Storage` on a fresh bucket of the session's SeaweedFS, deleted afterwards."""
-    from gateway.tier2.s3 import S3Storage
+    from gateway.storage.s3 import S3Storage
 
     storage = S3Storage(
         f"test-{uuid.uuid4().hex[:16]}",

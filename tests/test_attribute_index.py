@@ -24,10 +24,10 @@ from gateway.container.attributes import EVENT_COUNT, AttributeUpdate, Verb
 from gateway.container.container import SegmentContainer
 from gateway.errors import BadAttributeUpdate, ConditionalCheckFailed, Overloaded
 from gateway.node import open_node
-from gateway.tier2 import names
-from gateway.tier2.layer import ChunkLayer
-from gateway.tier2.memory import MemoryStorage
-from gateway.tier2.storage import ChunkStorage
+from gateway.storage.interface import ChunkStorage
+from gateway.storage.layer import ChunkLayer
+from gateway.storage.memory_storage import MemoryStorage
+from gateway.tier2 import object_keys as names
 from gateway.tier2.storage_writer import StorageWriter
 from tests.helpers.inprocess import running
 from tests.helpers.segments import make_config
@@ -319,8 +319,8 @@ def test_attributes_match_a_dict_model_on_seaweedfs(
 
 
 async def test_recovery_from_tier2_finds_the_newest_index(tmp_path: pathlib.Path) -> None:
-    from gateway.tier2.attribute_index import AttributeIndexStore
-    from gateway.tier2.rebuild import rebuild_metadata
+    from gateway.attrindex.store import AttributeIndexStore
+    from gateway.recovery.rebuild import rebuild_metadata
 
     storage = MemoryStorage()
     config = config_for(tmp_path, max_attributes=64, snapshot_interval="1h")
@@ -357,8 +357,8 @@ async def test_recovery_from_tier2_finds_the_newest_index(tmp_path: pathlib.Path
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_recovery_of_a_stream_whose_index_moved_along(tmp_path: pathlib.Path) -> None:
-    from gateway.tier2.attribute_index import AttributeIndexStore
-    from gateway.tier2.rebuild import rebuild_metadata
+    from gateway.attrindex.store import AttributeIndexStore
+    from gateway.recovery.rebuild import rebuild_metadata
 
     storage = MemoryStorage()
     config = config_for(tmp_path, max_attributes=2048, snapshot_interval="1h")

@@ -20,8 +20,8 @@ from collections.abc import Iterator
 import pytest
 
 from gateway.container.results import SegmentInfo
+from gateway.embedded.server import EmbeddedS3
 from gateway.errors import GatewayError, SegmentExists, SegmentNotFound, SegmentSealed
-from gateway.tier2.embedded import EmbeddedS3
 from tests.helpers.cluster import NODES, Cluster, KiB, MiB, wait_for
 from tests.helpers.daemon import run_cli, scrape
 from tests.helpers.mount import require_fuse

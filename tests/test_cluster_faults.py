@@ -27,10 +27,10 @@ from collections.abc import Iterator
 import pytest
 import trio
 
-from gateway.client import open_client
-from gateway.tier2.embedded import EmbeddedS3
-from gateway.tier2.s3 import S3Storage
-from gateway.writer import open_segment_writer
+from gateway.client.client import open_client
+from gateway.client.writer import open_segment_writer
+from gateway.embedded.server import EmbeddedS3
+from gateway.storage.s3 import S3Storage
 from tests.helpers.cluster import BlackHole, Cluster, record, wait_for
 from tests.helpers.daemon import ROOT, run_cli, scrape
 from tests.helpers.mount import require_fuse
@@ -313,7 +313,7 @@ def test_the_sync_client_follows_nothing_forever(cluster: Cluster) -> None:
     try:
         code = (
             "import sys, time, trio\n"
-            "from gateway.client import open_client\n"
+            "from gateway.client.client import open_client\n"
             "async def main():\n"
             "    t = time.monotonic()\n"
             "    try:\n"

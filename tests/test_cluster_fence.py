@@ -17,9 +17,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.client import SyncClient
+from gateway.client.client import SyncClient
+from gateway.embedded.server import EmbeddedS3
 from gateway.errors import GatewayError, Unavailable
-from gateway.tier2.embedded import EmbeddedS3
 from tests.helpers.cluster import MiB, node_config, wait_for
 from tests.helpers.daemon import Daemon, run_cli
 from tests.helpers.mount import MountedDaemon, require_fuse
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 @pytest.fixture
 def bucket(seaweedfs: EmbeddedS3) -> Iterator[tuple[str, dict[str, str]]]:
-    from gateway.tier2.s3 import S3Storage
+    from gateway.storage.s3 import S3Storage
 
     name = f"fence-{uuid.uuid4().hex[:12]}"
     storage = S3Storage(

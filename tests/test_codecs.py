@@ -17,11 +17,11 @@ import pytest
 
 from fs.tree import ROOT_INODE, SEGMENT_INODE_BASE
 from fs.vfs import TRIMMED_BASE, TRIMMED_ROOT, XATTR_PREFIX, FsError, SegmentVFS
-from gateway.codec import Codec, lines_end, whole_frames
+from gateway.client.codec import Codec, lines_end, whole_frames
 from gateway.config import FuseConfig
 from gateway.container.container import SegmentContainer
 from gateway.errors import BadRequest, InvalidName
-from gateway.journal.memory import MemoryJournal
+from gateway.journal.memory_journal import MemoryJournal
 from tests.test_container_unit import make, restart
 from tests.test_fs_vfs import MemorySource
 

@@ -12,11 +12,11 @@ import pytest
 import trio
 import trio.testing
 
-from cache.memory import MemoryCache
+from cache.memory_store import MemoryCache
 from gateway.config import ContainerConfig
 from gateway.container import AttributeUpdate, Verb
 from gateway.container.container import SegmentContainer
-from gateway.container.replay import Replayer
+from gateway.container.replayer import Replayer
 from gateway.container.table import SegmentTable
 from gateway.errors import (
     BadOffset,
@@ -29,9 +29,9 @@ from gateway.errors import (
     SegmentTruncated,
     Unavailable,
 )
-from gateway.journal.memory import MemoryJournal
+from gateway.journal.memory_journal import MemoryJournal
 from gateway.protocol.metadata_pb2 import ChunkRecord
-from gateway.readindex import ReadIndex
+from gateway.read.index import ReadIndex
 
 W = b"\x07" * 16
 

@@ -17,10 +17,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.client import SyncClient
+from gateway.client.client import SyncClient
+from gateway.embedded.server import EmbeddedS3
 from gateway.errors import ConditionalCheckFailed, Overloaded
-from gateway.tier2.embedded import EmbeddedS3
-from gateway.tier2.s3 import S3Storage
+from gateway.storage.s3 import S3Storage
 from tests.helpers.daemon import Daemon, run_cli
 from tests.helpers.disk import fill, tmpfs
 

@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gateway.client import SyncClient
+from gateway.client.client import SyncClient
+from gateway.embedded.server import EmbeddedS3
 from gateway.errors import GatewayError
-from gateway.tier2.embedded import EmbeddedS3
-from gateway.tier2.s3 import S3Storage
+from gateway.storage.s3 import S3Storage
 from tests.helpers.daemon import ROOT, Daemon, free_port, run_cli, scrape
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.

@@ -8,8 +8,8 @@ import random
 import pytest
 import trio
 
-from gateway.client import open_client
-from gateway.writer import open_segment_writer
+from gateway.client.client import open_client
+from gateway.client.writer import open_segment_writer
 
 from .helpers.daemon import Daemon
 from .helpers.proxy import DroppingProxy

@@ -7,7 +7,7 @@ import pathlib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.client import open_client
+from gateway.client.client import open_client
 from gateway.container import AttributeUpdate, Verb
 from gateway.protocol import wire_pb2 as wire
 from gateway.protocol.framing import encode_append_request, split_append_request

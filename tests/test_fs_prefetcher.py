@@ -7,8 +7,8 @@ from typing import Any, cast
 
 from fs.prefetcher import INITIAL_WINDOW, Prefetcher
 from gateway.protocol.metadata_pb2 import ChunkRecord
-from gateway.readindex import SegmentView
-from gateway.tier2.reader import ChunkReader
+from gateway.read.chunks import ChunkReader
+from gateway.read.index import SegmentView
 
 MiB = 1024 * 1024
 REQUEST = 128 * 1024

@@ -26,7 +26,7 @@ from fs.vfs import (
     SegmentVFS,
 )
 from gateway.buffers import Buffer
-from gateway.codec import Codec
+from gateway.client.codec import Codec
 from gateway.config import FuseConfig
 from gateway.container import EVENT_COUNT
 from gateway.container.attributes import CODEC
@@ -34,8 +34,8 @@ from gateway.container.interfaces import NamespaceWatcher
 from gateway.container.segment import Segment
 from gateway.errors import Tier2Error
 from gateway.protocol.metadata_pb2 import ChunkRecord
-from gateway.readindex import SegmentView
-from gateway.tier2.reader import in_random_access
+from gateway.read.chunks import in_random_access
+from gateway.read.index import SegmentView
 
 MiB = 1024 * 1024
 CONFIG = FuseConfig(active_timeout=1.0, sealed_timeout=300.0)

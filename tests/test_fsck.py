@@ -23,23 +23,23 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from cache import CacheStore
-from gateway.client import SyncClient
+from gateway.client.client import SyncClient
 from gateway.config import DEFAULT_CONFIG_PATH
 from gateway.fsck.checks import segment_problems
 from gateway.journal.files import list_files
 from gateway.journal.format import HEADER_SIZE
-from gateway.journal.replay import FrameRecord, mapped, read_frames
+from gateway.journal.reader import FrameRecord, mapped, read_frames
 from gateway.protocol.metadata_pb2 import ChunkRecord, SegmentRecord
-from gateway.tier2 import names
-from gateway.tier2.filesystem import FileStorage
+from gateway.storage.filesystem import FileStorage
+from gateway.tier2 import object_keys as names
 from tests.helpers.daemon import Daemon, run_cli
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
 pytestmark = pytest.mark.slow
 
 if TYPE_CHECKING:
-    from gateway.tier2.embedded import EmbeddedS3
-    from gateway.tier2.s3 import S3Storage
+    from gateway.embedded.server import EmbeddedS3
+    from gateway.storage.s3 import S3Storage
 
 KiB = 1024
 NODE = "node-1"

@@ -28,7 +28,7 @@ from gateway.errors import (
 from gateway.journal import Journal, open_journal, replay_journal
 from gateway.journal.files import list_files
 from gateway.journal.format import HEADER_SIZE, decode_header, encode_append
-from gateway.journal.replay import FrameRecord, mapped, read_frames
+from gateway.journal.reader import FrameRecord, mapped, read_frames
 from gateway.protocol.journal_pb2 import Operation
 
 ConfigFactory = Callable[..., JournalConfig]

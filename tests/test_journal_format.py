@@ -21,7 +21,7 @@ from gateway.journal.format import (
     operation_ends,
     operation_prefix,
 )
-from gateway.journal.replay import FileEnd, FrameRecord, read_frames
+from gateway.journal.reader import FileEnd, FrameRecord, read_frames
 from gateway.protocol.journal_pb2 import Append, Frame, Operation
 from gateway.protocol.metadata_pb2 import AttributeValue
 

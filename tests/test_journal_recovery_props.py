@@ -23,7 +23,7 @@ from gateway.errors import JournalCorrupt
 from gateway.journal import open_journal, replay_journal
 from gateway.journal.files import list_files
 from gateway.journal.format import encode_append
-from gateway.journal.replay import FrameRecord, mapped, read_frames
+from gateway.journal.reader import FrameRecord, mapped, read_frames
 
 from .conftest import small_journal_config
 

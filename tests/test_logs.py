@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from gateway import logs
-from gateway.client import SyncClient
-from gateway.tier2.embedded import EmbeddedS3
-from gateway.tier2.s3 import S3Storage
+from gateway.client.client import SyncClient
+from gateway.embedded.server import EmbeddedS3
+from gateway.storage.s3 import S3Storage
 from tests.helpers.daemon import Daemon
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

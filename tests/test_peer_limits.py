@@ -26,7 +26,7 @@ import pytest
 import trio
 import trio.testing
 
-from gateway.client import SyncClient, open_client
+from gateway.client.client import SyncClient, open_client
 from gateway.protocol import wire_pb2 as wire
 from gateway.server import MemoryBudget
 

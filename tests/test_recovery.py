@@ -28,20 +28,20 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from gateway.client import SyncClient
+from gateway.client.client import SyncClient
 from gateway.container import AttributeUpdate, Verb
 from gateway.protocol.metadata_pb2 import MetadataSnapshot
-from gateway.tier2 import names
-from gateway.tier2.filesystem import FileStorage
-from gateway.tier2.s3 import S3Storage
+from gateway.storage.filesystem import FileStorage
+from gateway.storage.s3 import S3Storage
+from gateway.tier2 import object_keys as names
 from tests.helpers.daemon import Daemon, run_cli
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
 pytestmark = pytest.mark.slow
 
 if TYPE_CHECKING:
-    from gateway.tier2.embedded import EmbeddedS3
-    from gateway.tier2.storage import ChunkStorage
+    from gateway.embedded.server import EmbeddedS3
+    from gateway.storage.interface import ChunkStorage
 
 KiB = 1024
 NODE = "node-1"

@@ -22,7 +22,8 @@ import trio
 import trio.testing
 import trustme
 
-from gateway.client import SyncClient, client_ssl_context, open_client
+from gateway.client.client import SyncClient, client_ssl_context, open_client
+from gateway.client.writer import open_segment_writer
 from gateway.config import Config
 from gateway.errors import (
     ConfigError,
@@ -33,7 +34,6 @@ from gateway.errors import (
 )
 from gateway.protocol import wire_pb2 as wire
 from gateway.server import _token_matches
-from gateway.writer import open_segment_writer
 
 from .conftest import ROOT
 from .helpers.daemon import Daemon

@@ -25,7 +25,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from gateway.client import SyncClient
+from gateway.client.client import SyncClient
 from tests.helpers.mount import MountedDaemon, mounted_daemon
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -188,7 +188,7 @@ def test_a_killed_driver_restarts_from_its_checkpoint_exactly_once(
     def write(k: int) -> None:
         import trio
 
-        from gateway.writer import open_segment_writer
+        from gateway.client.writer import open_segment_writer
 
         async def main() -> None:
             async with open_segment_writer(

@@ -34,7 +34,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from gateway.client import SyncClient
+from gateway.client.client import SyncClient
 from tests.helpers.mount import mounted_daemon
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -77,7 +77,7 @@ def test_gateway_sigkills_under_a_running_query_keep_every_event_exactly_once(
         def write(k: int) -> None:
             import trio
 
-            from gateway.writer import open_segment_writer
+            from gateway.client.writer import open_segment_writer
 
             async def main() -> None:
                 async with open_segment_writer(

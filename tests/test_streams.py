@@ -18,11 +18,11 @@ import time
 
 import pytest
 
-from gateway.client import SyncClient
+from gateway.client.client import SyncClient
+from gateway.embedded.server import EmbeddedS3
 from gateway.errors import SegmentNotFound
-from gateway.tier2 import names
-from gateway.tier2.embedded import EmbeddedS3
-from gateway.tier2.s3 import S3Storage
+from gateway.storage.s3 import S3Storage
+from gateway.tier2 import object_keys as names
 from tests.helpers.daemon import Daemon
 from tests.helpers.mount import mounted_daemon, require_fuse
 
@@ -258,7 +258,7 @@ def test_a_crash_at_each_step_of_a_merge_recovers_to_merged_or_not(
 def test_a_writer_and_open_transaction_exactly_once(tmp_path: pathlib.Path) -> None:
     import trio
 
-    from gateway.writer import open_transaction
+    from gateway.client.writer import open_transaction
 
     root = tmp_path / "tier2"
     d = Daemon(tmp_path / "node", config(root))

@@ -18,7 +18,7 @@ pytest.importorskip("pyarrow")
 
 from pyspark.sql import functions as F
 
-from gateway.client import SyncClient
+from gateway.client.client import SyncClient
 from tests.helpers.mount import MountedDaemon, mounted_daemon
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -68,7 +68,7 @@ def test_writers_on_a_rolling_stream_under_sigkills_land_every_event_once_in_ord
     def write(k: int) -> None:
         import trio
 
-        from gateway.writer import open_segment_writer
+        from gateway.client.writer import open_segment_writer
 
         async def main() -> None:
             async with open_segment_writer(

@@ -11,11 +11,11 @@ import pytest
 import trio
 import trio.testing
 
-from cache.memory import MemoryCache
-from gateway.codec import Codec
+from cache.memory_store import MemoryCache
+from gateway.client.codec import Codec
 from gateway.config import ContainerConfig, StreamsConfig
 from gateway.container.container import SegmentContainer
-from gateway.container.replay import Replayer
+from gateway.container.replayer import Replayer
 from gateway.container.streams import split_member
 from gateway.container.table import SegmentTable
 from gateway.errors import (
@@ -32,9 +32,9 @@ from gateway.errors import (
     TransactionTimedOut,
     Unavailable,
 )
-from gateway.journal.memory import MemoryJournal
+from gateway.journal.memory_journal import MemoryJournal
 from gateway.protocol.metadata_pb2 import ChunkRecord
-from gateway.readindex import ReadIndex
+from gateway.read.index import ReadIndex
 
 W = b"\x07" * 16
 DAY = 86_400_000

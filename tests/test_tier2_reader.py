@@ -12,9 +12,9 @@ import trio
 
 from cache import CacheStore
 from gateway.protocol.metadata_pb2 import ChunkRecord
-from gateway.tier2.layer import ChunkLayer
-from gateway.tier2.memory import MemoryStorage
-from gateway.tier2.reader import BLOCK_SIZE, RANDOM_FETCH, ChunkReader, random_access
+from gateway.read.chunks import BLOCK_SIZE, RANDOM_FETCH, ChunkReader, random_access
+from gateway.storage.layer import ChunkLayer
+from gateway.storage.memory_storage import MemoryStorage
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -1,4 +1,4 @@
-"""Rebuilding metadata from Tier 2 alone (`gateway.tier2.rebuild`), object by object.
+"""Rebuilding metadata from Tier 2 alone (`gateway.recovery.rebuild`), object by object.
 
 Each test lays out the objects a node would have left in Tier 2 -- metadata
 snapshots and chunk objects with their user metadata -- in the in-memory
@@ -16,7 +16,6 @@ import uuid
 import crc32c
 import pytest
 
-from gateway import metadata_io
 from gateway.errors import NodeNotEmpty, NothingToRecover, SnapshotInvalid
 from gateway.journal.files import list_files
 from gateway.node import open_node
@@ -28,10 +27,11 @@ from gateway.protocol.metadata_pb2 import (
     SegmentRecord,
     StreamRecord,
 )
-from gateway.tier2 import names
-from gateway.tier2.layer import ChunkLayer
-from gateway.tier2.memory import MemoryStorage
-from gateway.tier2.rebuild import Rebuilt, rebuild, rebuild_metadata
+from gateway.recovery import metadata_io
+from gateway.recovery.rebuild import Rebuilt, rebuild, rebuild_metadata
+from gateway.storage.layer import ChunkLayer
+from gateway.storage.memory_storage import MemoryStorage
+from gateway.tier2 import object_keys as names
 
 from .helpers.segments import make_config
 

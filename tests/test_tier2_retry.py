@@ -18,11 +18,11 @@ import trio
 import trio.lowlevel
 import trio.testing
 
+from gateway.embedded.server import EmbeddedS3
 from gateway.errors import BindingUnsupported, ChunkCorrupt, ChunkNotFound, Tier2Error
-from gateway.tier2.embedded import EmbeddedS3
-from gateway.tier2.layer import ChunkLayer
-from gateway.tier2.retry import RetryEvent, retrying
-from gateway.tier2.s3 import S3Storage
+from gateway.storage.layer import ChunkLayer
+from gateway.storage.retry import RetryEvent, retrying
+from gateway.storage.s3 import S3Storage
 
 from .helpers.s3proxy import S3FaultProxy
 
@@ -161,7 +161,7 @@ async def test_retry_after_is_capped_by_the_deadline(
 async def test_log_level_rises_with_attempts(
     caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="gateway.tier2.retry")
+    caplog.set_level(logging.DEBUG, logger="gateway.storage.retry")
     call = FailingCall(*[Flaky(f"e{i}") for i in range(7)])
     await retrying(call, is_temp_failure=is_flaky, what="write 'k'", deadline=600)
     levels = [r.levelno for r in caplog.records]

@@ -18,10 +18,10 @@ import pytest
 import urllib3.exceptions
 from botocore.exceptions import ClientError
 
+from gateway.embedded.server import EmbeddedS3
 from gateway.errors import BindingUnsupported, ChunkNotFound
-from gateway.tier2.embedded import EmbeddedS3
-from gateway.tier2.s3 import MIN_PART_SIZE, S3Storage, is_temp_failure, retry_after
-from gateway.tier2.storage import ChunkStorage
+from gateway.storage.interface import ChunkStorage
+from gateway.storage.s3 import MIN_PART_SIZE, S3Storage, is_temp_failure, retry_after
 
 META = {"segment": "streams/one", "offset": "4096", "crc32c": "1c291ca3", "epoch": "3"}
 

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import trio
 
+from gateway.embedded.server import EmbeddedS3
 from gateway.errors import Overloaded
-from gateway.tier2.embedded import EmbeddedS3
-from gateway.tier2.s3 import S3Storage
-from gateway.tier2.storage import ChunkStorage
+from gateway.storage.interface import ChunkStorage
+from gateway.storage.s3 import S3Storage
 from tests.helpers.inprocess import running
 from tests.helpers.s3proxy import S3FaultProxy
 from tests.helpers.segments import make_config

@@ -25,10 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from gateway.errors import BindingUnsupported, ChunkCorrupt, ChunkNotFound, Tier2Error
-from gateway.tier2 import filesystem
-from gateway.tier2.filesystem import META_DIR, TEMP_PREFIX, FileStorage
-from gateway.tier2.memory import MemoryStorage, TemporaryFailure
-from gateway.tier2.storage import ChunkStorage, ObjectInfo
+from gateway.storage import filesystem
+from gateway.storage.filesystem import META_DIR, TEMP_PREFIX, FileStorage
+from gateway.storage.interface import ChunkStorage, ObjectInfo
+from gateway.storage.memory_storage import MemoryStorage, TemporaryFailure
 
 from .conftest import ROOT
 
@@ -381,7 +381,7 @@ def test_file_write_leaves_no_temporary_files(fs: FileStorage) -> None:
 # rename the complete, fsynced temporary file onto the object.
 _CRASH_IN_WRITE = """
 import os, pathlib, signal, sys
-from gateway.tier2.filesystem import FileStorage
+from gateway.storage.filesystem import FileStorage
 s = FileStorage(pathlib.Path(sys.argv[1]))
 os.rename = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
 s.write("seg/chunk", b"NEW" * 1000, {"v": "new"})

@@ -21,11 +21,11 @@ from gateway.config import Config
 from gateway.container.container import SegmentContainer
 from gateway.errors import FlushTimeout, Overloaded, Tier2Error
 from gateway.node import open_node
-from gateway.tier2 import names
-from gateway.tier2.filesystem import FileStorage
-from gateway.tier2.layer import ChunkLayer
-from gateway.tier2.memory import MemoryStorage
-from gateway.tier2.storage import ChunkStorage
+from gateway.storage.filesystem import FileStorage
+from gateway.storage.interface import ChunkStorage
+from gateway.storage.layer import ChunkLayer
+from gateway.storage.memory_storage import MemoryStorage
+from gateway.tier2 import object_keys as names
 from tests.helpers.inprocess import running
 from tests.helpers.segments import make_config
 

@@ -20,9 +20,9 @@ import time
 import pytest
 import trio
 
-from gateway.client import SyncClient, open_client
+from gateway.client.client import SyncClient, open_client
+from gateway.client.writer import open_transaction
 from gateway.errors import GatewayError
-from gateway.writer import open_transaction
 from tests.helpers.cluster import wait_for
 from tests.helpers.daemon import Daemon
 from tests.helpers.proxy import DroppingProxy

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import pytest
 import trio
 
-from gateway.client import open_client
-from gateway.writer import open_segment_writer
+from gateway.client.client import open_client
+from gateway.client.writer import open_segment_writer
 
 from .helpers.inprocess import Served, served
 from .helpers.proxy import DroppingProxy

@@ -23,7 +23,7 @@ import trio
 
 from gateway.config import CLUSTER_PREFIX
 from gateway.errors import ChunkNotFound, GatewayError, SegmentExistsElsewhere, Tier2Error
-from gateway.tier2.layer import ChunkLayer
+from gateway.storage.layer import ChunkLayer
 
 log = logging.getLogger(__name__)
 

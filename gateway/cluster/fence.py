@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 
 from gateway.config import CLUSTER_PREFIX
 from gateway.errors import ChunkNotFound, GatewayError
-from gateway.tier2.layer import ChunkLayer
+from gateway.storage.layer import ChunkLayer
 from gateway.tier2.untrusted import BadRecord, Rejections, decimal, want_int, want_str
 
 #: Format of an epoch claim's body.

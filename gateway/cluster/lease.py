@@ -55,7 +55,7 @@ from gateway.cluster.fence import (
 )
 from gateway.cluster.registry import STOPPED, NodeRecord, now_ms, record_key
 from gateway.errors import ChunkNotFound, GatewayError, Unavailable
-from gateway.tier2.layer import ChunkLayer
+from gateway.storage.layer import ChunkLayer
 from gateway.tier2.untrusted import BadRecord
 
 log = logging.getLogger(__name__)

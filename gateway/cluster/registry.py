@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, replace
 
 from gateway.config import CLUSTER_PREFIX, parse_host_port
 from gateway.errors import ChunkNotFound, GatewayError
-from gateway.tier2.layer import ChunkLayer
+from gateway.storage.layer import ChunkLayer
 from gateway.tier2.untrusted import BadRecord, Rejections, want_int, want_str
 
 log = logging.getLogger(__name__)

@@ -35,12 +35,12 @@ from typing import NoReturn
 import trio
 
 from gateway.buffers import Buffer
-from gateway.client import Client
+from gateway.client.client import Client
 from gateway.cluster.fence import FenceTimes
 from gateway.container.interfaces import AttributeStore, NamespaceWatcher
-from gateway.container.names import validate_name
 from gateway.container.results import ReadResult, SegmentInfo
 from gateway.container.segment import Segment
+from gateway.container.segment_names import validate_name
 from gateway.errors import (
     ConnectionLost,
     GatewayError,
@@ -50,10 +50,10 @@ from gateway.errors import (
     SnapshotInvalid,
 )
 from gateway.protocol.metadata_pb2 import MetadataSnapshot, SegmentRecord
-from gateway.readindex import SegmentView
-from gateway.tier2 import names
-from gateway.tier2.layer import ChunkLayer
-from gateway.tier2.reader import ChunkReader
+from gateway.read.chunks import ChunkReader
+from gateway.read.index import SegmentView
+from gateway.storage.layer import ChunkLayer
+from gateway.tier2 import object_keys as names
 from gateway.tier2.snapshots import check_snapshot, record_problem
 from gateway.tier2.untrusted import Rejections
 

@@ -6,7 +6,7 @@
 its own (`RemoteNode`): connected to it over the protocol while it is up
 and answers, polling its segments every ``cluster.refresh_interval``; from
 its Tier-2 snapshot while it does not. The mount's
-`fs.source.ClusterSegments` and the ``cluster`` request read from here.
+`fs.segment_source.ClusterSegments` and the ``cluster`` request read from here.
 
 Every wait on another node has a deadline (connecting, Hello, each
 refresh), and a node whose heartbeat has not changed for
@@ -29,7 +29,7 @@ from dataclasses import replace
 import trio
 
 import gateway
-from gateway.client import Client
+from gateway.client.client import Client
 from gateway.cluster.fence import NodeFenced, all_current_epochs
 from gateway.cluster.lease import Lease, renew_interval
 from gateway.cluster.registry import (
@@ -50,8 +50,8 @@ from gateway.container.interfaces import NamespaceWatcher
 from gateway.container.segment import Segment
 from gateway.errors import ConnectionLost, GatewayError
 from gateway.protocol import wire_pb2 as wire
-from gateway.tier2.layer import ChunkLayer
-from gateway.tier2.reader import ChunkReader
+from gateway.read.chunks import ChunkReader
+from gateway.storage.layer import ChunkLayer
 from gateway.tier2.untrusted import Rejections
 
 log = logging.getLogger(__name__)

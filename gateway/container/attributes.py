@@ -22,7 +22,7 @@ ID_BYTES = 16
 _CORE_PREFIX = bytes(15)
 #: Core attribute: events appended (an append counts its event_count, or 1).
 EVENT_COUNT = _CORE_PREFIX + b"\x01"
-#: Core attribute: the segment's event codec (`gateway.codec.Codec.number`),
+#: Core attribute: the segment's event codec (`gateway.client.codec.Codec.number`),
 #: set when it is created; absent means raw.
 CODEC = _CORE_PREFIX + b"\x02"
 #: Core attribute of a ``lines`` segment: the offset just past its last
@@ -54,7 +54,7 @@ class AttributeUpdate:
 
 
 def closes_writers(updates: Iterable[AttributeUpdate]) -> bool:
-    """Whether ``updates`` only close exactly-once writers (`gateway.writer.close_writer`).
+    """Whether ``updates`` only close exactly-once writers (`gateway.client.writer.close_writer`).
 
     A closed writer's event number is negative, set by compare-and-set. Such
     an update is tiny and keeps appends from landing late, so it may use the

@@ -41,7 +41,7 @@ import trio
 
 from gateway import failpoints
 from gateway.buffers import Buffer
-from gateway.codec import Codec, lines_end, whole_frames
+from gateway.client.codec import Codec, lines_end, whole_frames
 from gateway.config import ContainerConfig, StreamsConfig
 from gateway.container.attributes import (
     CODEC,
@@ -63,7 +63,6 @@ from gateway.container.interfaces import (
     OperationJournal,
     StorageListener,
 )
-from gateway.container.names import check_creatable, validate_name, validate_prefix
 from gateway.container.results import (
     POLICY_FIELDS,
     AppendResult,
@@ -73,6 +72,7 @@ from gateway.container.results import (
     TransactionInfo,
 )
 from gateway.container.segment import Segment
+from gateway.container.segment_names import check_creatable, validate_name, validate_prefix
 from gateway.container.streams import (
     TXN_DIR,
     Stream,
@@ -135,7 +135,7 @@ from gateway.protocol.metadata_pb2 import (
     SegmentRecord,
     StreamRecord,
 )
-from gateway.readindex import ReadIndex
+from gateway.read.index import ReadIndex
 from gateway.stats import LATENCY_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)

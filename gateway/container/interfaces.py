@@ -123,7 +123,7 @@ class StorageListener(Protocol):
 
 
 class AttributeStore(Protocol):
-    """Reads segments' attribute indexes in Tier 2 (`gateway.tier2.attribute_index`).
+    """Reads segments' attribute indexes in Tier 2 (`gateway.attrindex.store`).
 
     Each call takes what it needs of ``index`` before its first await: the
     caller may change the record afterwards.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from gateway.codec import Codec
+from gateway.client.codec import Codec
 from gateway.protocol import wire_pb2 as wire
 
 

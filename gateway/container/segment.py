@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import ChainMap
 from collections.abc import Collection, Iterable, Mapping
 
-from gateway.codec import Codec
+from gateway.client.codec import Codec
 from gateway.container.attributes import CODEC, EVENT_COUNT, EVENT_END, is_core
 from gateway.container.results import SegmentInfo
 from gateway.protocol.metadata_pb2 import (
@@ -22,7 +22,7 @@ from gateway.protocol.metadata_pb2 import (
     ChunkRecord,
     SegmentRecord,
 )
-from gateway.readindex import SegmentView
+from gateway.read.index import SegmentView
 
 _LINES = Codec.LINES.number
 

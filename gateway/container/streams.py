@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from gateway.codec import Codec
+from gateway.client.codec import Codec
 from gateway.config import StreamsConfig
 from gateway.container.segment import Segment
 from gateway.protocol.metadata_pb2 import StreamRecord

@@ -2,7 +2,7 @@
 
 Each change to the committed view is written once, here, and used both when
 a live operation becomes durable (`gateway.container.container`) and when a
-replay of the journal repeats it (`gateway.container.replay`). The table
+replay of the journal repeats it (`gateway.container.replayer`). The table
 also knows which journal file holds which segment's appended bytes, which is
 what decides how far the journal may be truncated, and it reads and writes
 the checkpoint snapshot (`ContainerSnapshot`).
@@ -19,7 +19,7 @@ import pathlib
 from collections.abc import Iterator, Mapping, Sequence
 
 from gateway.buffers import Buffer
-from gateway.codec import Codec
+from gateway.client.codec import Codec
 from gateway.container.attributes import EVENT_END
 from gateway.container.outcomes import TransactionOutcomes
 from gateway.container.segment import Segment
@@ -35,7 +35,7 @@ from gateway.protocol.metadata_pb2 import (
     StreamRecord,
     TransactionOutcomeRecord,
 )
-from gateway.readindex import ReadIndex
+from gateway.read.index import ReadIndex
 
 #: The ContainerSnapshot format version this code writes and reads (the
 #: journal's checkpoints and, inside a MetadataSnapshot, Tier 2's).

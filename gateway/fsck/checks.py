@@ -47,12 +47,13 @@ from gateway.aio import crc32c_of
 from gateway.config import Tier2Config
 from gateway.errors import ChunkNotFound, GatewayError, JournalCorrupt, Tier2Error
 from gateway.journal.files import list_files
-from gateway.journal.replay import FileEnd, mapped, read_frames, replay_journal, valid_frames_after
+from gateway.journal.reader import FileEnd, mapped, read_frames, replay_journal, valid_frames_after
 from gateway.protocol.metadata_pb2 import ChunkRecord, ContainerSnapshot, SegmentRecord
-from gateway.readindex import ReadIndex, SegmentView
-from gateway.tier2 import gc, names
-from gateway.tier2.layer import ChunkLayer
-from gateway.tier2.reader import BLOCK_SIZE
+from gateway.read.chunks import BLOCK_SIZE
+from gateway.read.index import ReadIndex, SegmentView
+from gateway.storage.layer import ChunkLayer
+from gateway.tier2 import gc
+from gateway.tier2 import object_keys as names
 
 from .report import CheckDone, Finding, Progress, Sink
 
@@ -1014,7 +1015,7 @@ async def check_attribute_indexes(target: Target, state: _State, run: CheckRun) 
     until the next batch rewrites the pages.
     """
     from gateway.attrindex.btree import IndexCorrupt
-    from gateway.tier2.attribute_index import AttributeIndexStore
+    from gateway.attrindex.store import AttributeIndexStore
 
     layer = target.layer
     records = [

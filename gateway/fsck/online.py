@@ -22,7 +22,7 @@ from gateway.container.container import SegmentContainer
 from gateway.errors import GatewayError
 from gateway.protocol import wire_pb2 as wire
 from gateway.protocol.metadata_pb2 import ChunkRecord
-from gateway.tier2.reader import ChunkReader
+from gateway.read.chunks import ChunkReader
 from gateway.tier2.storage_writer import StorageWriter
 
 from .checks import Options, Target, run_target_checks

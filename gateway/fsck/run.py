@@ -37,7 +37,7 @@ from gateway.config import Config
 from gateway.errors import GatewayError, JournalCorrupt, JournalLocked
 from gateway.journal.files import LOCK_NAME, DirectoryLock
 from gateway.protocol.metadata_pb2 import ChunkRecord
-from gateway.tier2 import names
+from gateway.tier2 import object_keys as names
 
 from .checks import (
     CheckRun,
@@ -82,7 +82,7 @@ async def _skip_rest(sink: Sink, after: str, reason: str) -> None:
 
 async def _open_tier2(stack: AsyncExitStack, config: Config) -> tuple[Any, str]:
     """The configured Tier 2, checked to answer; (None, why) if it does not."""
-    from gateway.tier2.bindings import open_tier2
+    from gateway.storage.bindings import open_tier2
 
     try:
         layer = await stack.enter_async_context(open_tier2(config))
@@ -118,7 +118,7 @@ async def _from_snapshot(config: Config, options: Options, sink: Sink, replay_er
     the metadata check); "" if it is corrupt (the journal check said so).
     """
     from gateway.cluster.fence import FenceTimes
-    from gateway.tier2.rebuild import RebuildReport, newest_snapshot
+    from gateway.recovery.rebuild import RebuildReport, newest_snapshot
 
     why = (
         "the journal does not replay" if replay_error else "the journal cannot be read"
@@ -183,7 +183,7 @@ async def run_offline(config: Config, options: Options, sink: Sink) -> None:
     A journal that cannot give the metadata (corrupt, or not replaying)
     leaves Tier 2 to be checked against its newest metadata snapshot.
     """
-    from gateway.container.replay import replay_for_fsck
+    from gateway.container.replayer import replay_for_fsck
     from gateway.container.table import ContainerCorrupt
 
     journal_dir = config.journal_dir
@@ -274,7 +274,7 @@ async def run_online(
     ``--data-dir`` or a configuration file). ``connect``: the address was
     given, rather than found through the lock of ``journal_dir``.
     """
-    from gateway.client import open_client
+    from gateway.client.client import open_client
 
     why = online_journal_skip(journal_dir, address, connect)
     if journal_dir is not None and not why:

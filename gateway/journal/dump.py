@@ -13,7 +13,7 @@ from typing import TextIO
 
 from gateway.errors import JournalCorrupt
 from gateway.journal.files import list_files
-from gateway.journal.replay import (
+from gateway.journal.reader import (
     FileEnd,
     FrameRecord,
     mapped,

@@ -65,7 +65,7 @@ from gateway.journal.files import (
     fsync_directory,
 )
 from gateway.journal.format import HEADER_SIZE, encode_group, last_part_offsets, operation_prefix
-from gateway.journal.replay import DataCallback, ReplayCallback, ReplayResult, replay_journal
+from gateway.journal.reader import DataCallback, ReplayCallback, ReplayResult, replay_journal
 from gateway.protocol.journal_pb2 import Checkpoint, EpochStarted, Operation
 from gateway.stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
 

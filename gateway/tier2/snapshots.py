@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 import gateway
-from gateway.container.names import validate_name
+from gateway.container.segment_names import validate_name
 from gateway.container.table import SNAPSHOT_VERSION
 from gateway.errors import InvalidName, SnapshotInvalid
 from gateway.protocol.metadata_pb2 import ContainerSnapshot, MetadataSnapshot, SegmentRecord

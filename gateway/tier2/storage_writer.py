@@ -49,6 +49,7 @@ import trio
 
 from gateway import failpoints
 from gateway.aio import crc32c_of
+from gateway.attrindex.store import AttributeIndexStore
 from gateway.buffers import Buffer
 from gateway.config import Tier2Config
 from gateway.container.container import PendingOperation, SegmentContainer
@@ -56,10 +57,10 @@ from gateway.container.interfaces import LeaseGate
 from gateway.container.segment import Segment
 from gateway.errors import FlushTimeout, GatewayError, Overloaded, SegmentNotFound, Tier2Error
 from gateway.protocol.metadata_pb2 import AttributeIndexRecord, ChunkRecord
-from gateway.tier2 import gc, names
-from gateway.tier2.attribute_index import AttributeIndexStore
-from gateway.tier2.layer import ChunkLayer
-from gateway.tier2.reader import ChunkReader
+from gateway.read.chunks import ChunkReader
+from gateway.storage.layer import ChunkLayer
+from gateway.tier2 import gc
+from gateway.tier2 import object_keys as names
 from gateway.tier2.snapshots import build_snapshot, object_metadata
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from gateway.client import SyncClient
-from gateway.tier2.embedded import EmbeddedS3
+from gateway.client.client import SyncClient
+from gateway.embedded.server import EmbeddedS3
 from tests.helpers.mount import MountedDaemon
 
 NODES = ("node-a", "node-b", "node-c")
@@ -45,7 +45,7 @@ class Cluster:
 
     def __init__(self, root: pathlib.Path, s3: EmbeddedS3, nodes: tuple[str, ...] = NODES) -> None:
         self.bucket = f"cl-{uuid.uuid4().hex[:12]}"
-        from gateway.tier2.s3 import S3Storage
+        from gateway.storage.s3 import S3Storage
 
         storage = S3Storage(
             self.bucket,

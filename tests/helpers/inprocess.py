@@ -12,8 +12,8 @@ from gateway.config import Config
 from gateway.container.container import SegmentContainer
 from gateway.node import open_node
 from gateway.server import Server
-from gateway.tier2.layer import ChunkLayer
-from gateway.tier2.storage import ChunkStorage
+from gateway.storage.interface import ChunkStorage
+from gateway.storage.layer import ChunkLayer
 from gateway.tier2.storage_writer import StorageWriter
 
 

@@ -51,9 +51,9 @@ import uuid
 import pytest
 import trio
 
-from gateway.client import open_client
+from gateway.client.client import open_client
+from gateway.client.writer import open_segment_writer
 from gateway.errors import GatewayError
-from gateway.writer import open_segment_writer
 from tests.helpers.daemon import scrape
 from tests.helpers.disk import fill, tmpfs
 from tests.helpers.mount import MountedDaemon, require_fuse

@@ -70,11 +70,11 @@ from typing import Any
 import pytest
 import trio
 
-from gateway.client import SyncClient, open_client
+from gateway.client.client import SyncClient, open_client
+from gateway.client.writer import RETRYABLE, SegmentWriter, open_segment_writer
+from gateway.embedded.server import EmbeddedS3
 from gateway.errors import GatewayError
-from gateway.tier2.embedded import EmbeddedS3
-from gateway.tier2.s3 import S3Storage
-from gateway.writer import RETRYABLE, SegmentWriter, open_segment_writer
+from gateway.storage.s3 import S3Storage
 from tests.helpers.cluster import BlackHole, record
 from tests.helpers.daemon import ROOT, run_cli
 from tests.helpers.mount import MountedDaemon, force_unmount, require_fuse

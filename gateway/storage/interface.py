@@ -3,7 +3,7 @@
 A binding stores *objects* (chunks and metadata snapshots) under string keys
 (``/``-separated, no leading ``/``). Its methods are synchronous and may
 block on the network or the disk: callers run them in worker threads
-(`gateway.tier2.layer.ChunkLayer` does, behind a limiter and the retry
+(`gateway.storage.layer.ChunkLayer` does, behind a limiter and the retry
 policy). Bindings are thread-safe.
 
 Required operations (Pravega's CRWD): `write` (create or replace a whole

@@ -1,7 +1,7 @@
 """Opening the Tier-2 binding that ``[tier2] url`` names.
 
 - ``embedded``: SeaweedFS as a supervised child process
-  (`gateway.tier2.embedded`), data under ``<node.data_dir>/s3``, reached
+  (`gateway.embedded.server`), data under ``<node.data_dir>/s3``, reached
   through the S3 binding with the identity kept there;
 - ``s3://BUCKET[/PREFIX]``: the S3 binding (``endpoint_url`` for S3-compatible
   servers; credentials from the usual AWS sources);
@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 import trio
 
 from gateway.config import Config
-from gateway.tier2.layer import ChunkLayer
-from gateway.tier2.storage import ChunkStorage
+from gateway.storage.interface import ChunkStorage
+from gateway.storage.layer import ChunkLayer
 
 if TYPE_CHECKING:
-    from gateway.tier2.embedded import EmbeddedS3
+    from gateway.embedded.server import EmbeddedS3
 
 
 @asynccontextmanager
@@ -34,8 +34,8 @@ async def open_tier2(config: Config) -> AsyncIterator[ChunkLayer]:
         barrier: Callable[[], None] | None = None
         embedded: EmbeddedS3 | None = None
         if t.url == "embedded":
-            from gateway.tier2.embedded import run_embedded_s3
-            from gateway.tier2.s3 import S3Storage
+            from gateway.embedded.server import run_embedded_s3
+            from gateway.storage.s3 import S3Storage
 
             embedded = await stack.enter_async_context(
                 run_embedded_s3(pathlib.Path(config.node.data_dir) / "s3", port=t.embedded_port)
@@ -53,7 +53,7 @@ async def open_tier2(config: Config) -> AsyncIterator[ChunkLayer]:
             )
             barrier = embedded.sync
         elif t.url.startswith("s3://"):
-            from gateway.tier2.s3 import S3Storage
+            from gateway.storage.s3 import S3Storage
 
             storage = S3Storage.from_url(
                 t.url,
@@ -63,7 +63,7 @@ async def open_tier2(config: Config) -> AsyncIterator[ChunkLayer]:
                 timeout=t.request_timeout,
             )
         else:
-            from gateway.tier2.filesystem import FileStorage
+            from gateway.storage.filesystem import FileStorage
 
             storage = FileStorage.from_url(t.url)
         layer = ChunkLayer(

@@ -25,7 +25,7 @@ from gateway.protocol.metadata_pb2 import (
     ChunkRecord,
     ContainerSnapshot,
 )
-from gateway.readindex import ReadIndex
+from gateway.read.index import ReadIndex
 
 
 class Replayer:

@@ -6,7 +6,7 @@ When a node's SSD is lost, Tier 2 still holds, under ``<node>/``:
   chunk lists included, uploaded after flushes; and
 - chunk objects (``chunks/``), whose key carries the segment id, start offset
   and epoch, and whose user metadata carries the segment name, offset,
-  length, CRC32C and epoch (`gateway.tier2.names`).
+  length, CRC32C and epoch (`gateway.tier2.object_keys`).
 
 `rebuild_metadata` starts from the newest readable snapshot and replays the
 chunks written after it, the way Pravega's SystemJournal rebuilds storage
@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from gateway.container.names import validate_name
+from gateway.container.segment_names import validate_name
 from gateway.container.streams import split_member
 from gateway.errors import (
     ChunkNotFound,
@@ -77,10 +77,10 @@ from gateway.protocol.metadata_pb2 import (
     MetadataSnapshot,
     SegmentRecord,
 )
-from gateway.tier2 import names
-from gateway.tier2.layer import ChunkLayer
+from gateway.storage.interface import ObjectInfo
+from gateway.storage.layer import ChunkLayer
+from gateway.tier2 import object_keys as names
 from gateway.tier2.snapshots import SNAPSHOT_VERSION, check_snapshot
-from gateway.tier2.storage import ObjectInfo
 from gateway.tier2.untrusted import BadRecord, decimal
 
 log = logging.getLogger(__name__)

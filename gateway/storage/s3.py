@@ -6,7 +6,7 @@ the binding puts ``<prefix>/`` in front of them, and `S3Storage.list` takes
 it off again.
 
 What the binding does not do is retry: botocore's own retries are off and
-every failure is raised at once, for `gateway.tier2.retry.retrying` to judge
+every failure is raised at once, for `gateway.storage.retry.retrying` to judge
 with `S3Storage.is_temp_failure` (S3QL's split: the backend classifies, one
 policy retries). A missing object is `ChunkNotFound`; other final errors are
 raised as botocore raised them, and the retry policy turns them into
@@ -37,7 +37,7 @@ from botocore.exceptions import ClientError
 from gateway import __version__
 from gateway.buffers import Buffer
 from gateway.errors import BindingUnsupported, ChunkNotFound
-from gateway.tier2.storage import ObjectInfo
+from gateway.storage.interface import ObjectInfo
 
 __all__ = ["MIN_PART_SIZE", "S3Storage", "is_temp_failure", "retry_after"]
 
@@ -205,7 +205,7 @@ class S3Storage:
             connect_timeout=timeout,
             read_timeout=timeout,
             max_pool_connections=max_pool_connections,
-            # One attempt per call: `gateway.tier2.retry` is the one retry
+            # One attempt per call: `gateway.storage.retry` is the one retry
             # policy, and botocore retrying underneath it would multiply the
             # attempts and hide the failures from the statistics.
             retries={"total_max_attempts": 1, "mode": "standard"},

@@ -43,7 +43,7 @@ RECENT_BYTES = 16 * 1024 * 1024
 
 class AppendStore(Protocol):
     """Where appended bytes are kept until they are in Tier 2 (the cache store's
-    pinned key space, `cache.CacheStore`; `cache.memory.MemoryCache` in unit tests)."""
+    pinned key space, `cache.CacheStore`; `cache.memory_store.MemoryCache` in unit tests)."""
 
     def put_append(self, segment_id: int, offset: int, data: Buffer) -> None:
         """Keep (pin) the bytes of one append."""
@@ -64,7 +64,7 @@ class AppendStore(Protocol):
 
 class FlushedBytes(Protocol):
     """Where flushed bytes whose cache entries are gone are read from (Tier 2's
-    chunk reader, `gateway.tier2.reader.ChunkReader`)."""
+    chunk reader, `gateway.read.chunks.ChunkReader`)."""
 
     async def read(
         self,

@@ -36,8 +36,8 @@ from typing import Any, TypeVar
 import trio
 
 from gateway.aio import service_nursery
-from gateway.client import CONNECT_TIMEOUT, Client, ResponseFuture, open_client
-from gateway.codec import Codec, whole_frames
+from gateway.client.client import CONNECT_TIMEOUT, Client, ResponseFuture, open_client
+from gateway.client.codec import Codec, whole_frames
 from gateway.container.attributes import AttributeUpdate, Verb
 from gateway.container.results import TransactionInfo
 from gateway.errors import (
@@ -145,7 +145,7 @@ class SegmentWriter:
     p99 ~100 ms (docs/PERFORMANCE.md).
 
     ``token``, ``ssl_context`` and ``server_hostname`` are passed to
-    `gateway.client.open_client` on every (re)connection.
+    `gateway.client.client.open_client` on every (re)connection.
     """
 
     def __init__(

@@ -748,7 +748,7 @@ class EmbeddedS3:
         Raises `EmbeddedS3Error` (with the end of the log) if the process dies
         meanwhile or ``timeout`` seconds pass.
         """
-        from gateway.tier2.s3 import S3Storage  # boto3 is slow to import; only when needed
+        from gateway.storage.s3 import S3Storage  # boto3 is slow to import; only when needed
 
         # Local: stop() in another thread may clear the attributes meanwhile.
         process = self._process

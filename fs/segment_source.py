@@ -21,8 +21,8 @@ from gateway.container.interfaces import NamespaceWatcher
 from gateway.container.segment import Segment
 from gateway.errors import SegmentNotFound
 from gateway.protocol.metadata_pb2 import ChunkRecord
-from gateway.readindex import SegmentView
-from gateway.tier2.reader import ChunkReader
+from gateway.read.chunks import ChunkReader
+from gateway.read.index import SegmentView
 
 
 class SegmentSource(Protocol):

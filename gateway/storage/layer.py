@@ -3,7 +3,7 @@
 A `ChunkLayer` wraps one `ChunkStorage` binding. Every operation runs the
 binding's blocking call in a worker thread, behind one `trio.CapacityLimiter`
 (the bound on Tier-2 requests in flight, ``[tier2] max_concurrency``), inside
-the retry policy of `gateway.tier2.retry`. Callers therefore see either the
+the retry policy of `gateway.storage.retry`. Callers therefore see either the
 result or a `Tier2Error` (`ChunkNotFound` for a missing object), never a
 botocore or OS exception.
 
@@ -32,11 +32,11 @@ import trio
 from gateway.buffers import Buffer
 from gateway.errors import ChunkNotFound, Tier2Error
 from gateway.stats import LATENCY_BUCKETS, Histogram
-from gateway.tier2.retry import RetryEvent, retrying
-from gateway.tier2.storage import ChunkStorage, ObjectInfo
+from gateway.storage.interface import ChunkStorage, ObjectInfo
+from gateway.storage.retry import RetryEvent, retrying
 
 if TYPE_CHECKING:
-    from gateway.tier2.embedded import EmbeddedS3
+    from gateway.embedded.server import EmbeddedS3
 
 __all__ = ["ChunkLayer", "ChunkLayerStatistics"]
 

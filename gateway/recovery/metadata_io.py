@@ -5,11 +5,11 @@
   ``ExportMetadata``) or of a stopped node's journal (replayed read-only) to
   a file (atomically), to stdout, or to an S3 object.
 - **Import** reads one back (protobuf or its JSON view), checks it against
-  Tier 2 (`gateway.tier2.rebuild.rebuild` without chunk replay: chunks
+  Tier 2 (`gateway.recovery.rebuild.rebuild` without chunk replay: chunks
   that are gone, lengths past the last chunk) and installs it on an empty
   node.
 - **Recovery** (``serve --recover-from-tier2``, ``import-metadata
-  --from-tier2``) installs what `gateway.tier2.rebuild.rebuild_metadata`
+  --from-tier2``) installs what `gateway.recovery.rebuild.rebuild_metadata`
   rebuilds from the newest snapshot and the chunks written after it.
 
 Installing writes a new journal whose first operations are the epoch --
@@ -38,18 +38,18 @@ from google.protobuf import json_format
 
 from gateway.cluster.fence import current_epoch
 from gateway.config import Config
-from gateway.container.replay import replay_metadata
+from gateway.container.replayer import replay_metadata
 from gateway.errors import GatewayError, NodeNotEmpty, NothingToRecover, SnapshotInvalid
 from gateway.journal import open_journal
 from gateway.journal.files import DirectoryLock, fsync_directory, list_files
 from gateway.protocol.metadata_pb2 import ContainerSnapshot, MetadataSnapshot
-from gateway.tier2 import names
-from gateway.tier2.layer import ChunkLayer
-from gateway.tier2.rebuild import (
+from gateway.recovery.rebuild import (
     RebuildReport,
     rebuild,
     rebuild_metadata,
 )
+from gateway.storage.layer import ChunkLayer
+from gateway.tier2 import object_keys as names
 from gateway.tier2.snapshots import build_snapshot, check_snapshot, object_metadata
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def decode(data: bytes, what: str) -> MetadataSnapshot:
 
 def _s3_location(location: str, config: Config) -> tuple[ChunkLayer, str]:
     """A layer on the bucket of ``s3://BUCKET/KEY`` (configured endpoint), and KEY."""
-    from gateway.tier2.s3 import S3Storage
+    from gateway.storage.s3 import S3Storage
 
     parts = urlsplit(location)
     key = parts.path.lstrip("/")
@@ -246,7 +246,7 @@ async def import_metadata(
             f"= {snapshot.node!r} (its chunks are under that name in Tier 2)",
         )
     ensure_empty(config.journal_dir)
-    from gateway.tier2.bindings import open_tier2
+    from gateway.storage.bindings import open_tier2
 
     async with open_tier2(config) as tier2:
         rebuilt = await rebuild(tier2, node, snapshot, replay_chunks=False)
@@ -324,7 +324,7 @@ async def rebuild_node(
 
 async def recover_from_tier2(config: Config, log_report: bool = True) -> RebuildReport:
     """`rebuild_node` with Tier 2 opened here (``import-metadata --from-tier2``)."""
-    from gateway.tier2.bindings import open_tier2
+    from gateway.storage.bindings import open_tier2
 
     ensure_empty(config.journal_dir)
     async with open_tier2(config) as tier2:

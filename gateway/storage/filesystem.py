@@ -62,10 +62,10 @@ from typing import TYPE_CHECKING
 from gateway.buffers import Buffer
 from gateway.errors import ChunkCorrupt, ChunkNotFound, Tier2Error
 from gateway.journal.files import fsync_directory
-from gateway.tier2.storage import ObjectInfo
+from gateway.storage.interface import ObjectInfo
 
 if TYPE_CHECKING:
-    from gateway.tier2.storage import ChunkStorage
+    from gateway.storage.interface import ChunkStorage
 
 __all__ = ["META_DIR", "SIDECAR_VERSION", "TEMP_PREFIX", "FileStorage", "validate_key"]
 

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING
 
 from gateway.buffers import Buffer
 from gateway.errors import BindingUnsupported, ChunkNotFound, Tier2Error
-from gateway.tier2.storage import ObjectInfo
+from gateway.storage.interface import ObjectInfo
 
 if TYPE_CHECKING:
-    from gateway.tier2.storage import ChunkStorage
+    from gateway.storage.interface import ChunkStorage
 
 __all__ = ["OPERATIONS", "MemoryStorage", "TemporaryFailure"]
 
@@ -226,7 +226,7 @@ class MemoryStorage:
 
 
 def _check_key(key: str) -> None:
-    # The rule every binding shares (see gateway.tier2.storage).
+    # The rule every binding shares (see gateway.storage.interface).
     if not key or key.startswith("/"):
         raise ValueError(f"bad object key {key!r}: empty or starting with '/'")
 

@@ -9,7 +9,7 @@
 Requests are pipelined: many may be in flight on one connection, and
 `Client.start_append` sends an append without waiting for its answer. Errors
 arrive as the same exception classes the daemon raises (gateway.errors).
-For exactly-once event streams use `gateway.writer.SegmentWriter`.
+For exactly-once event streams use `gateway.client.writer.SegmentWriter`.
 
 TLS (a daemon with ``server.tls_cert``): pass ``tls_ca="ca.pem"`` to trust
 that CA only, or ``ssl_context=client_ssl_context()`` for the system CAs (or
@@ -35,7 +35,7 @@ import trio
 
 from gateway import __version__
 from gateway.aio import service_nursery
-from gateway.codec import Codec
+from gateway.client.codec import Codec
 from gateway.config import parse_host_port
 from gateway.container import AppendResult, AttributeUpdate, ReadResult, SegmentInfo
 from gateway.container.results import StreamInfo, TransactionInfo

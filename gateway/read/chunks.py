@@ -13,7 +13,7 @@ Each block is looked up, in order, in
    want the same block.
 
 Protocol readers of a segment get read-ahead by the one policy
-(`gateway.tier2.readahead.ReadAhead`, a doubling window up to `read_ahead`
+(`gateway.read.readahead.ReadAhead`, a doubling window up to `read_ahead`
 blocks, across chunk boundaries); the mount keeps one per open file and calls
 `prefetch` itself. Either way the window is fetched in parallel in the
 background, in GETs of up to `FETCH_BLOCKS` blocks, so a sequential reader
@@ -48,8 +48,8 @@ from cache import CacheStore
 from gateway.buffers import Buffer
 from gateway.errors import ChunkCorrupt, GatewayError
 from gateway.protocol.metadata_pb2 import ChunkRecord
-from gateway.tier2.layer import ChunkLayer
-from gateway.tier2.readahead import ReadAhead
+from gateway.read.readahead import ReadAhead
+from gateway.storage.layer import ChunkLayer
 
 log = logging.getLogger(__name__)
 

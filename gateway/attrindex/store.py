@@ -34,8 +34,8 @@ from cache import CacheStore
 from gateway.attrindex.btree import Batch, BTree, IndexCorrupt, PageCache, TreeState
 from gateway.errors import ChunkNotFound, IndexMoved
 from gateway.protocol.metadata_pb2 import AttributeIndexRecord, ChunkRecord
-from gateway.tier2 import names
-from gateway.tier2.layer import ChunkLayer
+from gateway.storage.layer import ChunkLayer
+from gateway.tier2 import object_keys as names
 
 T = TypeVar("T")
 

@@ -1,0 +1,1 @@
+"""The embedded Tier-2 server (SeaweedFS as a supervised child process)."""

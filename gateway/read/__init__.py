@@ -1,0 +1,1 @@
+"""The read side: the read index, reading chunks back from Tier 2, read-ahead."""
