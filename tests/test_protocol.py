@@ -101,6 +101,8 @@ CASES: list[tuple[str, Step, type[GatewayError], Callable[[Any], bool]]] = [
      ConditionalCheckFailed, lambda e: True),
     ("update missing", lambda c: c.update_attributes("nope", upd(Verb.REPLACE, 1)),
      SegmentNotFound, lambda e: True),
+    ("update unknown verb", lambda c: c.update_attributes("s", [
+        AttributeUpdate(A1, 7, 1)]), BadRequest, lambda e: True),  # type: ignore[arg-type]
     ("info missing", lambda c: c.info("nope"), SegmentNotFound, lambda e: True),
     ("info invalid", lambda c: c.info("a b"), InvalidName, lambda e: True),
     ("list invalid prefix", lambda c: c.list("a b"), InvalidName, lambda e: True),

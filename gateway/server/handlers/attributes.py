@@ -33,7 +33,12 @@ MAX_ATTRIBUTE_RANGE = 10_000
 
 def _closes_writers(req: wire.Request) -> bool:
     # Closing a writer id is admitted on a full disk, like a deletion.
-    return closes_writers(updates(list(req.update_attributes.updates)))
+    try:
+        return closes_writers(updates(list(req.update_attributes.updates)))
+    except BadRequest:
+        # Answered when prepared (`Connection.admit`); raised here, before
+        # admission, it ended the connection's tasks and the server with them.
+        return False
 
 
 @handles("update_attributes", changes=True, frees=_closes_writers)
