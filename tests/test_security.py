@@ -33,7 +33,7 @@ from gateway.errors import (
     Unauthorized,
 )
 from gateway.protocol import wire_pb2 as wire
-from gateway.server import _token_matches
+from gateway.server.hello import token_matches
 
 from .conftest import ROOT
 from .helpers.daemon import Daemon
@@ -327,9 +327,9 @@ async def test_unauthenticated_peers_cannot_hoard_slots_or_memory(tmp_path: path
 
 
 def test_token_comparison() -> None:
-    assert _token_matches(TOKEN, TOKEN)
+    assert token_matches(TOKEN, TOKEN)
     for other in ("", TOKEN[:-1], TOKEN + "x", TOKEN.upper(), "é" + TOKEN[1:]):
-        assert not _token_matches(other, TOKEN)
+        assert not token_matches(other, TOKEN)
 
 
 async def test_mutual_tls(tmp_path: pathlib.Path, pki: Pki) -> None:

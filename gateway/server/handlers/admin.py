@@ -1,0 +1,99 @@
+"""Administration: flush, export-metadata, fsck, the cluster's status."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from gateway.errors import BadRequest
+from gateway.protocol import wire_pb2 as wire
+
+from ..answers import Item, Producer, ready
+from ..budget import LIST_ENTRY_BYTES
+from ..registry import handles, streams
+
+if TYPE_CHECKING:
+    from ..connection import Connection
+
+#: The longest wait a flush request may ask for (FlushRequest.timeout_ms).
+MAX_FLUSH_TIMEOUT_MS = 30 * 86400 * 1000
+#: Estimated memory of an fsck answer's messages in flight.
+FSCK_BYTES = 1024 * 1024
+
+
+@handles("flush")
+def flush(conn: Connection, req: wire.Request) -> Producer:
+    """Make one segment (or all) durable in Tier 2, and wait until done."""
+    container = conn.server.container
+    rid = req.request_id
+    name = req.flush.segment
+    if name:
+        container.info(name)  # fail now if missing, in order
+    timeout_ms = req.flush.timeout_ms
+    if timeout_ms > MAX_FLUSH_TIMEOUT_MS:
+        raise BadRequest(
+            f"flush timeout of {timeout_ms} ms is above {MAX_FLUSH_TIMEOUT_MS} ms (30 days)"
+        )
+    within = timeout_ms / 1000 if timeout_ms else None
+
+    async def produce() -> wire.Response:
+        # Retried within its time: "make it durable and wait until done"
+        # outlasts a Tier 2 that is briefly down (docs/OPERATIONS.md).
+        await container.flush(name, within, retry=True)
+        return wire.Response(request_id=rid, done=wire.Done())
+
+    return produce
+
+
+def _snapshot_bytes(conn: Connection, req: wire.Request) -> int:
+    return conn.server.container.segment_count * LIST_ENTRY_BYTES
+
+
+@handles("export_metadata", answer_bytes=_snapshot_bytes)
+def export_metadata(conn: Connection, req: wire.Request) -> Producer:
+    """A metadata snapshot of this node's segments, as Tier 2 would hold it."""
+    container = conn.server.container
+    node = conn.server.node
+    rid = req.request_id
+
+    async def produce() -> wire.Response:
+        # Taken when its turn to answer comes: it includes everything
+        # this connection asked for before.
+        from gateway.tier2.snapshots import build_snapshot
+
+        journal = container.journal
+        epoch = journal.epoch if journal is not None else 0
+        snapshot = build_snapshot(container.committed_snapshot(), node, epoch)
+        return wire.Response(
+            request_id=rid,
+            metadata=wire.ExportMetadataResponse(snapshot=snapshot.SerializeToString()),
+        )
+
+    return produce
+
+
+@handles("cluster")
+def cluster(conn: Connection, req: wire.Request) -> Producer:
+    """Every node's status as this node sees it (none without a cluster)."""
+    view = conn.server.cluster
+    nodes = view.status() if view is not None else []
+    return ready(wire.Response(request_id=req.request_id, cluster=wire.ClusterStatus(nodes=nodes)))
+
+
+def _fsck_bytes(conn: Connection, req: wire.Request) -> int:
+    return FSCK_BYTES
+
+
+@streams("fsck", answer_bytes=_fsck_bytes)
+def fsck(conn: Connection, req: wire.Request) -> Item:
+    """fsck's checks on the live state (gateway/fsck/online.py), answered as they go."""
+    server = conn.server
+    rid = req.request_id
+
+    async def push(send: Callable[[bytes], Awaitable[None]]) -> None:
+        from gateway.fsck.online import live_target, serve_fsck
+
+        target = server.fsck_target() if server.fsck_target else live_target(server.container)
+        await serve_fsck(target, req.fsck, rid, send)
+
+    return Item(rid, 0, None, push=push)

@@ -1,0 +1,130 @@
+"""Requests in a cluster: who owns a name, claims for creates, other nodes' segments.
+
+A request about a segment this node does not have is answered NOT_OWNER
+(or OWNER_DOWN) when another node has it, so the client follows it there;
+reads of other nodes' segments are answered here, from the owner or from
+Tier 2, by the handlers (`remote_segment`). A create claims its name in
+Tier 2 first (`ClaimedCreates`), so that names are unique across nodes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import trio
+
+from gateway.cluster.registry import UP
+from gateway.container.segment_names import validate_name
+from gateway.errors import GatewayError, NotOwner, OwnerDown, SegmentNotFound
+from gateway.protocol import wire_pb2 as wire
+
+from .answers import Item, error_response
+
+if TYPE_CHECKING:
+    from gateway.cluster.remote import RemoteNode
+    from gateway.container.segment import Segment
+
+    from .connection import Connection
+    from .listener import Server
+    from .registry import Prepare
+
+
+async def not_owner(server: Server, e: SegmentNotFound) -> GatewayError:
+    """For a request about a segment this node does not have: NotOwner if another has it.
+
+    Known from following the other nodes, or -- for a segment created
+    since the last poll -- from its name claim in Tier 2. An owner that
+    is down (no heartbeat for ``cluster.down_after``, or fenced) gets
+    `OwnerDown` instead: sending the client there would only fail.
+    """
+    name = str(e.args[0]) if e.args else ""
+    cluster, claims = server.cluster, server.claims
+    owner = cluster.owner_of(name) if cluster is not None else None
+    if owner is None and claims is not None and name:
+        try:
+            holder = await claims.owner(name)
+        except GatewayError:
+            holder = None
+        if holder is not None and holder != claims.node_id:
+            owner = (holder, cluster.address_of(holder) if cluster is not None else "")
+    if owner is None:
+        return e
+    if cluster is not None and cluster.state_of(owner[0]) != UP:
+        return OwnerDown(name, owner[0], cluster.describe(owner[0]), owner[1])
+    return NotOwner(name, *owner)
+
+
+def remote_segment(server: Server, name: str) -> tuple[RemoteNode, Segment]:
+    """Another node's segment with this name, and that node; SegmentNotFound if none."""
+    found = server.cluster.find(name) if server.cluster is not None else None
+    if found is None:
+        raise SegmentNotFound(name)
+    return found
+
+
+class ClaimedCreates:
+    """One connection's creates whose names are being claimed in Tier 2.
+
+    A claim starts when its create is read, so that the claims of
+    pipelined creates overlap; any other request waits until none is
+    pending (`wait_idle`), so every request is still prepared in arrival
+    order.
+    """
+
+    def __init__(self) -> None:
+        #: Where the claims run (the connection's nursery, once it runs).
+        self.nursery: trio.Nursery | None = None
+        #: Creates read but not yet prepared (their claims in flight).
+        self.pending = 0
+        self._idle = trio.Event()
+        self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Wait until every create read so far has been prepared."""
+        await self._idle.wait()
+
+    def start(
+        self, conn: Connection, req: wire.Request, prepare: Prepare, name: str, nbytes: int
+    ) -> Item:
+        """A create in a cluster: its name claimed in Tier 2 first, then created here.
+
+        The claim starts now; the create is prepared (by ``prepare``, as
+        without a cluster) when its answer's turn comes and its claim is
+        done.
+        """
+        claims = conn.server.claims
+        assert claims is not None and self.nursery is not None
+        rid = req.request_id
+        container = conn.server.container
+        claimed = trio.Event()
+        failure: list[GatewayError] = []
+
+        async def claim() -> None:
+            try:
+                validate_name(name)
+                await claims.claim(name)
+            except GatewayError as e:
+                failure.append(e)
+            finally:
+                claimed.set()
+
+        self.pending += 1
+        self._idle = trio.Event()
+        self.nursery.start_soon(claim)
+
+        async def produce() -> wire.Response:
+            try:
+                await claimed.wait()
+                if failure:
+                    raise failure[0]
+                await container.wait_for_capacity(nbytes)
+                prepared = prepare(conn, req)
+            except GatewayError as e:
+                return error_response(rid, e)
+            finally:
+                self.pending -= 1
+                if not self.pending:
+                    self._idle.set()
+            return await prepared()
+
+        return Item(rid, nbytes, produce)
