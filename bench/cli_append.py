@@ -65,7 +65,7 @@ from common import (  # noqa: E402
 )
 
 from gateway import __version__  # noqa: E402
-from gateway.cli import APPEND_BLOCK, APPEND_WINDOW  # noqa: E402
+from gateway.cli.append import APPEND_BLOCK, APPEND_WINDOW  # noqa: E402
 from gateway.client.client import ResponseFuture, open_client  # noqa: E402
 
 MIB = 1024 * 1024

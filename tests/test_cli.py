@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import pathlib
+import subprocess
+import sys
 
 from gateway import __version__
 from gateway.journal.files import list_files
@@ -18,6 +20,21 @@ def test_version() -> None:
     r = run_cli("version")
     assert r.returncode == 0
     assert r.stdout.strip() == f"segment-gateway {__version__}"
+
+
+def test_the_command_starts_without_trio_or_the_client() -> None:
+    """Building the parser loads neither trio nor the client library: the commands
+    that need them import them when they run, so `version` and ``--help`` start fast."""
+    code = (
+        "import sys, gateway.cli\n"
+        "gateway.cli.build_parser()\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] == 'trio'"
+        " or m.startswith('gateway.client'))))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.strip()
+    assert out == "", f"the command loads {out} before it runs"
 
 
 async def test_journal_dump_clean_and_torn(tmp_path: pathlib.Path) -> None:

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.cli import _frames, _read_blocks, _RollRoom, _StoredInput
+from gateway.cli.append import _frames, _read_blocks, _RollRoom, _StoredInput
 from gateway.client.client import SyncClient
 from tests.helpers.daemon import Daemon, run_cli
 
