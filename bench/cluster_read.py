@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reads across nodes: another node's segments against the owner's, and Spark on three nodes.
 
-One SeaweedFS (`gateway.embedded.server.EmbeddedS3`) and three gateway
+One SeaweedFS (`gateway.embedded.EmbeddedS3`) and three gateway
 daemons sharing one bucket, each with its own mount (tests/helpers/cluster.py).
 
 * **Mount reads.** Node A gets --size MiB (default 1 GiB) of seeded random
@@ -50,7 +50,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bench.common import ROOT, drop_page_cache, replace_table
 from gateway import __version__
-from gateway.embedded.server import EmbeddedS3
+from gateway.embedded import EmbeddedS3
 from gateway.storage.s3 import S3Storage
 from tests.helpers.cluster import NODES, Cluster, wait_for
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """FUSE read benchmark: the mount against s3fs-fuse, rclone, boto3 and a local file.
 
-One embedded S3 server (SeaweedFS, `gateway.embedded.server.EmbeddedS3`) runs
+One embedded S3 server (SeaweedFS, `gateway.embedded.EmbeddedS3`) runs
 for the whole benchmark. A real daemon (its own process, `[tier2]` pointing
 at that server, segments mounted) gets one segment of --size bytes (default
 1 GiB; 1 MiB appends of seeded random bytes), which is sealed and flushed:
@@ -108,7 +108,7 @@ from common import (  # noqa: E402
 
 from gateway import __version__  # noqa: E402
 from gateway.client.client import SyncClient  # noqa: E402
-from gateway.embedded.server import EmbeddedS3  # noqa: E402
+from gateway.embedded import EmbeddedS3  # noqa: E402
 from gateway.errors import SegmentNotFound  # noqa: E402
 from gateway.storage.s3 import S3Storage  # noqa: E402
 

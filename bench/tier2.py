@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tier-2 benchmark: ingest with flushing on, ack-to-S3 latency, cold reads from chunks.
 
-One embedded S3 server (SeaweedFS, `gateway.embedded.server.EmbeddedS3`) runs
+One embedded S3 server (SeaweedFS, `gateway.embedded.EmbeddedS3`) runs
 for the whole benchmark, its data in a temporary directory on the same
 filesystem as the journals and caches (--dir). The container runs in this
 process, as in the tests: ``open_node(config, ChunkLayer(S3Storage(...)))``.
@@ -75,7 +75,7 @@ from common import replace_table, sigterm_as_interrupt  # noqa: E402
 from gateway import __version__  # noqa: E402
 from gateway.config import Config  # noqa: E402
 from gateway.container.container import SegmentContainer  # noqa: E402
-from gateway.embedded.server import EmbeddedS3  # noqa: E402
+from gateway.embedded import EmbeddedS3  # noqa: E402
 from gateway.errors import Overloaded  # noqa: E402
 from gateway.node import open_node  # noqa: E402
 from gateway.read.chunks import BLOCK_SIZE  # noqa: E402
