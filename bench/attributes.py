@@ -34,7 +34,6 @@ rewrites the section of docs/PERFORMANCE.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import platform
@@ -49,7 +48,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import trio
-from common import replace_table
+from common import argument_parser, log, print_result, replace_table, result_header
 
 from gateway.attrindex.btree import BTree, PageCache, TreeState
 from gateway.config import Config
@@ -147,7 +146,7 @@ def part_seed(n: int, tables: list[str]) -> dict[str, Any]:
                 case = run_seed_case(n, batch, compaction, update)
                 case["seed_mb"] = seed[batch][1 if compaction else 0]
                 out[table].append(case)
-                print(f"bench: {table} {case}", file=sys.stderr)
+                log(f"{table} {case}")
     return out
 
 
@@ -239,7 +238,7 @@ def part_writers(counts: list[int], appends: int, repeat: int) -> dict[str, Any]
     for writers in [*counts, counts[0]]:
         with tempfile.TemporaryDirectory(prefix="bench-attrs-") as d:
             rows.append(trio.run(_writers_rate, pathlib.Path(d), writers, appends, repeat))
-        print(f"bench: writers {rows[-1]}", file=sys.stderr)
+        log(f"writers {rows[-1]}")
     again = rows.pop()
     base = (rows[0]["appends_per_s"] + again["appends_per_s"]) / 2
     for r in rows:
@@ -363,7 +362,7 @@ def part_lookup(n: int, probes: int) -> dict[str, Any]:
 
 def table_lines(doc: dict[str, Any]) -> list[str]:
     lines = [TABLE_START, ""]
-    lines.append(f"Machine: {doc['machine']}; {doc['date']}.")
+    lines.append(f"Machine: {doc['machine']}, {doc['python']}; {doc['when']}.")
     seed = doc.get("seed")
     if seed:
         lines += [
@@ -429,8 +428,7 @@ def table_lines(doc: dict[str, Any]) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smaller sizes, one run")
+    ap = argument_parser(__doc__, work_dir=None, quick_help="smaller sizes, one run", table="MD")
     ap.add_argument("--parts", default="table1,table2,writers,lookup", help="comma-separated parts")
     ap.add_argument(
         "--seed-tables", action="store_true", help="only seed 003's tables (--parts table1,table2)"
@@ -442,15 +440,12 @@ def main() -> None:
         metavar="JSON",
         help="run nothing: merge the parts of earlier outputs (later files win) for the table",
     )
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--write-table", type=pathlib.Path, metavar="MD")
     args = ap.parse_args()
     parts = {"table1", "table2"} if args.seed_tables else set(args.parts.split(","))
     repeat = 1 if args.quick else args.repeat
     doc: dict[str, Any] = {
-        "machine": f"{platform.machine()}, {platform.python_implementation()} "
-        f"{platform.python_version()}",
-        "date": time.strftime("%Y-%m-%d"),
+        **result_header("attributes"),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
         "quick": args.quick,
     }
     if args.merge:
@@ -474,7 +469,7 @@ def main() -> None:
         doc["writers"] = part_writers(counts, 20_000 if args.quick else 100_000, repeat)
     if "lookup" in parts:
         doc["lookup"] = part_lookup(1_000_000 if args.quick else 10_000_000, 300)
-    print(json.dumps(doc, indent=2))
+    print_result(doc)
     if args.write_table:
         replace_table(args.write_table, TABLE_START, TABLE_END, table_lines(doc))
 

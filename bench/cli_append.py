@@ -31,15 +31,10 @@ checks that it works end to end.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
 import os
 import pathlib
-import platform
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -56,15 +51,20 @@ sys.path.insert(0, str(BENCH))
 
 from common import (  # noqa: E402
     TIER2_OFF,
+    argument_parser,
     ensure_fio,
+    log,
     median_of,
+    met,
+    print_result,
     replace_table,
+    result_header,
     run_fio,
     running_daemon,
-    sigterm_as_interrupt,
+    stop_on_signals,
+    work_directory,
 )
 
-from gateway import __version__  # noqa: E402
 from gateway.cli.append import APPEND_BLOCK, APPEND_WINDOW  # noqa: E402
 from gateway.client.client import ResponseFuture, open_client  # noqa: E402
 
@@ -216,43 +216,36 @@ def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
         f"| {client['MBps']:.0f} | {client['vs_fio']:.2f}× | |",
         "",
         f"Targets: {result['targets']['raw']['target']} — {raw['vs_fio']:.2f}× "
-        f"({'met' if result['targets']['raw']['met'] else 'NOT met'}); "
+        f"({met(result['targets']['raw']['met'])}); "
         f"{result['targets']['lines']['target']} — {lines['events_per_s']:,.0f}/s "
-        f"({'met' if result['targets']['lines']['met'] else 'NOT met'}).",
+        f"({met(result['targets']['lines']['met'])}).",
         TABLE_END,
     ]
     replace_table(path, TABLE_START, TABLE_END, lines_out)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--dir", type=pathlib.Path, default=ROOT / ".bench-tmp",
-        help="where daemons, inputs and fio write (default: .bench-tmp in the repo)",
-    )  # fmt: skip
+    parser = argument_parser(
+        __doc__,
+        work_dir_help="where daemons, inputs and fio write (default: .bench-tmp in the repo)",
+        quick_help="smoke test: 1 run of 64 MiB",
+    )
     parser.add_argument("--size-mib", type=int, default=1024, help="input size (default 1024)")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of everything (default 3)")
-    parser.add_argument("--write-table", type=pathlib.Path, metavar="PERFORMANCE.md")
-    parser.add_argument("--quick", action="store_true", help="smoke test: 1 run of 64 MiB")
     args = parser.parse_args()
     if args.quick:
         args.size_mib, args.repeat = 64, 1
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, sigterm_as_interrupt)
+    stop_on_signals()
     fio = ensure_fio()
-    created = not args.dir.exists()
-    args.dir.mkdir(parents=True, exist_ok=True)
-    root = pathlib.Path(tempfile.mkdtemp(dir=args.dir, prefix="cli_append-"))
     size = args.size_mib * MIB
     runs: dict[str, list[dict[str, float]]] = {"fio": [], "raw": [], "lines": [], "client": []}
-    try:
+    with work_directory(args.dir, "cli_append-") as root:
         raw_path, lines_path = root / "input.bin", root / "input.txt"
         make_raw(raw_path, size)
         count = make_lines(lines_path, size)
         for rep in range(args.repeat):
             # Interleave baseline and subjects so all see the same noise.
             runs["fio"].append(run_fio(fio, root, "1M", f"{args.size_mib}M"))
-            print(f"bench: rep {rep} fio 1M: {runs['fio'][-1]}", file=sys.stderr)
+            log(f"rep {rep} fio 1M: {runs['fio'][-1]}")
             cases: list[tuple[str, Callable[[str], dict[str, float]]]] = [
                 ("raw", lambda a: run_cli(a, raw_path, None)),
                 ("lines", lambda a: run_cli(a, lines_path, count)),
@@ -260,12 +253,7 @@ def main() -> int:
             ]
             for name, fn in cases:
                 runs[name].append(with_daemon(root, name, fn))
-                print(f"bench: rep {rep} {name}: {runs[name][-1]}", file=sys.stderr)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-        if created:
-            with contextlib.suppress(OSError):
-                args.dir.rmdir()
+                log(f"rep {rep} {name}: {runs[name][-1]}")
     base = median_of(runs["fio"])
 
     def row(name: str) -> dict[str, float]:
@@ -276,10 +264,7 @@ def main() -> int:
 
     raw, lines, client = row("raw"), row("lines"), row("client")
     result = {
-        "benchmark": "cli_append",
-        "version": __version__,
-        "when": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
+        **result_header("cli_append"),
         "size_bytes": size,
         "repeat": args.repeat,
         "baseline": {"fio_1MiB_fdatasync": base},
@@ -298,7 +283,7 @@ def main() -> int:
             },
         },
     }
-    print(json.dumps(result, indent=2, ensure_ascii=False))
+    print_result(result)
     if args.write_table:
         write_table(result, args.write_table)
     return 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reads across nodes: another node's segments against the owner's, and Spark on three nodes.
 
-One SeaweedFS (`gateway.embedded.server.EmbeddedS3`) and three gateway
+One SeaweedFS (`gateway.embedded.EmbeddedS3`) and three gateway
 daemons sharing one bucket, each with its own mount (tests/helpers/cluster.py).
 
 * **Mount reads.** Node A gets --size MiB (default 1 GiB) of seeded random
@@ -30,11 +30,8 @@ drop_caches). --quick: 256 MiB / 96 MiB, one round.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import pathlib
-import platform
 import random
 import statistics
 import subprocess
@@ -48,9 +45,16 @@ import crc32c
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, drop_page_cache, replace_table
-from gateway import __version__
-from gateway.embedded.server import EmbeddedS3
+from bench.common import (
+    ROOT,
+    argument_parser,
+    drop_page_cache,
+    log,
+    print_result,
+    replace_table,
+    result_header,
+)
+from gateway.embedded import EmbeddedS3
 from gateway.storage.s3 import S3Storage
 from tests.helpers.cluster import NODES, Cluster, wait_for
 
@@ -59,10 +63,6 @@ SEGMENTS = 8
 TARGET = 0.9
 TABLE_START = "<!-- bench/cluster_read.py:start -->"
 TABLE_END = "<!-- bench/cluster_read.py:end -->"
-
-
-def log(msg: str) -> None:
-    print(f"cluster_read: {msg}", file=sys.stderr, flush=True)
 
 
 def dd(paths: list[pathlib.Path]) -> float:
@@ -223,7 +223,7 @@ def table(result: dict[str, Any]) -> list[str]:
     g = m["gbps"]
     return [
         TABLE_START,
-        f"Measured {result['date']} on {result['machine']}: {result['size_mib']} MiB through the "
+        f"Measured {result['when']} on {result['machine']}: {result['size_mib']} MiB through the "
         f"mount, {result['spark_mib']} MiB of JSON lines for Spark, medians of "
         f"{result['rounds']} rounds (bench/cluster_read.py).",
         "",
@@ -245,13 +245,13 @@ def table(result: dict[str, Any]) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argument_parser(
+        __doc__, work_dir=None, repeat=None, quick_help="256 MiB / 96 MiB, one round"
+    )
     parser.add_argument("--size", type=int, default=1024, help="MiB read through the mounts")
     parser.add_argument("--spark-size", type=int, default=384, help="MiB of JSON for Spark")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-spark", action="store_true")
-    parser.add_argument("--write-table", metavar="FILE")
     args = parser.parse_args()
     if args.quick:
         args.size, args.spark_size, args.rounds = 256, 96, 1
@@ -271,10 +271,7 @@ def main() -> None:
         log(f"writing {args.size} MiB on node-a")
         names, crc = write_read_set(cluster, size)
         result: dict[str, Any] = {
-            "benchmark": "cluster_read",
-            "version": __version__,
-            "date": time.strftime("%Y-%m-%d"),
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            **result_header("cluster_read"),
             "size_mib": args.size,
             "spark_mib": args.spark_size,
             "rounds": args.rounds,
@@ -291,9 +288,9 @@ def main() -> None:
                          "every Spark segment on every node")  # fmt: skip
             result["spark_lines"] = lines
             result["spark"] = spark_counts(cluster, work, local, lines, args.rounds)
-        print(json.dumps(result, indent=2))
+        print_result(result)
         if args.write_table and not args.no_spark:
-            replace_table(pathlib.Path(args.write_table), TABLE_START, TABLE_END, table(result))
+            replace_table(args.write_table, TABLE_START, TABLE_END, table(result))
     finally:
         if cluster is not None:
             cluster.teardown()

@@ -1,11 +1,15 @@
-"""Helpers shared by the benchmarks: fio as the disk baseline, medians, the table."""
+"""What the benchmarks share: their skeleton (arguments, the JSON document, the
+met/not-met wording, dropping the page cache, progress on stderr), fio as the
+disk baseline, medians, the Markdown table and a daemon to measure."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
 import pathlib
+import platform
 import shutil
 import signal
 import statistics
@@ -15,6 +19,7 @@ import tempfile
 import time
 import types
 from collections.abc import Callable, Iterator
+from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 READY_TIMEOUT = 60.0
@@ -78,16 +83,23 @@ def run_fio(fio: str, directory: pathlib.Path, bs: str, size: str) -> dict[str, 
     return {"MBps": job["bw_bytes"] / 1e6, "iops": job["iops"]}
 
 
-def drop_page_cache(warn: Callable[[str], None]) -> None:
-    """Write back dirty pages and drop the page cache; without root, ``warn`` and go on."""
-    subprocess.run(["sync"], check=False)
+def drop_page_cache(warn: Callable[[str], None] | None = None) -> None:
+    """Write back dirty pages, then drop the page cache (and dentries, inodes).
+
+    Without root: ``warn`` and go on, or, with no ``warn``, exit (for a
+    benchmark whose cold figures mean nothing warm).
+    """
+    os.sync()
     try:
-        pathlib.Path("/proc/sys/vm/drop_caches").write_text("3")
+        pathlib.Path("/proc/sys/vm/drop_caches").write_text("3\n")
     except OSError as e:
+        if warn is None:
+            raise SystemExit(f"cannot drop the page cache (needs root): {e}") from None
         warn(f"cannot drop the page cache ({e}); cold runs are warmer than they should be")
 
 
 def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Per key, the median over the runs."""
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
@@ -96,6 +108,66 @@ def replace_table(path: pathlib.Path, start_marker: str, end_marker: str, lines:
     text = path.read_text()
     start, end = text.index(start_marker), text.index(end_marker) + len(end_marker)
     path.write_text(text[:start] + "\n".join(lines) + text[end:])
+
+
+# -- the skeleton every benchmark shares ----------------------------------------------------
+
+#: Where benchmarks make their work directories unless told otherwise.
+BENCH_TMP = ROOT / ".bench-tmp"
+
+
+def log(message: str) -> None:
+    """Progress on stderr (stdout holds the JSON document only)."""
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+def argument_parser(
+    doc: str | None,
+    *,
+    work_dir: pathlib.Path | None = BENCH_TMP,
+    work_dir_help: str = "where the benchmark writes (default: .bench-tmp in the repo)",
+    repeat: int | None = 3,
+    repeat_help: str = "runs of everything (default 3)",
+    quick_help: str | None = None,
+    table: str = "PERFORMANCE.md",
+) -> argparse.ArgumentParser:
+    """The arguments every benchmark takes, described by the first paragraph of ``doc``.
+
+    ``--dir`` (unless ``work_dir`` is None), ``--repeat`` (unless ``repeat``
+    is None), ``--write-table`` (rewrite the benchmark's section of the named
+    Markdown file) and, given its help, ``--quick``.
+    """
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    if work_dir is not None:
+        parser.add_argument("--dir", type=pathlib.Path, default=work_dir, help=work_dir_help)
+    if repeat is not None:
+        parser.add_argument("--repeat", type=int, default=repeat, help=repeat_help)
+    parser.add_argument("--write-table", type=pathlib.Path, metavar=table)
+    if quick_help is not None:
+        parser.add_argument("--quick", action="store_true", help=quick_help)
+    return parser
+
+
+def result_header(benchmark: str) -> dict[str, Any]:
+    """The fields every JSON document starts with: which benchmark, version, date, machine."""
+    from gateway import __version__  # the callers put the repository on sys.path first
+
+    return {
+        "benchmark": benchmark,
+        "version": __version__,
+        "when": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
+    }
+
+
+def print_result(result: dict[str, Any]) -> None:
+    """The benchmark's one JSON document, on stdout."""
+    print(json.dumps(result, indent=2, ensure_ascii=False))
+
+
+def met(ok: bool) -> str:
+    """How a table or summary says whether a target was met."""
+    return "met" if ok else "NOT met"
 
 
 #: Config for Tier-1 benchmarks: a filesystem Tier 2 (under ``{root}``) that
@@ -114,6 +186,33 @@ def sigterm_as_interrupt(signum: int, frame: types.FrameType | None) -> None:
         handler(signal.SIGINT, frame)  # raises, or trio raises later
         return
     raise KeyboardInterrupt
+
+
+def stop_on_signals() -> None:
+    """Stop cleanly (servers stopped, files removed) on Ctrl-C and SIGTERM.
+
+    Even as a background job, which starts with SIGINT ignored.
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, sigterm_as_interrupt)
+
+
+@contextlib.contextmanager
+def work_directory(parent: pathlib.Path, prefix: str) -> Iterator[pathlib.Path]:
+    """A fresh directory under ``parent``, removed with its contents after the block.
+
+    ``parent`` is made if missing, and then removed too if it is left empty.
+    """
+    created = not parent.exists()
+    parent.mkdir(parents=True, exist_ok=True)
+    work = pathlib.Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if created:
+            with contextlib.suppress(OSError):
+                parent.rmdir()
 
 
 @contextlib.contextmanager

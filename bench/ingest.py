@@ -30,14 +30,9 @@ checks that it works end to end.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
 import os
 import pathlib
-import platform
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -55,15 +50,20 @@ sys.path.insert(0, str(BENCH))
 
 from common import (  # noqa: E402
     TIER2_OFF,
+    argument_parser,
     ensure_fio,
+    log,
     median_of,
+    met,
+    print_result,
     replace_table,
+    result_header,
     run_fio,
     running_daemon,
-    sigterm_as_interrupt,
+    stop_on_signals,
+    work_directory,
 )
 
-from gateway import __version__  # noqa: E402
 from gateway.client.client import ResponseFuture, open_client  # noqa: E402
 from gateway.client.writer import SegmentWriter, open_segment_writer  # noqa: E402
 
@@ -277,57 +277,43 @@ def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
     lines += [
         "",
         f"Targets: {ev['target']} — {ev['events_per_s']:,.0f}/s, p99 {ev['p99_ms']:.1f} ms "
-        f"({'met' if ev['met'] else 'NOT met'}); {mib['target']} — best "
+        f"({met(ev['met'])}); {mib['target']} — best "
         f"{mib['best_vs_fio']:.2f}× ({mib['best_inflight']} in flight) "
-        f"({'met' if mib['met'] else 'NOT met'}).",
+        f"({met(mib['met'])}).",
         TABLE_END,
     ]
     replace_table(path, TABLE_START, TABLE_END, lines)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--dir", type=pathlib.Path, default=ROOT / ".bench-tmp",
-        help="where daemons and fio write (default: .bench-tmp in the repo)",
-    )  # fmt: skip
+    parser = argument_parser(
+        __doc__,
+        work_dir_help="where daemons and fio write (default: .bench-tmp in the repo)",
+        quick_help="smoke test: 1 run of 1 s",
+    )
     parser.add_argument("--seconds", type=float, default=3.0, help="per case (default 3)")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of everything (default 3)")
-    parser.add_argument("--write-table", type=pathlib.Path, metavar="PERFORMANCE.md")
-    parser.add_argument("--quick", action="store_true", help="smoke test: 1 run of 1 s")
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.repeat = 1.0, 1
-    # Stop cleanly on Ctrl-C and SIGTERM, even as a background job (which
-    # starts with SIGINT ignored).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, sigterm_as_interrupt)
+    stop_on_signals()
     fio = ensure_fio()
-    created = not args.dir.exists()
-    args.dir.mkdir(parents=True, exist_ok=True)
-    root = pathlib.Path(tempfile.mkdtemp(dir=args.dir, prefix="ingest-"))
     fio_runs: list[dict[str, float]] = []
     events: dict[tuple[int, int, int], list[dict[str, float]]] = {}
     appends: dict[int, list[dict[str, float]]] = {}
-    try:
+    with work_directory(args.dir, "ingest-") as root:
         for rep in range(args.repeat):
             # Interleave baseline and subject so both see the same noise.
             fio_runs.append(run_fio(fio, root, "1M", "512M"))
-            print(f"bench: rep {rep} fio 1M: {fio_runs[-1]}", file=sys.stderr)
+            log(f"rep {rep} fio 1M: {fio_runs[-1]}")
             for size in EVENT_SIZES:
                 for writers, segments in WRITER_LAYOUTS:
                     r = measure(root, "events", run_events, size, writers, segments, args.seconds)
                     events.setdefault((size, writers, segments), []).append(r)
-                    print(f"bench: rep {rep} {size} B {writers}->{segments}: {r}", file=sys.stderr)
+                    log(f"rep {rep} {size} B {writers}->{segments}: {r}")
             for inflight in INFLIGHT:
                 r = measure(root, "appends", run_appends, inflight, args.seconds)
                 appends.setdefault(inflight, []).append(r)
-                print(f"bench: rep {rep} 1 MiB x{inflight} in flight: {r}", file=sys.stderr)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-        if created:
-            with contextlib.suppress(OSError):
-                args.dir.rmdir()
+                log(f"rep {rep} 1 MiB x{inflight} in flight: {r}")
     base = {"fio_1MiB_fdatasync": median_of(fio_runs)}
     fio_mbps = base["fio_1MiB_fdatasync"]["MBps"]
     event_rows = [
@@ -357,10 +343,7 @@ def main() -> int:
         },
     }
     result = {
-        "benchmark": "ingest",
-        "version": __version__,
-        "when": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
+        **result_header("ingest"),
         "seconds": args.seconds,
         "repeat": args.repeat,
         "baseline": base,
@@ -368,7 +351,7 @@ def main() -> int:
         "appends_1MiB": append_rows,
         "targets": targets,
     }
-    print(json.dumps(result, indent=2, ensure_ascii=False))
+    print_result(result)
     if args.write_table:
         write_table(result, args.write_table)
     return 0

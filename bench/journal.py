@@ -15,11 +15,8 @@ in docs/PERFORMANCE.md.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import pathlib
-import platform
 import shutil
 import sys
 import time
@@ -32,9 +29,17 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
-from common import ensure_fio, median_of, replace_table, run_fio  # noqa: E402
+from common import (  # noqa: E402
+    argument_parser,
+    ensure_fio,
+    median_of,
+    met,
+    print_result,
+    replace_table,
+    result_header,
+    run_fio,
+)
 
-from gateway import __version__  # noqa: E402
 from gateway.config import JournalConfig  # noqa: E402
 from gateway.journal import open_journal  # noqa: E402
 from gateway.journal.format import encode_append  # noqa: E402
@@ -127,21 +132,18 @@ def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
         "",
         f"Targets: 1 MiB operations ≥ 0.8× fio's 1 MiB bandwidth — best "
         f"{t['1MiB_best_vs_fio']:.2f}×, single appender {t['1MiB_single_vs_fio']:.2f}× "
-        f"({'met' if t['1MiB_met'] else 'NOT met'}); "
+        f"({met(t['1MiB_met'])}); "
         f"100 B × 256 appenders ≥ 60,000 appends/s with p99 < 10 ms — "
         f"{t['100B_256_appends_per_s']:,.0f}/s, p99 {t['100B_256_p99_ms']:.2f} ms "
-        f"({'met' if t['100B_met'] else 'NOT met'}).",
+        f"({met(t['100B_met'])}).",
         TABLE_END,
     ]
     replace_table(path, TABLE_START, TABLE_END, lines)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dir", type=pathlib.Path, default=ROOT / ".bench-tmp")
+    parser = argument_parser(__doc__)
     parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--write-table", type=pathlib.Path, metavar="PERFORMANCE.md")
     args = parser.parse_args()
     fio = ensure_fio()
     args.dir.mkdir(parents=True, exist_ok=True)
@@ -177,17 +179,14 @@ def main() -> int:
     targets["1MiB_met"] = targets["1MiB_best_vs_fio"] >= 0.8
     targets["100B_met"] = small["appends_per_s"] >= 60_000 and small["p99_ms"] < 10
     result = {
-        "benchmark": "journal",
-        "version": __version__,
-        "when": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
+        **result_header("journal"),
         "seconds": args.seconds,
         "repeat": args.repeat,
         "baseline": base,
         "journal": journal_rows,
         "targets": targets,
     }
-    print(json.dumps(result, indent=2))
+    print_result(result)
     if args.write_table:
         write_table(result, args.write_table)
     return 0

@@ -19,11 +19,8 @@ docs/PERFORMANCE.md. Targets: in-process sequential reads from the cache
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import pathlib
-import platform
 import shutil
 import statistics
 import subprocess
@@ -39,9 +36,17 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
-from common import TIER2_OFF, replace_table, running_daemon  # noqa: E402
+from common import (  # noqa: E402
+    TIER2_OFF,
+    argument_parser,
+    log,
+    met,
+    print_result,
+    replace_table,
+    result_header,
+    running_daemon,
+)
 
-from gateway import __version__  # noqa: E402
 from gateway.config import Config  # noqa: E402
 from gateway.node import open_node  # noqa: E402
 
@@ -164,20 +169,17 @@ def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
         "",
         f"Targets: in-process sequential reads from the cache ≥ 1 GB/s — best "
         f"{result['targets']['best_in_process_MBps']:.0f} MB/s "
-        f"({'met' if result['targets']['read_met'] else 'NOT met'}); tail latency p99 ≤ 5 ms — "
-        f"{t['p99_ms']:.2f} ms ({'met' if result['targets']['tail_met'] else 'NOT met'}).",
+        f"({met(result['targets']['read_met'])}); tail latency p99 ≤ 5 ms — "
+        f"{t['p99_ms']:.2f} ms ({met(result['targets']['tail_met'])}).",
         TABLE_END,
     ]
     replace_table(path, TABLE_START, TABLE_END, lines)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dir", type=pathlib.Path, default=ROOT / ".bench-tmp")
+    parser = argument_parser(__doc__)
     parser.add_argument("--size", type=int, default=1 << 30)
-    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--tail-samples", type=int, default=500)
-    parser.add_argument("--write-table", type=pathlib.Path, metavar="PERFORMANCE.md")
     args = parser.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
     work = pathlib.Path(tempfile.mkdtemp(dir=args.dir, prefix="read-"))
@@ -186,7 +188,7 @@ def main() -> int:
         data_dir = work / "node"
         config = config_for(data_dir)
         local = work / "local.bin"
-        print("bench: building the segment", file=sys.stderr)
+        log("building the segment")
         trio.run(build, config, size, local)
         read_local(local, 1 << 20)  # warm the page cache for the baseline
         runs: dict[int, dict[str, list[float]]] = {
@@ -223,10 +225,7 @@ def main() -> int:
     }
     best = max(r["in_process_MBps"] for r in sequential)
     result = {
-        "benchmark": "read",
-        "version": __version__,
-        "when": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
+        **result_header("read"),
         "size": size,
         "repeat": args.repeat,
         "sequential": sequential,
@@ -237,7 +236,7 @@ def main() -> int:
             "tail_met": tail["p99_ms"] <= 5,
         },
     }
-    print(json.dumps(result, indent=2))
+    print_result(result)
     if args.write_table:
         write_table(result, args.write_table)
     return 0

@@ -25,11 +25,7 @@ warm at least 0.9, cold at least 0.6; the ``segments`` source warm at least 0.6
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import pathlib
-import platform
 import shutil
 import statistics
 import sys
@@ -39,8 +35,16 @@ from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, drop_page_cache, replace_table, running_daemon
-from gateway import __version__
+from bench.common import (
+    argument_parser,
+    drop_page_cache,
+    log,
+    met,
+    print_result,
+    replace_table,
+    result_header,
+    running_daemon,
+)
 from gateway.client.client import SyncClient
 
 MiB = 1024 * 1024
@@ -56,10 +60,6 @@ TARGETS = {
     ("segments", "warm"): 0.6,
 }
 CONFIG = '[tier2]\nurl = "embedded"\n[logging]\nlevel = "warning"\n'
-
-
-def log(msg: str) -> None:
-    print(f"spark_read: {msg}", file=sys.stderr, flush=True)
 
 
 def event_block(segment: int) -> tuple[bytes, int]:
@@ -103,12 +103,8 @@ def timed(fn: Any) -> tuple[float, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dir", type=pathlib.Path, default=ROOT / ".bench-tmp")
+    parser = argument_parser(__doc__, quick_help="256 MiB, one run")
     parser.add_argument("--size", type=int, default=2 * GiB, help="bytes of events")
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="256 MiB, one run")
-    parser.add_argument("--write-table", type=pathlib.Path, metavar="FILE")
     args = parser.parse_args()
     if args.quick:
         args.size, args.repeat = 256 * MiB, 1
@@ -178,10 +174,7 @@ def main() -> int:
                 }
             )
     result = {
-        "bench": "spark_read",
-        "when": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "version": __version__,
+        **result_header("spark_read"),
         "bytes": args.size,
         "events": events,
         "repeat": args.repeat,
@@ -189,7 +182,7 @@ def main() -> int:
         "runs": results,
         "rows": rows,
     }
-    print(json.dumps(result, indent=2))
+    print_result(result)
     if args.write_table:
         write_table(result, args.write_table)
     return 0
@@ -216,7 +209,7 @@ def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
         lines.append(
             f"| {r['query']}.count() | {r['cache']} | {r['mount_s']:.1f} | {r['local_s']:.1f} "
             f"| {r['ratio']:.2f}× | {r['MBps']:.0f} | ≥ {r['target']}× "
-            f"| {'met' if r['met'] else 'NOT met'} |"
+            f"| {met(r['met'])} |"
         )
     lines.append(TABLE_END)
     replace_table(path, TABLE_START, TABLE_END, lines)

@@ -26,11 +26,9 @@ the section of docs/PERFORMANCE.md. --quick: smaller and one run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
-import platform
 import shutil
 import statistics
 import sys
@@ -41,8 +39,15 @@ from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, replace_table, running_daemon
-from gateway import __version__
+from bench.common import (
+    argument_parser,
+    log,
+    met,
+    print_result,
+    replace_table,
+    result_header,
+    running_daemon,
+)
 from gateway.client.client import SyncClient
 
 MiB = 1024 * 1024
@@ -53,10 +58,6 @@ RATE = 2000
 TARGET_P99 = 2 * TRIGGER
 TARGET_RATE = 0.8
 CONFIG = '[tier2]\nurl = "file://{tier2}"\n[logging]\nlevel = "warning"\n'
-
-
-def log(msg: str) -> None:
-    print(f"spark_stream: {msg}", file=sys.stderr, flush=True)
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -188,15 +189,11 @@ def rate_run(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dir", type=pathlib.Path, default=ROOT / ".bench-tmp")
+    parser = argument_parser(__doc__, quick_help="8 s, 64 MiB, one run")
     parser.add_argument("--seconds", type=float, default=20.0, help="of steady appends")
     parser.add_argument("--size", type=int, default=1024 * MiB, help="bytes for the rate run")
-    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--trigger-bytes", type=int, default=256 * MiB,
                         help="maxBytesPerTrigger of the rate run")  # fmt: skip
-    parser.add_argument("--quick", action="store_true", help="8 s, 64 MiB, one run")
-    parser.add_argument("--write-table", type=pathlib.Path, metavar="FILE")
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.size, args.repeat, args.trigger_bytes = 8.0, 64 * MiB, 1, 16 * MiB
@@ -231,10 +228,7 @@ def main() -> int:
     batch_rate = statistics.median(r["batch_events_per_s"] for r in rates)
     stream_rate = statistics.median(r["stream_events_per_s"] for r in rates)
     result = {
-        "bench": "spark_stream",
-        "when": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "version": __version__,
+        **result_header("spark_stream"),
         "trigger_s": TRIGGER,
         "rate_events_per_s": RATE,
         "seconds": args.seconds,
@@ -253,7 +247,7 @@ def main() -> int:
         "ratio_met": stream_rate / batch_rate >= TARGET_RATE,
         "first_batch_s": statistics.median(r["first_batch_s"] for r in rates),
     }
-    print(json.dumps(result, indent=2))
+    print_result(result)
     if args.write_table:
         write_table(result, args.write_table)
     return 0
@@ -279,10 +273,10 @@ def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
         f"| append ack → row in sink, p99 | trigger {result['trigger_s'] * 1000:.0f} ms "
         f"| {result['p99_ms']:.0f} ms "
         f"| {result['p99_ms'] / 1000 / result['trigger_s']:.2f}× trigger "
-        f"| ≤ 2× | {'met' if result['p99_met'] else 'NOT met'} |",
+        f"| ≤ 2× | {met(result['p99_met'])} |",
         f"| events/s | batch source {result['batch_events_per_s']:,.0f} "
         f"| {result['stream_events_per_s']:,.0f} | {result['ratio']:.2f}× "
-        f"| ≥ {TARGET_RATE}× | {'met' if result['ratio_met'] else 'NOT met'} |",
+        f"| ≥ {TARGET_RATE}× | {met(result['ratio_met'])} |",
         TABLE_END,
     ]
     replace_table(path, TABLE_START, TABLE_END, lines)

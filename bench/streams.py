@@ -38,14 +38,9 @@ rolls happen, no 64 MiB transactions) checks that it works end to end.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
 import os
 import pathlib
-import platform
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -60,9 +55,20 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
-from common import TIER2_OFF, replace_table, running_daemon, sigterm_as_interrupt  # noqa: E402
+from common import (  # noqa: E402
+    TIER2_OFF,
+    argument_parser,
+    log,
+    median_of,
+    met,
+    print_result,
+    replace_table,
+    result_header,
+    running_daemon,
+    stop_on_signals,
+    work_directory,
+)
 
-from gateway import __version__  # noqa: E402
 from gateway.client.client import open_client  # noqa: E402
 from gateway.client.writer import SegmentWriter, open_segment_writer  # noqa: E402
 
@@ -337,8 +343,7 @@ def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
     target = result["targets"]["stream_ingest"]
     lines += [
         "",
-        f"Target: {target['target']} — {target['ratio']:.2f}× "
-        f"({'met' if target['met'] else 'NOT met'}).",
+        f"Target: {target['target']} — {target['ratio']:.2f}× ({met(target['met'])}).",
         TABLE_END,
     ]
     text = path.read_text()
@@ -350,43 +355,29 @@ def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
     replace_table(path, TABLE_START, TABLE_END, lines)
 
 
-def _median_row(runs: list[dict[str, Any]]) -> dict[str, float]:
-    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--dir", type=pathlib.Path, default=ROOT / ".bench-tmp",
-        help="where daemons write (default: .bench-tmp in the repo)",
-    )  # fmt: skip
+    parser = argument_parser(
+        __doc__,
+        work_dir_help="where daemons write (default: .bench-tmp in the repo)",
+        repeat=7,
+        repeat_help="ingest rounds (plain and stream each; default 7)",
+        quick_help="smoke test: 1 round of 1 s",
+    )
     parser.add_argument("--seconds", type=float, default=5.0, help="per ingest run (default 5)")
-    parser.add_argument(
-        "--repeat", type=int, default=7,
-        help="ingest rounds (plain and stream each; default 7)",
-    )  # fmt: skip
     parser.add_argument(
         "--txn-rounds", type=int, default=3,
         help="transaction rounds, one daemon each (default 3)",
     )  # fmt: skip
-    parser.add_argument("--write-table", type=pathlib.Path, metavar="PERFORMANCE.md")
-    parser.add_argument("--quick", action="store_true", help="smoke test: 1 round of 1 s")
     args = parser.parse_args()
     roll_size, sizes, samples = ROLL_SIZE, TXN_SIZES, TXN_SAMPLES
     if args.quick:
         args.seconds, args.repeat, args.txn_rounds = 1.0, 1, 1
         roll_size, sizes, samples = QUICK_ROLL_SIZE, QUICK_TXN_SIZES, QUICK_TXN_SAMPLES
-    # Stop cleanly on Ctrl-C and SIGTERM, even as a background job (which
-    # starts with SIGINT ignored).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, sigterm_as_interrupt)
-    created = not args.dir.exists()
-    args.dir.mkdir(parents=True, exist_ok=True)
-    root = pathlib.Path(tempfile.mkdtemp(dir=args.dir, prefix="streams-"))
+    stop_on_signals()
     ingest: dict[str, list[dict[str, Any]]] = {"plain": [], "stream": []}
     txn_rounds: list[dict[str, Any]] = []
     began = time.monotonic()
-    try:
+    with work_directory(args.dir, "streams-") as root:
         for rep in range(args.repeat):
             # Alternate which case goes first, so both see the same drift.
             order = ("plain", "stream") if rep % 2 == 0 else ("stream", "plain")
@@ -396,7 +387,7 @@ def main() -> int:
                     args.seconds,
                 )  # fmt: skip
                 ingest[case].append(r)
-                print(f"bench: ingest round {rep} {case}: {r}", file=sys.stderr)
+                log(f"ingest round {rep} {case}: {r}")
         for rep in range(args.txn_rounds):
             r = measure(root, "txn", TIER2_OFF, run_transactions, sizes, samples, rep)
             txn_rounds.append(r)
@@ -404,15 +395,10 @@ def main() -> int:
                 size: {c: f"{statistics.median(v) * 1e3:.2f} ms" for c, v in cases.items()}
                 for size, cases in r["seconds"].items()
             }
-            print(f"bench: transactions round {rep}: {brief}", file=sys.stderr)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-        if created:
-            with contextlib.suppress(OSError):
-                args.dir.rmdir()
-    print(f"bench: done in {time.monotonic() - began:.0f} s", file=sys.stderr)
+            log(f"transactions round {rep}: {brief}")
+    log(f"done in {time.monotonic() - began:.0f} s")
 
-    plain, stream = _median_row(ingest["plain"]), _median_row(ingest["stream"])
+    plain, stream = median_of(ingest["plain"]), median_of(ingest["stream"])
     ratio = stream["MBps"] / plain["MBps"]
     pairs = zip(ingest["plain"], ingest["stream"], strict=True)
     round_ratios = [s["MBps"] / p["MBps"] for p, s in pairs]
@@ -446,10 +432,7 @@ def main() -> int:
             }
         )
     result = {
-        "benchmark": "streams",
-        "version": __version__,
-        "when": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
+        **result_header("streams"),
         "quick": args.quick,
         "ingest": {
             "writers": WRITERS,
@@ -472,7 +455,7 @@ def main() -> int:
             },
         },
     }
-    print(json.dumps(result, indent=2, ensure_ascii=False))
+    print_result(result)
     if args.write_table:
         write_table(result, args.write_table)
     return 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tier-2 benchmark: ingest with flushing on, ack-to-S3 latency, cold reads from chunks.
 
-One embedded S3 server (SeaweedFS, `gateway.embedded.server.EmbeddedS3`) runs
+One embedded S3 server (SeaweedFS, `gateway.embedded.EmbeddedS3`) runs
 for the whole benchmark, its data in a temporary directory on the same
 filesystem as the journals and caches (--dir). The container runs in this
 process, as in the tests: ``open_node(config, ChunkLayer(S3Storage(...)))``.
@@ -43,19 +43,13 @@ segments) checks that it works end to end in about a minute.
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import contextlib
-import json
-import os
 import pathlib
-import platform
 import random
 import shutil
-import signal
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections import deque
@@ -70,12 +64,20 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
-from common import replace_table, sigterm_as_interrupt  # noqa: E402
+from common import (  # noqa: E402
+    argument_parser,
+    log,
+    met,
+    print_result,
+    replace_table,
+    result_header,
+    stop_on_signals,
+    work_directory,
+)
 
-from gateway import __version__  # noqa: E402
 from gateway.config import Config  # noqa: E402
 from gateway.container.container import SegmentContainer  # noqa: E402
-from gateway.embedded.server import EmbeddedS3  # noqa: E402
+from gateway.embedded import EmbeddedS3  # noqa: E402
 from gateway.errors import Overloaded  # noqa: E402
 from gateway.node import open_node  # noqa: E402
 from gateway.read.chunks import BLOCK_SIZE  # noqa: E402
@@ -470,22 +472,18 @@ def part_ingest(
             # Alternate which mode goes first, so neither always follows the other.
             modes = ["off", "on"] if rep % 2 == 0 else ["on", "off"]
             for mode in modes:
-                work = pathlib.Path(tempfile.mkdtemp(dir=root, prefix=f"ingest-{mode}-"))
-                try:
+                with work_directory(root, f"ingest-{mode}-") as work:
                     config = make_config(work)
                     if mode == "on":
                         with server.bucket() as storage:
                             r = trio.run(run_ingest, config, server, storage, append_size, size)
                     else:
                         r = trio.run(run_ingest, config, server, None, append_size, size)
-                finally:
-                    shutil.rmtree(work, ignore_errors=True)
                 runs.setdefault((append_size, mode), []).append(r)
-                print(
-                    f"bench: rep {rep} ingest {append_size >> 10} KiB tier2 {mode}: "
+                log(
+                    f"rep {rep} ingest {append_size >> 10} KiB tier2 {mode}: "
                     f"{r['MBps']:.0f} MB/s, backlog max {r['backlog_max_MiB']:.0f} MiB, "
-                    f"drain {r['drain_policy_s']:.2f}/{r['drain_all_s']:.2f} s",
-                    file=sys.stderr,
+                    f"drain {r['drain_policy_s']:.2f}/{r['drain_all_s']:.2f} s"
                 )
     for append_size, _ in INGEST_CASES:
         on, off = runs[(append_size, "on")], runs[(append_size, "off")]
@@ -515,16 +513,13 @@ def part_ingest(
 def part_latency(server: Tier2Server, root: pathlib.Path, seconds: float) -> list[dict[str, Any]]:
     rows = []
     for label, append_size, rate, segments, interval in LATENCY_CASES:
-        work = pathlib.Path(tempfile.mkdtemp(dir=root, prefix="latency-"))
-        try:
+        with work_directory(root, "latency-") as work:
             config = make_config(work, flush_interval=interval)
             with server.bucket() as storage:
                 r = trio.run(
                     run_ack_to_s3, config, server, storage, append_size, rate, segments, seconds
                 )
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        print(f"bench: ack -> S3, {label}: {r}", file=sys.stderr)
+        log(f"ack -> S3, {label}: {r}")
         rows.append(
             {
                 "case": label,
@@ -541,48 +536,40 @@ def part_latency(server: Tier2Server, root: pathlib.Path, seconds: float) -> lis
 
 
 def part_read(server: Tier2Server, root: pathlib.Path, size: int, repeat: int) -> dict[str, Any]:
-    work = pathlib.Path(tempfile.mkdtemp(dir=root, prefix="read-"))
     runs: dict[str, list[dict[str, float]]] = {}
-    try:
-        with server.bucket(connections=64) as storage:
-            rng = random.Random(7)
-            content = b"".join(
-                rng.randbytes(min(64 * MiB, size - i)) for i in range(0, size, 64 * MiB)
-            )
-            expected = crc32c.crc32c(content)
-            crc_started = time.perf_counter()
-            crc32c.crc32c(content)
-            crc_seconds = time.perf_counter() - crc_started
-            print(f"bench: building the {size >> 20} MiB segment", file=sys.stderr)
-            trio.run(build_cold_segment, make_config(work), server, storage, content)
-            storage.write(RAW_KEY, content, {})
-            del content
-            with concurrent.futures.ThreadPoolExecutor(RAW_THREADS) as pool:
-                for rep in range(repeat):
-                    r = raw_single(storage, size, expected)
-                    runs.setdefault("raw_single", []).append(r)
-                    r2 = raw_parallel(storage, pool, size, expected)
-                    runs.setdefault("raw_parallel", []).append(r2)
-                    # Not a baseline: the gateway's request size (one block), for comparison.
-                    r3 = raw_parallel(storage, pool, size, expected, BLOCK_SIZE)
-                    runs.setdefault("raw_parallel_block", []).append(r3)
-                    print(
-                        f"bench: rep {rep} raw single {r['MBps']:.0f} MB/s, "
-                        f"{RAW_THREADS}x{RAW_RANGE >> 20} MiB ranges {r2['MBps']:.0f} MB/s, "
-                        f"{RAW_THREADS}x{BLOCK_SIZE >> 20} MiB ranges {r3['MBps']:.0f} MB/s",
-                        file=sys.stderr,
+    with work_directory(root, "read-") as work, server.bucket(connections=64) as storage:
+        rng = random.Random(7)
+        content = b"".join(rng.randbytes(min(64 * MiB, size - i)) for i in range(0, size, 64 * MiB))
+        expected = crc32c.crc32c(content)
+        crc_started = time.perf_counter()
+        crc32c.crc32c(content)
+        crc_seconds = time.perf_counter() - crc_started
+        log(f"building the {size >> 20} MiB segment")
+        trio.run(build_cold_segment, make_config(work), server, storage, content)
+        storage.write(RAW_KEY, content, {})
+        del content
+        with concurrent.futures.ThreadPoolExecutor(RAW_THREADS) as pool:
+            for rep in range(repeat):
+                r = raw_single(storage, size, expected)
+                runs.setdefault("raw_single", []).append(r)
+                r2 = raw_parallel(storage, pool, size, expected)
+                runs.setdefault("raw_parallel", []).append(r2)
+                # Not a baseline: the gateway's request size (one block), for comparison.
+                r3 = raw_parallel(storage, pool, size, expected, BLOCK_SIZE)
+                runs.setdefault("raw_parallel_block", []).append(r3)
+                log(
+                    f"rep {rep} raw single {r['MBps']:.0f} MB/s, "
+                    f"{RAW_THREADS}x{RAW_RANGE >> 20} MiB ranges {r2['MBps']:.0f} MB/s, "
+                    f"{RAW_THREADS}x{BLOCK_SIZE >> 20} MiB ranges {r3['MBps']:.0f} MB/s"
+                )
+                for read_size, ahead, conc in READ_VARIANTS:
+                    config = make_config(work, read_ahead=ahead, max_concurrency=conc)
+                    r = trio.run(read_cold, config, server, storage, read_size, expected)
+                    runs.setdefault(f"{read_size}/{ahead}/{conc}", []).append(r)
+                    log(
+                        f"rep {rep} cold read {read_size >> 10} KiB, read_ahead "
+                        f"{ahead}, max_concurrency {conc}: {r['MBps']:.0f} MB/s"
                     )
-                    for read_size, ahead, conc in READ_VARIANTS:
-                        config = make_config(work, read_ahead=ahead, max_concurrency=conc)
-                        r = trio.run(read_cold, config, server, storage, read_size, expected)
-                        runs.setdefault(f"{read_size}/{ahead}/{conc}", []).append(r)
-                        print(
-                            f"bench: rep {rep} cold read {read_size >> 10} KiB, read_ahead "
-                            f"{ahead}, max_concurrency {conc}: {r['MBps']:.0f} MB/s",
-                            file=sys.stderr,
-                        )
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     med = {k: statistics.median(r["MBps"] for r in v) for k, v in runs.items()}
     best_raw = max(med["raw_single"], med["raw_parallel"])
     variants = [
@@ -618,10 +605,6 @@ def part_read(server: Tier2Server, root: pathlib.Path, size: int, repeat: int) -
 
 def _size_label(size: int) -> str:
     return f"{size >> 20} MiB" if size >= MiB else f"{size >> 10} KiB"
-
-
-def _met(ok: bool) -> str:
-    return "met" if ok else "NOT met"
 
 
 def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
@@ -698,7 +681,7 @@ def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
     if "ingest" in t:
         verdicts.append(
             f"ingest with flushing ≥ {TARGET_INGEST_RATIO}× without — worst case "
-            f"{t['ingest']['worst_ratio']:.2f}× ({_met(t['ingest']['met'])}); flushing keeps "
+            f"{t['ingest']['worst_ratio']:.2f}× ({met(t['ingest']['met'])}); flushing keeps "
             f"up (backlog trend ≤ {KEEPS_UP_GROWTH:.0%} of the ingest rate) — "
             f"{'yes' if t['ingest']['flushing_keeps_up'] else 'NO'}"
         )
@@ -706,19 +689,19 @@ def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
         verdicts.append(
             f"cold sequential read ≥ {TARGET_READ_RATIO}× the best raw GET — default "
             f"read_ahead {t['cold_read']['default_ratio']:.2f}×, best "
-            f"{t['cold_read']['best_ratio']:.2f}× ({_met(t['cold_read']['met'])})"
+            f"{t['cold_read']['best_ratio']:.2f}× ({met(t['cold_read']['met'])})"
         )
     lines += ["", "Targets: " + "; ".join(verdicts) + ".", TABLE_END]
     replace_table(path, TABLE_START, TABLE_END, lines)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--dir", type=pathlib.Path, default=ROOT / ".bench-tmp",
-        help="where journals, caches and the S3 server's data go (default: .bench-tmp)",
-    )  # fmt: skip
-    parser.add_argument("--repeat", type=int, default=3, help="rounds (default 3)")
+    parser = argument_parser(
+        __doc__,
+        work_dir_help="where journals, caches and the S3 server's data go (default: .bench-tmp)",
+        repeat_help="rounds (default 3)",
+        quick_help="smoke test: 1 round, small sizes",
+    )
     parser.add_argument("--read-size", type=int, default=1 * GiB, help="cold-read segment bytes")
     parser.add_argument(
         "--latency-seconds", type=float, default=20.0, help="per ack-to-S3 case (default 20)"
@@ -726,43 +709,31 @@ def main() -> int:
     parser.add_argument(
         "--parts", default="ingest,latency,read", help="comma-separated subset to run"
     )
-    parser.add_argument("--write-table", type=pathlib.Path, metavar="PERFORMANCE.md")
-    parser.add_argument("--quick", action="store_true", help="smoke test: 1 round, small sizes")
     args = parser.parse_args()
     scale = 1.0
     if args.quick:
         args.repeat, args.read_size, args.latency_seconds, scale = 1, 256 * MiB, 4.0, 0.125
     parts = set(args.parts.split(","))
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, sigterm_as_interrupt)
-    created = not args.dir.exists()
-    args.dir.mkdir(parents=True, exist_ok=True)
-    root = pathlib.Path(tempfile.mkdtemp(dir=args.dir, prefix="tier2-"))
+    stop_on_signals()
     result: dict[str, Any] = {
-        "benchmark": "tier2",
-        "version": __version__,
-        "when": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
+        **result_header("tier2"),
         "repeat": args.repeat,
         "quick": args.quick,
     }
-    server = Tier2Server(root / "s3")
-    try:
-        print("bench: starting SeaweedFS", file=sys.stderr)
-        server.start()
-        if "ingest" in parts:
-            result["ingest"] = part_ingest(server, root, args.repeat, scale)
-        if "latency" in parts:
-            result["ack_to_s3"] = part_latency(server, root, args.latency_seconds)
-        if "read" in parts:
-            size = args.read_size // MiB * MiB
-            result["cold_read"] = part_read(server, root, size, args.repeat)
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
-        if created:
-            with contextlib.suppress(OSError):
-                args.dir.rmdir()
+    with work_directory(args.dir, "tier2-") as root:
+        server = Tier2Server(root / "s3")
+        try:
+            log("starting SeaweedFS")
+            server.start()
+            if "ingest" in parts:
+                result["ingest"] = part_ingest(server, root, args.repeat, scale)
+            if "latency" in parts:
+                result["ack_to_s3"] = part_latency(server, root, args.latency_seconds)
+            if "read" in parts:
+                size = args.read_size // MiB * MiB
+                result["cold_read"] = part_read(server, root, size, args.repeat)
+        finally:
+            server.stop()
     targets: dict[str, Any] = {}
     if "ingest" in result:
         worst = min(row["ratio_median"] for row in result["ingest"])
@@ -791,7 +762,7 @@ def main() -> int:
             "met": default["vs_best_raw"] >= TARGET_READ_RATIO,
         }
     result["targets"] = targets
-    print(json.dumps(result, indent=2, ensure_ascii=False))
+    print_result(result)
     if args.write_table:
         write_table(result, args.write_table)
     return 0

@@ -226,7 +226,7 @@ class GatewayCollector(Collector):
         )
 
     def _embedded_s3(self) -> Iterator[Metric]:
-        from gateway.embedded.server import STATES
+        from gateway.embedded import STATES
 
         writer = self.node.storage_writer
         if writer is None or writer.layer.embedded is None:

@@ -17,7 +17,7 @@ from tests.helpers import daemon as daemon_helper
 from tests.helpers.disk import tmpfs
 
 if TYPE_CHECKING:
-    from gateway.embedded.server import EmbeddedS3
+    from gateway.embedded import EmbeddedS3
     from gateway.storage.s3 import S3Storage
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -108,7 +108,7 @@ def small_tmpfs(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
 @pytest.fixture(scope="session")
 def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
     """One SeaweedFS for the whole session (~2.5 s to start), stopped at the end."""
-    from gateway.embedded.server import EmbeddedS3
+    from gateway.embedded import EmbeddedS3
 
     server = EmbeddedS3(tmp_path_factory.mktemp("seaweedfs"))
     server.start()

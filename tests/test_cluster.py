@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 
 from gateway.container.results import SegmentInfo
-from gateway.embedded.server import EmbeddedS3
+from gateway.embedded import EmbeddedS3
 from gateway.errors import GatewayError, SegmentExists, SegmentNotFound, SegmentSealed
 from tests.helpers.cluster import NODES, Cluster, KiB, MiB, wait_for
 from tests.helpers.daemon import run_cli, scrape

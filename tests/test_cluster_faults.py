@@ -29,7 +29,7 @@ import trio
 
 from gateway.client.client import open_client
 from gateway.client.writer import open_segment_writer
-from gateway.embedded.server import EmbeddedS3
+from gateway.embedded import EmbeddedS3
 from gateway.storage.s3 import S3Storage
 from tests.helpers.cluster import BlackHole, Cluster, record, wait_for
 from tests.helpers.daemon import ROOT, run_cli, scrape

@@ -31,7 +31,7 @@ import crc32c
 import pytest
 
 from gateway.client.client import SyncClient
-from gateway.embedded.server import EmbeddedS3
+from gateway.embedded import EmbeddedS3
 from gateway.errors import GatewayError, SegmentNotFound
 from gateway.protocol.metadata_pb2 import ChunkRecord, ContainerSnapshot, SegmentRecord
 from gateway.storage.s3 import S3Storage

@@ -25,7 +25,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from gateway.embedded.server import EmbeddedS3
+from gateway.embedded import EmbeddedS3
 from tests.helpers.cluster import NODES, Cluster, wait_for
 from tests.helpers.mount import require_fuse
 from tests.helpers.spark_cluster import SparkCluster

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from gateway.client.client import SyncClient
-from gateway.embedded.server import EmbeddedS3
+from gateway.embedded import EmbeddedS3
 from gateway.errors import ConditionalCheckFailed, Overloaded
 from gateway.storage.s3 import S3Storage
 from tests.helpers.daemon import Daemon, run_cli

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from gateway.client.client import SyncClient
-from gateway.embedded.server import EmbeddedS3
+from gateway.embedded import EmbeddedS3
 from gateway.errors import GatewayError
 from gateway.storage.s3 import S3Storage
 from tests.helpers.daemon import ROOT, Daemon, free_port, run_cli, scrape

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.client.client import SyncClient, open_client
-from gateway.embedded.server import EmbeddedS3
+from gateway.embedded import EmbeddedS3
 from gateway.storage.s3 import S3Storage
 from tests.helpers.daemon import ROOT, scrape
 from tests.helpers.mount import MountedDaemon, mount_entry, mounted_daemon, require_fuse, run

@@ -38,7 +38,7 @@ from tests.helpers.daemon import Daemon, run_cli
 pytestmark = pytest.mark.slow
 
 if TYPE_CHECKING:
-    from gateway.embedded.server import EmbeddedS3
+    from gateway.embedded import EmbeddedS3
     from gateway.storage.s3 import S3Storage
 
 KiB = 1024

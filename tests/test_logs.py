@@ -12,7 +12,7 @@ import pytest
 
 from gateway import logs
 from gateway.client.client import SyncClient
-from gateway.embedded.server import EmbeddedS3
+from gateway.embedded import EmbeddedS3
 from gateway.storage.s3 import S3Storage
 from tests.helpers.daemon import Daemon
 

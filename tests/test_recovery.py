@@ -40,7 +40,7 @@ from tests.helpers.daemon import Daemon, run_cli
 pytestmark = pytest.mark.slow
 
 if TYPE_CHECKING:
-    from gateway.embedded.server import EmbeddedS3
+    from gateway.embedded import EmbeddedS3
     from gateway.storage.interface import ChunkStorage
 
 KiB = 1024

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from gateway.client.client import SyncClient
-from gateway.embedded.server import EmbeddedS3
+from gateway.embedded import EmbeddedS3
 from gateway.errors import SegmentNotFound
 from gateway.storage.s3 import S3Storage
 from gateway.tier2 import object_keys as names

@@ -28,7 +28,7 @@ from botocore import UNSIGNED
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import ClientError
 
-from gateway.embedded.server import (
+from gateway.embedded import (
     IDENTITIES_FILE,
     PORTS_FILE,
     EmbeddedS3,
@@ -155,7 +155,7 @@ def weeds_serving(data_dir: pathlib.Path) -> list[int]:
 # Starts weed without waiting for it, prints its pid, then waits to be killed.
 _PARENT = """
 import pathlib, sys, time
-from gateway.embedded.server import EmbeddedS3
+from gateway.embedded import EmbeddedS3
 server = EmbeddedS3(pathlib.Path(sys.argv[1]))
 server.spawn()
 print(server.pid, flush=True)
@@ -461,7 +461,7 @@ async def wait_until(predicate: Callable[[], bool], seconds: float) -> None:
 async def test_a_killed_server_fails_calls_fast_and_is_restarted(
     tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="gateway.embedded.server")
+    caplog.set_level(logging.INFO, logger="gateway.embedded")
     async with run_embedded_s3(tmp_path / "s3") as server:
         storage = client_of(server)
         layer = ChunkLayer(storage, retry_deadline=60, embedded=server)
@@ -507,7 +507,7 @@ async def test_a_killed_server_fails_calls_fast_and_is_restarted(
 async def test_restarts_back_off_while_they_fail(
     tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="gateway.embedded.server")
+    caplog.set_level(logging.INFO, logger="gateway.embedded")
     async with run_embedded_s3(
         tmp_path / "s3", restart_first_delay=0.4, restart_max_delay=0.8
     ) as server:

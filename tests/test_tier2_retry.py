@@ -18,7 +18,7 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from gateway.embedded.server import EmbeddedS3
+from gateway.embedded import EmbeddedS3
 from gateway.errors import BindingUnsupported, ChunkCorrupt, ChunkNotFound, Tier2Error
 from gateway.storage.layer import ChunkLayer
 from gateway.storage.retry import RetryEvent, retrying

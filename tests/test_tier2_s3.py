@@ -18,7 +18,7 @@ import pytest
 import urllib3.exceptions
 from botocore.exceptions import ClientError
 
-from gateway.embedded.server import EmbeddedS3
+from gateway.embedded import EmbeddedS3
 from gateway.errors import BindingUnsupported, ChunkNotFound
 from gateway.storage.interface import ChunkStorage
 from gateway.storage.s3 import MIN_PART_SIZE, S3Storage, is_temp_failure, retry_after

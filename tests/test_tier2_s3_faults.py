@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 
-from gateway.embedded.server import EmbeddedS3
+from gateway.embedded import EmbeddedS3
 from gateway.errors import Overloaded
 from gateway.storage.interface import ChunkStorage
 from gateway.storage.s3 import S3Storage

@@ -4,7 +4,9 @@ The layers, after S3QL's ``fsck.py``:
 
 - `gateway.fsck.checks`: one function per check, run in a fixed order
   (`report.CHECKS`), each reporting what it found and, with ``--repair``,
-  what it fixed;
+  what it fixed -- the checks in modules by what they check (`target`,
+  `journal_check`, `metadata_check`, `chunk_checks`, `orphan_check`,
+  `cache_check`);
 - `gateway.fsck.run`: the command -- offline on a stopped node's
   directories, or online through a running daemon;
 - `gateway.fsck.online`: the daemon's side of an ``FsckRequest``;

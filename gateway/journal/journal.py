@@ -20,29 +20,20 @@ new file) is *not* fatal: space is allocated before anything is written, so
 the group fails with JournalRefused/JournalFull, nothing was written, and
 later appends may succeed once space is freed.
 
-A full disk must not wedge the node: the only way out is to flush to Tier 2,
-record that, checkpoint and delete files, and all of those need journal
-space. So operations are submitted either as *client* operations or as
-*reserved* ones (Tier-2 progress, checkpoints, deletions: the operations
-that free space). The journal keeps a `ReserveFile` of disk space that only
-groups made of reserved operations may take when the disk is full. From the
-first refusal (or the first use of the reserve) until the reserve is whole
-again and there is room for a preallocation step, the journal is *short of
-space*: client operations wait (`wait_for_space`) or are refused at once
-(`submit`), reserved ones go on, and a background task retries the refill.
+A full disk must not wedge the node: the journal keeps a reserve of disk
+space for the operations that free space, and is *short of space* until it
+is whole again (`gateway.journal.space`).
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
-import os
 import pathlib
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
 
 import trio
 
@@ -61,132 +52,18 @@ from gateway.journal.files import (
     DirectoryLock,
     JournalFile,
     JournalFileName,
-    ReserveFile,
     fsync_directory,
 )
 from gateway.journal.format import HEADER_SIZE, encode_group, last_part_offsets, operation_prefix
+from gateway.journal.groups import JournalStatistics, Ticket, WriteGroup
 from gateway.journal.reader import DataCallback, ReplayCallback, ReplayResult, replay_journal
+from gateway.journal.space import SpaceKeeper
 from gateway.protocol.journal_pb2 import Checkpoint, EpochStarted, Operation
 from gateway.stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)
 
 KiB = 1024
-MiB = 1024 * KiB
-#: How often a journal short of space tries to make its reserve whole again.
-RESERVE_RETRY_SECONDS = 0.2
-#: Refusals while short of space are logged once, then at most this often.
-REFUSAL_LOG_SECONDS = 60.0
-
-
-def auto_reserve(directory: pathlib.Path) -> int:
-    """``journal.reserve = 0``: 1/16 of the file system, within [256 KiB, 16 MiB]."""
-    st = os.statvfs(directory)
-    size = st.f_blocks * st.f_frsize // 16
-    return max(256 * KiB, min(16 * MiB, size - size % 4096))
-
-
-class _Group:
-    """Operations written together and made durable by one fdatasync."""
-
-    __slots__ = (
-        "count", "created", "data_at", "done", "ends", "error", "file", "first_sequence",
-        "nbytes", "parts", "path", "reserved", "roll", "sizes",
-    )  # fmt: skip
-
-    def __init__(self) -> None:
-        #: Per operation: its Frame-field prefix, then its serialized buffers.
-        self.parts: list[Buffer] = []
-        #: Per operation: the index in ``parts`` just past it.
-        self.ends: list[int] = []
-        #: Per operation: its payload bytes, prefix included.
-        self.sizes: list[int] = []
-        self.count = 0
-        #: Payload bytes (prefixes + operations).
-        self.nbytes = 0
-        self.done = trio.Event()
-        #: Set by the committer once the group is durable.
-        self.first_sequence = 0
-        self.error: JournalError | None = None
-        #: trio clock time of the first operation (only tracked when lingering).
-        self.created = 0.0
-        #: Every operation in it may use the reserve (see the module docstring).
-        self.reserved = True
-        #: Start a new file with this group (a checkpoint that frees the old ones).
-        self.roll = False
-        #: Once written: the file, and per operation where its last part lies in it.
-        self.file: JournalFile | None = None
-        self.path: pathlib.Path | None = None
-        self.data_at: list[int] = []
-
-
-class Ticket:
-    """A submitted operation (`Journal.submit`)."""
-
-    __slots__ = ("_group", "_index")
-
-    def __init__(self, group: _Group, index: int) -> None:
-        self._group = group
-        self._index = index
-
-    @property
-    def done(self) -> bool:
-        """Whether the operation is durable or failed."""
-        return self._group.done.is_set()
-
-    def result(self) -> int:
-        """The sequence number of a durable operation; raise if it failed.
-
-        Only valid once `done`.
-        """
-        if self._group.error is not None:
-            raise self._group.error
-        return self._group.first_sequence + self._index
-
-    async def wait(self) -> int:
-        """Wait until the operation is durable; return its sequence number."""
-        await self._group.done.wait()
-        return self.result()
-
-    def location(self) -> tuple[pathlib.Path, int] | None:
-        """The journal file holding a durable operation, and where its last part lies in it.
-
-        For an append that last part is its data (`encode_append`); the bytes
-        stay there until the file is deleted, which happens only once they
-        are in Tier 2. None if the operation is not durable.
-        """
-        group = self._group
-        if group.error is not None or group.path is None or not group.done.is_set():
-            return None
-        return group.path, group.data_at[self._index]
-
-
-@dataclass(frozen=True)
-class JournalStatistics:
-    """A snapshot of the journal's counters (``Journal.statistics()``)."""
-
-    epoch: int
-    next_sequence: int
-    operations: int
-    operation_bytes: int
-    frames: int
-    groups: int
-    sync_seconds: float
-    files: int
-    disk_bytes: int
-    pending_bytes: int
-    queued_groups: int
-    frames_since_checkpoint: int
-    bytes_since_checkpoint: int
-    last_checkpoint: int
-    failed: str | None
-    #: Short of space: client operations wait, reserved ones may use the reserve.
-    short_of_space: bool
-    #: Bytes in the reserve file now, and what it should hold.
-    reserve_bytes: int
-    reserve_target: int
-    #: Groups refused (disk full, no descriptors) without failing the journal.
-    refusals: int
 
 
 class Journal:
@@ -214,8 +91,8 @@ class Journal:
         self._checkpoints: list[int] = list(recovered.checkpoints)
         self._pending_checkpoints: list[Ticket] = []
 
-        self._open_group = _Group()
-        self._queue: deque[_Group] = deque()
+        self._open_group = WriteGroup()
+        self._queue: deque[WriteGroup] = deque()
         self._pending_bytes = 0
         self._space = trio.Event()
         self._admission = trio.Lock()
@@ -224,23 +101,8 @@ class Journal:
         self._committer_idle = False
         self._closing = False
         self._error: JournalError | None = None
-        #: How many times a group was refused without failing the journal
-        #: (disk full). Each refusal also refused everything queued then.
-        self.refusals = 0
-        #: Disk space for reserved operations; opened by `open_journal`.
-        self._reserve: ReserveFile | None = None
-        self._reserve_base = config.reserve
-        self._last_checkpoint_bytes = 0
-        #: See the module docstring. Set by the committer, cleared by `_keep_reserve`.
-        self.short_of_space = False
-        self._space_lost = trio.Event()
-        self._space_restored = trio.Event()
-        self._space_restored.set()
-        self._reserve_poke = trio.Event()
-        #: Set by the committer thread when a group took space from the reserve.
-        self._used_reserve = False
-        self._refusal_logged = -float("inf")
-        self._refusals_unlogged = 0
+        #: The reserve and the short-of-space state; its file is opened by `open_journal`.
+        self._room = SpaceKeeper(directory, config)
         # One thread at a time touches the files: the committer's groups and
         # truncation are serialized by this limiter.
         self._limiter = trio.CapacityLimiter(1)
@@ -262,6 +124,16 @@ class Journal:
         self._bytes_since_checkpoint = 0
 
     # -- appending -----------------------------------------------------------
+
+    @property
+    def short_of_space(self) -> bool:
+        """Short of disk space: client operations wait, reserved ones may use the reserve."""
+        return self._room.short_of_space
+
+    @property
+    def refusals(self) -> int:
+        """Groups refused (disk full, no descriptors) without failing the journal."""
+        return self._room.refusals
 
     @property
     def next_sequence(self) -> int:
@@ -328,7 +200,7 @@ class Journal:
     async def wait_room(self) -> None:
         """Wait until the journal is no longer short of disk space (or closes)."""
         while self.short_of_space and not self._closing and self._error is None:
-            await self._space_restored.wait()
+            await self._room.space_restored.wait()
 
     def submit(self, parts: Sequence[Buffer], reserved: bool = False) -> Ticket:
         """Queue an operation without waiting; `Ticket.wait` gives its sequence number.
@@ -348,7 +220,7 @@ class Journal:
         if size > self._cfg.max_operation_bytes:
             raise OperationTooLarge(size, self._cfg.max_operation_bytes)
         if self.short_of_space and not reserved:
-            self._note_refusal(None)
+            self._room.note_refusal(None)
             raise JournalRefused(
                 "its disk is full; client operations wait until flushes to Tier 2 and "
                 "checkpoints free space"
@@ -380,7 +252,7 @@ class Journal:
 
     def _close_open_group(self) -> None:
         self._queue.append(self._open_group)
-        self._open_group = _Group()
+        self._open_group = WriteGroup()
         self._group_closed.set()
 
     def file_of(self, sequence: int) -> int:
@@ -417,8 +289,8 @@ class Journal:
             reserved=True,
         )
         if roll:
-            ticket._group.roll = True
-        self._last_checkpoint_bytes = len(snapshot)
+            ticket.group.roll = True
+        self._room.last_checkpoint_bytes = len(snapshot)
         self._pending_checkpoints.append(ticket)
         return ticket
 
@@ -449,7 +321,7 @@ class Journal:
             self._delete_files_before, limit, limiter=self._limiter
         )
         if deleted:
-            self._reserve_poke.set()  # room again, perhaps: try the refill now
+            self._room.poke.set()  # room again, perhaps: try the refill now
         return deleted
 
     def rolled_checkpoint_frees(self, keep_from: int | None) -> bool:
@@ -468,7 +340,7 @@ class Journal:
                 break
             with suppress(FileNotFoundError):
                 freed += f.path.stat().st_size
-        return freed > 2 * self._last_checkpoint_bytes + 64 * KiB
+        return freed > 2 * self._room.last_checkpoint_bytes + 64 * KiB
 
     def would_truncate(self, checkpoint_sequence: int, keep_from: int | None = None) -> bool:
         """Whether `truncate` with these arguments would delete a file."""
@@ -497,7 +369,7 @@ class Journal:
         """Write groups and sync them, overlapping the two: group N+1 is written
         while group N's fdatasync runs (at most two groups are ever unsynced;
         recovery's torn-write rule allows for it, see `replay_journal`)."""
-        send, receive = trio.open_memory_channel[_Group](0)
+        send, receive = trio.open_memory_channel[WriteGroup](0)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._run_syncs, receive)
@@ -525,7 +397,7 @@ class Journal:
             self._begin_close()
             self._fail_waiting(self._error or JournalClosed())
 
-    async def _take_group(self) -> _Group | None:
+    async def _take_group(self) -> WriteGroup | None:
         if not self._queue:
             while self._open_group.count == 0:
                 if self._closing or self._error is not None:
@@ -545,7 +417,7 @@ class Journal:
                 self._close_open_group()
         return self._queue.popleft()
 
-    async def _run_syncs(self, receive: trio.MemoryReceiveChannel[_Group]) -> None:
+    async def _run_syncs(self, receive: trio.MemoryReceiveChannel[WriteGroup]) -> None:
         async with receive:
             async for group in receive:
                 try:
@@ -569,7 +441,7 @@ class Journal:
                 self._settle(group, None)
                 self._synced_one()
 
-    def _settle(self, group: _Group, error: JournalError | None) -> None:
+    def _settle(self, group: WriteGroup, error: JournalError | None) -> None:
         """A group is durable (``error`` None) or failed: release its waiters."""
         group.error = error
         self._pending_bytes -= group.nbytes
@@ -586,14 +458,14 @@ class Journal:
         while self._unsynced:
             await self._all_synced.wait()
 
-    def _might_roll(self, group: _Group) -> bool:
+    def _might_roll(self, group: WriteGroup) -> bool:
         """Whether writing ``group`` may start a new file (an upper bound on its size)."""
         f = self._file
         if f is None or group.roll or self.short_of_space:
             return True
         return f.size + group.nbytes + HEADER_SIZE * group.count > self._cfg.file_size
 
-    async def _write(self, group: _Group) -> bool:
+    async def _write(self, group: WriteGroup) -> bool:
         """Frame and write one group (not synced yet); False if it was refused or failed."""
         first = self._next_sequence
         try:
@@ -603,9 +475,9 @@ class Journal:
             # owner that assigned positions in submission order (segment
             # offsets) would otherwise see a later operation land without
             # an earlier one.
-            self.refusals += 1
-            self._note_refusal(e)
-            self._become_short_of_space()
+            self._room.refusals += 1
+            self._room.note_refusal(e)
+            self._room.become_short()
             self._settle(group, e)
             self._fail_waiting(e)
             return False
@@ -617,14 +489,14 @@ class Journal:
             self._settle(group, self._error)
             return False
         finally:
-            if self._used_reserve:
-                self._used_reserve = False
-                self._become_short_of_space()
+            if self._room.used_reserve:
+                self._room.used_reserve = False
+                self._room.become_short()
         group.first_sequence = first
         self._next_sequence = first + group.count
         return True
 
-    def _write_group(self, group: _Group, first: int) -> None:
+    def _write_group(self, group: WriteGroup, first: int) -> None:
         """Frame and write one group (worker thread); `_sync_group` makes it durable."""
         buffers, total, frames = encode_group(
             group.parts, group.ends, group.sizes, first, self.epoch, self._cfg.max_frame_bytes
@@ -647,7 +519,7 @@ class Journal:
         self._frames_since_checkpoint += frames
         self._bytes_since_checkpoint += total
 
-    def _sync_group(self, group: _Group) -> None:
+    def _sync_group(self, group: WriteGroup) -> None:
         """fdatasync the file a group was written to (worker thread)."""
         failpoints.hit("journal_sync")
         started = time.perf_counter()
@@ -657,7 +529,7 @@ class Journal:
         self._sync_seconds += took
         self.sync_latency.observe(took)
 
-    def _allocate(self, group: _Group, first: int, total: int) -> JournalFile:
+    def _allocate(self, group: WriteGroup, first: int, total: int) -> JournalFile:
         """The file to write ``total`` bytes of ``group`` into, with the space allocated.
 
         Raises JournalRefused (nothing written) when there is no room and
@@ -668,7 +540,7 @@ class Journal:
         try:
             return self._take_space(f, roll, first, total, exact=False)
         except JournalRefused:
-            if not group.reserved or self._reserve is None:
+            if not group.reserved or self._room.reserve is None:
                 raise
         # The disk is full and every operation of the group frees space
         # sooner or later: take what it needs, to the page, from the reserve.
@@ -676,8 +548,7 @@ class Journal:
         if roll and not group.roll and f is not None:
             roll = False
         need = total if f is None or roll else f.size + total - f.allocated
-        self._reserve.release(need)
-        self._used_reserve = True
+        self._room.release(need)
         return self._take_space(f, roll, first, total, exact=True)
 
     def _take_space(
@@ -698,84 +569,19 @@ class Journal:
 
     # -- running short of space --------------------------------------------------
 
-    def _reserve_target(self) -> int:
-        """Bytes the reserve should hold: the configured floor, and twice the last checkpoint."""
-        return max(self._reserve_base, 2 * self._last_checkpoint_bytes + 64 * KiB)
+    async def _keep_room(self) -> None:
+        """While short of space, retry the refill (`SpaceKeeper.keep`)."""
+        await self._room.keep(
+            lambda: not self._closing and self._error is None,
+            lambda: self._room.has_room(self._file),
+            self._limiter,
+        )
 
-    def _become_short_of_space(self) -> None:
-        """Client operations now wait until `_keep_reserve` finds room again."""
-        if not self.short_of_space:
-            self.short_of_space = True
-            self._space_restored = trio.Event()
-            self._space_lost.set()
-        self._reserve_poke.set()
-
-    def _note_refusal(self, e: JournalError | None) -> None:
-        """Log a refusal: the first at once, then a count at most every REFUSAL_LOG_SECONDS."""
-        now = time.monotonic()
-        self._refusals_unlogged += 1
-        if now - self._refusal_logged < REFUSAL_LOG_SECONDS:
-            return
-        what = f": {e}" if e is not None else ""
-        if self._refusal_logged == -float("inf"):
-            log.error(
-                "journal refused client operations%s; they wait and are refused until "
-                "flushes to Tier 2 and checkpoints free space (the reserve keeps room for those)",
-                what,
-            )
-        else:
-            log.warning(
-                "journal: still short of space: %d refusal(s) in the last %.0fs%s",
-                self._refusals_unlogged,
-                now - self._refusal_logged,
-                what,
-            )
-        self._refusal_logged = now
-        self._refusals_unlogged = 0
-
-    def _has_room(self) -> bool:
-        """Make the reserve whole; then is there room for client groups? (worker thread)"""
-        if self._reserve is None:
-            return True
-        if not self._reserve.grow_to(self._reserve_target()):
-            return False
-        f = self._file
-        if f is not None and f.allocated - f.size >= self._cfg.max_group_bytes:
-            return True
-        st = os.statvfs(self.directory)
-        return st.f_bavail * st.f_frsize >= self._cfg.preallocate_step
-
-    async def _keep_reserve(self) -> None:
-        """While short of space, retry the refill; when it works, let clients in again."""
-        while not self._closing and self._error is None:
-            if not self.short_of_space:
-                await self._space_lost.wait()
-                self._space_lost = trio.Event()
-                continue
-            try:
-                room = await trio.to_thread.run_sync(self._has_room, limiter=self._limiter)
-            except OSError as e:
-                log.warning("journal: cannot grow the reserve %s: %s", self._reserve, e)
-                room = False
-            if room and self.short_of_space:
-                self.short_of_space = False
-                self._space_restored.set()
-                log.info(
-                    "journal: room again (%d refusal(s) meanwhile); client operations resume",
-                    self.refusals,
-                )
-                self._refusal_logged = -float("inf")
-                self._refusals_unlogged = 0
-                continue
-            with trio.move_on_after(RESERVE_RETRY_SECONDS):
-                await self._reserve_poke.wait()
-            self._reserve_poke = trio.Event()
-
-    def _note_checkpoints(self, group: _Group) -> None:
+    def _note_checkpoints(self, group: WriteGroup) -> None:
         """Register the checkpoints that just became durable."""
         still = []
         for t in self._pending_checkpoints:
-            if t._group is group:
+            if t.group is group:
                 bisect.insort(self._checkpoints, t.result())
                 self._frames_since_checkpoint = 0
                 self._bytes_since_checkpoint = 0
@@ -786,7 +592,7 @@ class Journal:
     def _fail_waiting(self, error: JournalError) -> None:
         groups = [*self._queue, self._open_group]
         self._queue.clear()
-        self._open_group = _Group()
+        self._open_group = WriteGroup()
         for g in groups:
             if g.count and not g.done.is_set():
                 g.error = error
@@ -794,25 +600,9 @@ class Journal:
                 g.done.set()
         self._space.set()
         if not isinstance(error, JournalRefused):
-            self._space_restored.set()  # waiters for room see the failure or the close
+            self._room.space_restored.set()  # waiters for room see the failure or the close
 
     # -- lifecycle -------------------------------------------------------------
-
-    def _open_reserve(self) -> bool:
-        """Open the reserve; whether it is whole, or could be made so (worker thread)."""
-        if not self._reserve_base:
-            self._reserve_base = auto_reserve(self.directory)
-        self._reserve = ReserveFile(self.directory)
-        if self._reserve.grow_to(self._reserve_target()):
-            return True
-        log.warning(
-            "journal: the disk is full; %d of %d reserve bytes held (%s): client operations "
-            "wait until flushes and checkpoints make room",
-            self._reserve.size,
-            self._reserve_target(),
-            self._reserve.path,
-        )
-        return False
 
     async def _start_epoch(self) -> None:
         op = Operation(
@@ -836,17 +626,14 @@ class Journal:
 
     def _begin_close(self) -> None:
         self._closing = True
-        self._space_restored.set()
-        self._space_lost.set()  # `_keep_reserve` ends
-        self._reserve_poke.set()
+        self._room.wake_all()
         self._wake_committer()
 
     def _close_file(self) -> None:
         if self._file is not None:
             self._file.seal()
             self._file = None
-        if self._reserve is not None:
-            self._reserve.close()
+        self._room.close()
 
     @property
     def failed(self) -> JournalError | None:
@@ -872,9 +659,9 @@ class Journal:
             last_checkpoint=self._checkpoints[-1] if self._checkpoints else 0,
             failed=str(self._error) if self._error else None,
             short_of_space=self.short_of_space,
-            reserve_bytes=self._reserve.size if self._reserve is not None else 0,
-            reserve_target=self._reserve_target(),
-            refusals=self.refusals,
+            reserve_bytes=self._room.reserve.size if self._room.reserve is not None else 0,
+            reserve_target=self._room.target(),
+            refusals=self._room.refusals,
         )
 
 
@@ -908,11 +695,11 @@ async def open_journal(
             replay_journal, directory, replay, True, on_file, on_data
         )
         journal = Journal(directory, config, recovered, min_epoch)
-        if not await trio.to_thread.run_sync(journal._open_reserve):
-            journal._become_short_of_space()
+        if not await trio.to_thread.run_sync(journal._room.open):
+            journal._room.become_short()
         async with service_nursery() as nursery:
             nursery.start_soon(journal._run_commits)
-            nursery.start_soon(journal._keep_reserve)
+            nursery.start_soon(journal._keep_room)
             try:
                 await journal._start_epoch()
                 yield journal

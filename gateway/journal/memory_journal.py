@@ -21,7 +21,7 @@ import trio
 
 from gateway.buffers import Buffer
 from gateway.errors import JournalError
-from gateway.journal.journal import JournalStatistics
+from gateway.journal.groups import JournalStatistics
 from gateway.protocol.journal_pb2 import Checkpoint, Operation
 
 

@@ -1,7 +1,7 @@
 """Opening the Tier-2 binding that ``[tier2] url`` names.
 
 - ``embedded``: SeaweedFS as a supervised child process
-  (`gateway.embedded.server`), data under ``<node.data_dir>/s3``, reached
+  (`gateway.embedded`), data under ``<node.data_dir>/s3``, reached
   through the S3 binding with the identity kept there;
 - ``s3://BUCKET[/PREFIX]``: the S3 binding (``endpoint_url`` for S3-compatible
   servers; credentials from the usual AWS sources);
@@ -22,7 +22,7 @@ from gateway.storage.interface import ChunkStorage
 from gateway.storage.layer import ChunkLayer
 
 if TYPE_CHECKING:
-    from gateway.embedded.server import EmbeddedS3
+    from gateway.embedded import EmbeddedS3
 
 
 @asynccontextmanager
@@ -34,7 +34,7 @@ async def open_tier2(config: Config) -> AsyncIterator[ChunkLayer]:
         barrier: Callable[[], None] | None = None
         embedded: EmbeddedS3 | None = None
         if t.url == "embedded":
-            from gateway.embedded.server import run_embedded_s3
+            from gateway.embedded import run_embedded_s3
             from gateway.storage.s3 import S3Storage
 
             embedded = await stack.enter_async_context(

@@ -36,7 +36,7 @@ from gateway.storage.interface import ChunkStorage, ObjectInfo
 from gateway.storage.retry import RetryEvent, retrying
 
 if TYPE_CHECKING:
-    from gateway.embedded.server import EmbeddedS3
+    from gateway.embedded import EmbeddedS3
 
 __all__ = ["ChunkLayer", "ChunkLayerStatistics"]
 

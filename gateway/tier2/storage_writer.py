@@ -24,10 +24,8 @@ and unpins the cache entries; the next checkpoint lets the journal drop
 files that held only flushed data. A crash between the upload and the
 journal leaves an object nobody names (garbage for GC), never a hole.
 
-Chunks dropped by truncation or deletion are deleted in the background, with
-the retry policy; what fails is left to GC. After flushes, a metadata
-snapshot is uploaded at most every ``tier2.snapshot_interval``, and GC runs
-every ``tier2.gc_interval``.
+Chunks dropped by truncation or deletion are deleted in the background, and
+metadata snapshots and GC run beside the flushes (`gateway.tier2.housekeeping`).
 
 While Tier 2 is unreachable, flushes fail and are retried with backoff; the
 unflushed bytes grow until the cache's pinned share pushes back on appends
@@ -39,8 +37,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -48,7 +44,6 @@ import crc32c
 import trio
 
 from gateway import failpoints
-from gateway.aio import crc32c_of
 from gateway.attrindex.store import AttributeIndexStore
 from gateway.buffers import Buffer
 from gateway.config import Tier2Config
@@ -61,7 +56,7 @@ from gateway.read.chunks import ChunkReader
 from gateway.storage.layer import ChunkLayer
 from gateway.tier2 import gc
 from gateway.tier2 import object_keys as names
-from gateway.tier2.snapshots import build_snapshot, object_metadata
+from gateway.tier2.housekeeping import Housekeeper
 
 log = logging.getLogger(__name__)
 
@@ -142,11 +137,8 @@ class StorageWriter:
         #: Object keys being uploaded and not yet named by applied metadata:
         #: GC and the deleter must leave them alone.
         self.uploading: set[str] = set()
-        self._deletes: deque[tuple[str, int]] = deque()
-        self._deletes_ready = trio.Event()
         self._wake = trio.Event()
         self._progress = trio.Event()
-        self._flushed_since_snapshot = trio.Event()
         self._limiter = trio.CapacityLimiter(config.flush_concurrency)
         self._nursery: trio.Nursery | None = None
         self.flushes = 0
@@ -154,18 +146,13 @@ class StorageWriter:
         self.chunks_created = 0
         self.chunk_appends = 0
         self.flush_failures = 0
-        self.chunks_deleted = 0
-        self.delete_failures = 0
-        self.snapshots = 0
-        self.snapshot_failures = 0
         #: Set when this node id was taken over: nothing is uploaded any more.
         self.fenced: GatewayError | None = None
         #: In a cluster: nothing is uploaded or deleted while it is not held
         #: (another process may be taking this node id over).
         self.lease: LeaseGate | None = None
-        self.gc_passes = 0
-        self.gc_deleted = 0
-        self.gc_failures = 0
+        #: Deletes dropped chunks, uploads snapshots, collects garbage.
+        self.housekeeping = Housekeeper(self)
         #: Segments whose waiting attribute changes must be indexed now.
         self._attr_urgent: set[int] = set()
 
@@ -235,9 +222,7 @@ class StorageWriter:
     def on_dropped(self, seg: Segment, chunks: list[ChunkRecord], deleted: bool) -> None:
         """Delete the objects of chunks that left the metadata, in the background."""
         for c in chunks:
-            self._deletes.append((c.name, seg.id))
-        if chunks:
-            self._deletes_ready.set()
+            self.housekeeping.delete_later(c.name, seg.id)
         if deleted:
             self._unflushed.pop(seg.id, None)
             self._urgent.pop(seg.id, None)
@@ -264,9 +249,7 @@ class StorageWriter:
                 self._unflushed[seg.id] = now - self.cfg.flush_interval
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            nursery.start_soon(self._run_deletes)
-            nursery.start_soon(self._run_snapshots)
-            nursery.start_soon(self._run_gc)
+            self.housekeeping.start(nursery)
             task_status.started()
             while True:
                 next_due = self._start_due_flushes()
@@ -286,7 +269,8 @@ class StorageWriter:
             self._nursery.cancel_scope.cancel()
         self._progress.set()
 
-    def _check_fence(self) -> None:
+    def check_fence(self) -> None:
+        """Raise if this writer may not touch Tier 2: fenced, or its lease not confirmed."""
         if self.fenced is not None:
             raise self.fenced
         if self.lease is not None and not self.lease.held():
@@ -467,7 +451,7 @@ class StorageWriter:
         index = AttributeIndexRecord()
         if seg.attr_index is not None:
             index.CopyFrom(seg.attr_index)
-        self._check_fence()
+        self.check_fence()
         written = await self.attributes.write_batch(
             seg.id, seg.name, index, changes, self.epoch, self.uploading
         )
@@ -486,14 +470,13 @@ class StorageWriter:
                 )
             )
             if not applied and self.container.segment_by_id(seg.id) is None and chunk.length:
-                self._deletes.append((chunk.name, seg.id))  # the segment went meanwhile
-                self._deletes_ready.set()
+                self.housekeeping.delete_later(chunk.name, seg.id)  # the segment went meanwhile
         finally:
             self.uploading.discard(chunk.name)
         if applied:
             self.attributes.committed(seg.id, index, batch)
             self.flushes += 1
-            self._flushed_since_snapshot.set()
+            self.housekeeping.flushed()
 
     def _flush_source(self, source: Segment) -> None:
         """A merged source must reach Tier 2 before its target can go on."""
@@ -516,7 +499,7 @@ class StorageWriter:
         metadata = names.chunk_metadata(
             seg.name, record.start_offset, record.length, record.crc32c, self.epoch
         )
-        self._check_fence()
+        self.check_fence()
         self.uploading.add(key)
         try:
             if extend is not None:
@@ -529,8 +512,7 @@ class StorageWriter:
             self.uploading.discard(key)
         if not added:
             # Truncated past it or deleted while it was uploading.
-            self._deletes.append((key, seg.id))
-            self._deletes_ready.set()
+            self.housekeeping.delete_later(key, seg.id)
             if not self.container.segment_by_id(seg.id):
                 raise SegmentNotFound(seg.name)
             return
@@ -540,7 +522,7 @@ class StorageWriter:
             self.chunk_appends += 1
         else:
             self.chunks_created += 1
-        self._flushed_since_snapshot.set()
+        self.housekeeping.flushed()
 
     async def _record_chunk(self, seg: Segment, record: ChunkRecord, extends: bool) -> bool:
         """Journal an uploaded chunk; whether it was added (False: truncated away or deleted)."""
@@ -593,7 +575,7 @@ class StorageWriter:
         bounds the whole wait; past it, `FlushTimeout` says what was still
         to be uploaded and the last attempt's error.
         """
-        self._check_fence()
+        self.check_fence()
         if segment_ids is None:
             segment_ids = [s.id for s in self.container.segments() if self._needs_flush(s)]
         targets: dict[int, int] = {}
@@ -675,7 +657,7 @@ class StorageWriter:
             # Woken by each attempt's end; at the deadline, or when failures stop being retried.
             with trio.move_on_at(min(deadline, retry_until) if failed else deadline):
                 await self._progress.wait()
-            self._check_fence()
+            self.check_fence()
 
     def _still_to_flush(
         self, targets: dict[int, int], waited: float, failure: _Failure | None
@@ -699,115 +681,20 @@ class StorageWriter:
         )
         return f"flush of {what}: {left} byte(s) not in Tier 2 after waiting {waited:.1f}s{why}"
 
-    # -- background deletion -------------------------------------------------------------
+    # -- beside flushing (`gateway.tier2.housekeeping`) ---------------------------------------
 
-    def _still_named(self, key: str, seg_id: int) -> bool:
-        seg = self.container.segment_by_id(seg_id)
-        if seg is None:
-            return False
-        if any(c.name == key for c in seg.chunks):
-            return True
-        return seg.attr_index is not None and any(c.name == key for c in seg.attr_index.chunks)
-
-    async def _run_deletes(self) -> None:
-        while True:
-            if not self._deletes:
-                await self._deletes_ready.wait()
-                self._deletes_ready = trio.Event()
-                continue
-            if self.lease is not None and not self.lease.held():
-                await trio.sleep(1.0)  # another process may own these objects by now
-                continue
-            key, seg_id = self._deletes.popleft()
-            if key in self.uploading or self._still_named(key, seg_id):
-                continue
-            try:
-                await self.layer.delete(key)
-                self.chunks_deleted += 1
-            except Tier2Error as e:
-                self.delete_failures += 1
-                log.warning("cannot delete chunk %s (GC will): %s", key, e)
-            await self._forget_chunk(key)
-
-    async def _forget_chunk(self, key: str) -> None:
-        """A chunk object is gone: drop its blocks from memory and the cache store."""
-        self.attributes.forget_chunk(key)  # first: a reader caching it now drops it again
-        self.reader.drop_chunk(key)
-        await trio.to_thread.run_sync(self.reader.store.drop_chunk, key)
-
-    # -- metadata snapshots ----------------------------------------------------------------
-
-    async def _run_snapshots(self) -> None:
-        last = -math.inf
-        while True:
-            await self._flushed_since_snapshot.wait()
-            wait_until = last + self.cfg.snapshot_interval
-            if trio.current_time() < wait_until:
-                await trio.sleep_until(wait_until)
-            self._flushed_since_snapshot = trio.Event()
-            last = trio.current_time()
-            try:
-                await self.upload_snapshot()
-            except Tier2Error as e:
-                self.snapshot_failures += 1
-                self._flushed_since_snapshot.set()  # try again next interval
-                log.warning("metadata snapshot upload failed: %s", e)
+    @property
+    def chunks_deleted(self) -> int:
+        """Dropped chunks deleted in the background so far."""
+        return self.housekeeping.chunks_deleted
 
     async def upload_snapshot(self) -> str:
         """Upload a metadata snapshot now and delete the oldest beyond ``snapshots_kept``."""
-        self._check_fence()
-        at_ms = int(time.time() * 1000)
-        snapshot = build_snapshot(
-            self.container.committed_snapshot(), self.node, self.epoch, at_ms
-        ).SerializeToString()
-        key = names.snapshot_key(self.node, at_ms, self.epoch)
-        crc = await crc32c_of(snapshot)
-        await self.layer.write(
-            key,
-            snapshot,
-            object_metadata(crc),
-        )
-        self.snapshots += 1
-        kept = await self.layer.list(names.meta_prefix(self.node))
-        old = sorted(o.key for o in kept if o.key.endswith(".snapshot"))
-        for stale in old[: max(0, len(old) - self.cfg.snapshots_kept)]:
-            await self.layer.delete(stale)
-        return key
-
-    # -- garbage collection ----------------------------------------------------------------
-
-    def _referenced(self) -> set[str]:
-        named = {c.name for s in self.container.segments() for c in s.chunks}
-        named |= {
-            c.name
-            for s in self.container.segments()
-            if s.attr_index is not None
-            for c in s.attr_index.chunks
-        }
-        return named | self.uploading
-
-    async def _run_gc(self) -> None:
-        while True:
-            await trio.sleep(self.cfg.gc_interval)
-            await self.collect_garbage()
+        return await self.housekeeping.upload_snapshot()
 
     async def collect_garbage(self) -> gc.GcResult | None:
         """One GC pass now; None if it failed (logged) or could not run (no lease)."""
-        if self.fenced is not None or (self.lease is not None and not self.lease.held()):
-            return None  # the objects may be another process's by now
-        try:
-            result = await gc.collect(
-                self.layer, self.node, self._referenced, grace=self.cfg.gc_grace
-            )
-        except Tier2Error as e:
-            self.gc_failures += 1
-            log.warning("garbage collection failed: %s", e)
-            return None
-        self.gc_passes += 1
-        self.gc_deleted += result.deleted
-        for key in result.deleted_keys:
-            await self._forget_chunk(key)
-        return result
+        return await self.housekeeping.collect_garbage()
 
     # -- observability -----------------------------------------------------------------------
 
@@ -818,6 +705,7 @@ class StorageWriter:
             seg = self.container.segment_by_id(seg_id)
             if seg is not None:
                 unflushed += seg.length - seg.storage_length
+        h = self.housekeeping
         return StorageWriterStatistics(
             flushes=self.flushes,
             bytes_flushed=self.bytes_flushed,
@@ -826,11 +714,11 @@ class StorageWriter:
             flush_failures=self.flush_failures,
             unflushed_segments=len(self._unflushed),
             unflushed_bytes=unflushed,
-            chunks_deleted=self.chunks_deleted,
-            delete_failures=self.delete_failures,
-            snapshots=self.snapshots,
-            snapshot_failures=self.snapshot_failures,
-            gc_passes=self.gc_passes,
-            gc_deleted=self.gc_deleted,
-            gc_failures=self.gc_failures,
+            chunks_deleted=h.chunks_deleted,
+            delete_failures=h.delete_failures,
+            snapshots=h.snapshots,
+            snapshot_failures=h.snapshot_failures,
+            gc_passes=h.gc_passes,
+            gc_deleted=h.gc_deleted,
+            gc_failures=h.gc_failures,
         )

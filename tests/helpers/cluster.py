@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.client.client import SyncClient
-from gateway.embedded.server import EmbeddedS3
+from gateway.embedded import EmbeddedS3
 from tests.helpers.mount import MountedDaemon
 
 NODES = ("node-a", "node-b", "node-c")

@@ -72,7 +72,7 @@ import trio
 
 from gateway.client.client import SyncClient, open_client
 from gateway.client.writer import RETRYABLE, SegmentWriter, open_segment_writer
-from gateway.embedded.server import EmbeddedS3
+from gateway.embedded import EmbeddedS3
 from gateway.errors import GatewayError
 from gateway.storage.s3 import S3Storage
 from tests.helpers.cluster import BlackHole, record

@@ -1,0 +1,213 @@
+"""bench/fuse_read.py's targets and its section of docs/PERFORMANCE.md."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+from typing import Any
+
+from common import ROOT, met, replace_table
+from fuse_read_measure import IOPS_READS, IOPS_SECONDS, IOPS_THREADS, LATENCY_SAMPLES
+from fuse_read_systems import RANDOM_SYSTEMS, SEQ_MODES, Bench
+
+TABLE_START = "<!-- bench/fuse_read.py:start -->"
+TABLE_END = "<!-- bench/fuse_read.py:end -->"
+SECTION_HEADING = "## The FUSE mount: `bench/fuse_read.py`"
+
+TARGET_COLD_VS_S3FS = 1.25
+TARGET_COLD_VS_RCLONE = 2.0
+TARGET_WARM_VS_LOCAL = 0.7
+TARGET_ROCKSDB_MBPS = 1000.0
+#: 4 KiB random reads from a cold state against boto3's 4 KiB ranged GETs.
+TARGET_IOPS_VS_BOTO3 = 0.8
+TARGET_FIRST_BYTE_VS_BOTO3 = 2.0
+#: Re-reads of an active segment against those of a sealed one.
+TARGET_ACTIVE_VS_SEALED = 0.8
+
+
+def targets(result: dict[str, Any]) -> dict[str, Any]:
+    """The targets a full run measures (a run of some --parts: the random-read ratios only)."""
+    out = random_targets(result)
+    if any(m not in result["sequential"] for m in SEQ_MODES):
+        return out
+    return {**_sequential_targets(result), **out}
+
+
+def random_targets(result: dict[str, Any]) -> dict[str, Any]:
+    """Ours against boto3's 4 KiB ranged GETs, and the active segment's re-read ratio."""
+    out: dict[str, Any] = {}
+    r = result["random_4k"]
+    if "ours" in r and "boto3" in r:
+        out["random_iops_vs_boto3"] = {
+            "value": r["ours"]["iops"] / r["boto3"]["iops"], "target": TARGET_IOPS_VS_BOTO3,
+        }  # fmt: skip
+        out["first_byte_vs_boto3"] = {
+            "value": r["ours"]["first_byte_p50_ms"] / r["boto3"]["first_byte_p50_ms"],
+            "target_at_most": TARGET_FIRST_BYTE_VS_BOTO3,
+        }
+        out["random_iops_vs_boto3"]["met"] = (
+            out["random_iops_vs_boto3"]["value"] >= TARGET_IOPS_VS_BOTO3
+        )
+        out["first_byte_vs_boto3"]["met"] = (
+            out["first_byte_vs_boto3"]["value"] <= TARGET_FIRST_BYTE_VS_BOTO3
+        )
+    a = result.get("active_segment")
+    if a is not None:
+        out["active_reread_vs_sealed"] = {
+            "value": a["reread_vs_sealed"],
+            "target": TARGET_ACTIVE_VS_SEALED,
+            "met": a["reread_vs_sealed"] >= TARGET_ACTIVE_VS_SEALED,
+        }
+    return out
+
+
+def _sequential_targets(result: dict[str, Any]) -> dict[str, Any]:
+    s = {k: v["MBps"] for k, v in result["sequential"].items()}
+    cold = s["ours_cold"]
+    checks = {
+        "cold_vs_s3fs": (cold / s["s3fs"], TARGET_COLD_VS_S3FS),
+        "cold_vs_rclone_off": (cold / s["rclone_off"], TARGET_COLD_VS_RCLONE),
+        # Paired: the local file read in the same seconds, median of the rounds' ratios.
+        "warm_vs_local_warm": (result["sequential"]["ours_warm"]["vs_local"], TARGET_WARM_VS_LOCAL),
+        "rocksdb_warm_MBps": (s["ours_rocksdb"], TARGET_ROCKSDB_MBPS),
+    }
+    out: dict[str, Any] = {
+        k: {"value": v, "target": t, "met": v >= t} for k, (v, t) in checks.items()
+    }
+    out["informational"] = {
+        "cold_vs_boto3_single": cold / s["boto3_single"],
+        "cold_vs_boto3_parallel": cold / s["boto3_parallel"],
+        "cold_vs_rclone_full": cold / s["rclone_full"],
+        "rocksdb_warm_vs_local_cold": s["ours_rocksdb"] / s["local_cold"],
+        "rocksdb_warm_in_page_cache_MBps": s["ours_rocksdb_mem"],
+    }
+    return out
+
+
+def _sizes(mib: list[float]) -> str:
+    if min(mib) == max(mib):
+        return f"{mib[0]:.0f} MiB each"
+    return f"{min(mib):.0f}-{max(mib):.0f} MiB"
+
+
+def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
+    s, t = result["sequential"], result["targets"]
+    info = t["informational"]
+    size = result["size"]
+    cold = s["ours_cold"]["MBps"]
+    sizes = result["chunk_sizes_MiB"]
+    lines = [
+        TABLE_START,
+        f"Run {result['when']} on {result['machine']}, a {size >> 20} MiB sealed segment in "
+        f"{len(sizes)} chunk objects ({_sizes(sizes)}) on the embedded "
+        f"SeaweedFS (same disk), median of {result['repeat']} rounds; software "
+        f"{result['version']} ({result['source']}); {result['peers']}.",
+        "",
+        "Sequential reads, `dd bs=1M`:",
+        "",
+        "| read | MB/s | runs min–max | ratio | target |",
+        "|---|---|---|---|---|",
+    ]
+    ratios = {
+        "ours_cold": (
+            f"{t['cold_vs_s3fs']['value']:.2f}× s3fs-fuse, "
+            f"{t['cold_vs_rclone_off']['value']:.2f}× rclone (off), "
+            f"{info['cold_vs_boto3_single']:.2f}× boto3 GETs",
+            f"≥ {TARGET_COLD_VS_S3FS}× s3fs-fuse: {met(t['cold_vs_s3fs']['met'])}; "
+            f"≥ {TARGET_COLD_VS_RCLONE}× rclone (off): {met(t['cold_vs_rclone_off']['met'])}",
+        ),
+        "ours_warm": (
+            f"{t['warm_vs_local_warm']['value']:.2f}× local file (page cache, read "
+            f"alternately with it: {s['ours_warm']['local_MBps']:.0f} MB/s)",
+            f"≥ {TARGET_WARM_VS_LOCAL}×: {met(t['warm_vs_local_warm']['met'])}",
+        ),
+        "ours_rocksdb": (
+            f"{info['rocksdb_warm_vs_local_cold']:.2f}× local file (page cache dropped)",
+            f"≥ {TARGET_ROCKSDB_MBPS / 1000:.0f} GB/s: {met(t['rocksdb_warm_MBps']['met'])}",
+        ),
+        "ours_rocksdb_mem": (
+            f"{info['rocksdb_warm_in_page_cache_MBps'] / TARGET_ROCKSDB_MBPS:.2f}× 1 GB/s",
+            "(not a target)",
+        ),
+    }
+    for mode, label in SEQ_MODES.items():
+        if mode not in s:
+            continue
+        row = s[mode]
+        ratio, target = ratios.get(mode, (f"ours cold is {cold / row['MBps']:.2f}× this", ""))
+        if mode.startswith("local"):
+            ratio = ""
+        lines.append(
+            f"| {label} | {row['MBps']:.0f} | {min(row['runs']):.0f}–{max(row['runs']):.0f} "
+            f"| {ratio} | {target} |"
+        )
+    oc, orx, orm = s["ours_cold"], s["ours_rocksdb"], s["ours_rocksdb_mem"]
+    lines += [
+        "",
+        f"Per {size >> 20} MiB read (medians): cold, the daemon used {oc['daemon_cpu_s']:.1f} s "
+        f"of CPU and SeaweedFS {oc['s3_cpu_s']:.1f} s (s3fs-fuse's read: SeaweedFS "
+        f"{s['s3fs']['s3_cpu_s']:.1f} s); RocksDB warm, the daemon used "
+        f"{orx['daemon_cpu_s']:.1f} s and read {orx['daemon_disk_read_MiB']:.0f} MiB from the "
+        f"disk ({orm['daemon_cpu_s']:.1f} s and {orm['daemon_disk_read_MiB']:.0f} MiB with "
+        f"RocksDB's files in the page cache), SeaweedFS sent nothing (it wrote "
+        f"{orx['s3_wrote_MiB']:.1f} MiB in all; cache directory {orx['cache_dir_MiB']:.0f} MiB).",
+        "",
+        f"Random 4 KiB reads from a cold state, {IOPS_THREADS} threads, each read in a "
+        f"different MiB ({IOPS_READS} reads or {IOPS_SECONDS:.0f} s per round); first byte = "
+        f"`open` + the first 4 KiB `pread` ({LATENCY_SAMPLES} per round, median of all):",
+        "",
+        "| system | first byte p50 ms | max ms | 4 KiB random IOPS | runs min–max |",
+        "|---|---|---|---|---|",
+    ]
+    for name, label in RANDOM_SYSTEMS.items():
+        r = result["random_4k"].get(name)
+        if r is None:
+            continue
+        lines.append(
+            f"| {label} | {r['first_byte_p50_ms']:.2f} | {r['first_byte_max_ms']:.2f} "
+            f"| {r['iops']:.0f} | {min(r['iops_runs']):.0f}–{max(r['iops_runs']):.0f} |"
+        )
+    verdicts = [
+        f"cold ≥ {TARGET_COLD_VS_S3FS}× s3fs-fuse — {t['cold_vs_s3fs']['value']:.2f}× "
+        f"({met(t['cold_vs_s3fs']['met'])})",
+        f"cold ≥ {TARGET_COLD_VS_RCLONE}× rclone (cache off) — "
+        f"{t['cold_vs_rclone_off']['value']:.2f}× ({met(t['cold_vs_rclone_off']['met'])})",
+        f"page-cache warm ≥ {TARGET_WARM_VS_LOCAL}× the local file (page cache) — "
+        f"{t['warm_vs_local_warm']['value']:.2f}× ({met(t['warm_vs_local_warm']['met'])})",
+        f"RocksDB warm ≥ 1 GB/s — {t['rocksdb_warm_MBps']['value']:.0f} MB/s "
+        f"({met(t['rocksdb_warm_MBps']['met'])}; {info['rocksdb_warm_in_page_cache_MBps']:.0f} "
+        "MB/s with RocksDB's files in the page cache)",
+    ]
+    lines += ["", "Targets: " + "; ".join(verdicts) + ".", TABLE_END]
+    text = path.read_text()
+    if TABLE_START not in text:
+        path.write_text(
+            text.rstrip("\n") + f"\n\n{SECTION_HEADING}\n\n{TABLE_START}\n{TABLE_END}\n"
+        )
+    replace_table(path, TABLE_START, TABLE_END, lines)
+
+
+def source_version() -> str:
+    """The commit the daemon runs, and whether its code has uncommitted changes."""
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+        changed = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "gateway", "fs", "cache"],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "commit unknown"
+    return f"commit {commit}" + (" with uncommitted changes" if changed else "")
+
+
+def peer_versions(bench: Bench) -> str:
+    if not bench.s3fs:
+        return "no FUSE peers run"
+    s3fs = subprocess.run([bench.s3fs, "--version"], capture_output=True, text=True).stdout
+    rclone = subprocess.run([bench.rclone, "version"], capture_output=True, text=True).stdout
+    s3fs_v = s3fs.split("V", 1)[1].split()[0] if "V" in s3fs else "?"
+    rclone_v = rclone.split()[1] if rclone.split() else "?"
+    return f"s3fs {s3fs_v}, rclone {rclone_v}"

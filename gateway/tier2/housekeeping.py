@@ -1,0 +1,177 @@
+"""The storage writer's work beside flushing: deleting dropped chunks, snapshots, GC.
+
+Chunks dropped by truncation or deletion are deleted in the background, with
+the retry policy; what fails is left to GC. After flushes, a metadata
+snapshot is uploaded at most every ``tier2.snapshot_interval``, and GC runs
+every ``tier2.gc_interval``. None of it runs while the node is fenced or
+cannot confirm its lease: the objects may be another process's by now.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+import trio
+
+from gateway.aio import crc32c_of
+from gateway.errors import Tier2Error
+from gateway.tier2 import gc
+from gateway.tier2 import object_keys as names
+from gateway.tier2.snapshots import build_snapshot, object_metadata
+
+if TYPE_CHECKING:
+    from gateway.tier2.storage_writer import StorageWriter
+
+__all__ = ["Housekeeper"]
+
+log = logging.getLogger(__name__)
+
+
+class Housekeeper:
+    """Deletes the chunks a `StorageWriter` was told are dropped, snapshots and collects garbage."""
+
+    def __init__(self, writer: StorageWriter) -> None:
+        #: The writer whose node, binding, policy and fence this follows.
+        self._writer = writer
+        self._deletes: deque[tuple[str, int]] = deque()
+        self._deletes_ready = trio.Event()
+        self._flushed_since_snapshot = trio.Event()
+        self.chunks_deleted = 0
+        self.delete_failures = 0
+        self.snapshots = 0
+        self.snapshot_failures = 0
+        self.gc_passes = 0
+        self.gc_deleted = 0
+        self.gc_failures = 0
+
+    def delete_later(self, key: str, seg_id: int) -> None:
+        """Delete chunk object ``key`` of segment ``seg_id`` once nothing names it."""
+        self._deletes.append((key, seg_id))
+        self._deletes_ready.set()
+
+    def flushed(self) -> None:
+        """Something reached Tier 2: a snapshot is due (within ``snapshot_interval``)."""
+        self._flushed_since_snapshot.set()
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Start the deleter, the snapshot uploader and the GC timer in ``nursery``."""
+        nursery.start_soon(self._run_deletes)
+        nursery.start_soon(self._run_snapshots)
+        nursery.start_soon(self._run_gc)
+
+    # -- background deletion -------------------------------------------------------------
+
+    def _still_named(self, key: str, seg_id: int) -> bool:
+        seg = self._writer.container.segment_by_id(seg_id)
+        if seg is None:
+            return False
+        if any(c.name == key for c in seg.chunks):
+            return True
+        return seg.attr_index is not None and any(c.name == key for c in seg.attr_index.chunks)
+
+    async def _run_deletes(self) -> None:
+        w = self._writer
+        while True:
+            if not self._deletes:
+                await self._deletes_ready.wait()
+                self._deletes_ready = trio.Event()
+                continue
+            if w.lease is not None and not w.lease.held():
+                await trio.sleep(1.0)  # another process may own these objects by now
+                continue
+            key, seg_id = self._deletes.popleft()
+            if key in w.uploading or self._still_named(key, seg_id):
+                continue
+            try:
+                await w.layer.delete(key)
+                self.chunks_deleted += 1
+            except Tier2Error as e:
+                self.delete_failures += 1
+                log.warning("cannot delete chunk %s (GC will): %s", key, e)
+            await self._forget_chunk(key)
+
+    async def _forget_chunk(self, key: str) -> None:
+        """A chunk object is gone: drop its blocks from memory and the cache store."""
+        w = self._writer
+        w.attributes.forget_chunk(key)  # first: a reader caching it now drops it again
+        w.reader.drop_chunk(key)
+        await trio.to_thread.run_sync(w.reader.store.drop_chunk, key)
+
+    # -- metadata snapshots ----------------------------------------------------------------
+
+    async def _run_snapshots(self) -> None:
+        last = -math.inf
+        while True:
+            await self._flushed_since_snapshot.wait()
+            wait_until = last + self._writer.cfg.snapshot_interval
+            if trio.current_time() < wait_until:
+                await trio.sleep_until(wait_until)
+            self._flushed_since_snapshot = trio.Event()
+            last = trio.current_time()
+            try:
+                await self.upload_snapshot()
+            except Tier2Error as e:
+                self.snapshot_failures += 1
+                self._flushed_since_snapshot.set()  # try again next interval
+                log.warning("metadata snapshot upload failed: %s", e)
+
+    async def upload_snapshot(self) -> str:
+        """Upload a metadata snapshot now and delete the oldest beyond ``snapshots_kept``."""
+        w = self._writer
+        w.check_fence()
+        at_ms = int(time.time() * 1000)
+        snapshot = build_snapshot(
+            w.container.committed_snapshot(), w.node, w.epoch, at_ms
+        ).SerializeToString()
+        key = names.snapshot_key(w.node, at_ms, w.epoch)
+        crc = await crc32c_of(snapshot)
+        await w.layer.write(
+            key,
+            snapshot,
+            object_metadata(crc),
+        )
+        self.snapshots += 1
+        kept = await w.layer.list(names.meta_prefix(w.node))
+        old = sorted(o.key for o in kept if o.key.endswith(".snapshot"))
+        for stale in old[: max(0, len(old) - w.cfg.snapshots_kept)]:
+            await w.layer.delete(stale)
+        return key
+
+    # -- garbage collection ----------------------------------------------------------------
+
+    def _referenced(self) -> set[str]:
+        container = self._writer.container
+        named = {c.name for s in container.segments() for c in s.chunks}
+        named |= {
+            c.name
+            for s in container.segments()
+            if s.attr_index is not None
+            for c in s.attr_index.chunks
+        }
+        return named | self._writer.uploading
+
+    async def _run_gc(self) -> None:
+        while True:
+            await trio.sleep(self._writer.cfg.gc_interval)
+            await self.collect_garbage()
+
+    async def collect_garbage(self) -> gc.GcResult | None:
+        """One GC pass now; None if it failed (logged) or could not run (no lease)."""
+        w = self._writer
+        if w.fenced is not None or (w.lease is not None and not w.lease.held()):
+            return None  # the objects may be another process's by now
+        try:
+            result = await gc.collect(w.layer, w.node, self._referenced, grace=w.cfg.gc_grace)
+        except Tier2Error as e:
+            self.gc_failures += 1
+            log.warning("garbage collection failed: %s", e)
+            return None
+        self.gc_passes += 1
+        self.gc_deleted += result.deleted
+        for key in result.deleted_keys:
+            await self._forget_chunk(key)
+        return result
