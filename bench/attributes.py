@@ -42,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -177,7 +178,7 @@ async def _writers_rate(
     last = [0] * writers
     async with open_node(config, layer) as node:
         c = node.container
-        await c.create("w")
+        await (await c.admit(partial(c.prepare_create, "w"), 1024)).wait()
 
         async def run(order: list[int]) -> float:
             started = time.perf_counter()
@@ -186,7 +187,6 @@ async def _writers_rate(
                 for w in order[i : i + 1000]:
                     prev = last[w]
                     last[w] = prev + 1
-                    await c.wait_for_capacity(1024)
 
                     def prepare(w: int = w, prev: int = prev) -> PendingOperation:
                         return c.prepare_append(
@@ -199,7 +199,7 @@ async def _writers_rate(
 
                     while True:
                         try:
-                            op = await c.prepared(prepare)
+                            op = await c.admit(prepare, 1024)
                             break
                         except Overloaded:  # values wait for the index: as a writer would
                             await trio.sleep(0.005)

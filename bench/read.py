@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from typing import Any
 
 import trio
@@ -71,10 +72,12 @@ async def build(config: Config, size: int, local: pathlib.Path) -> None:
     block = os.urandom(APPEND)
     async with open_node(config) as node:
         c = node.container
-        await c.create("bench/read")
+        await (await c.admit(partial(c.prepare_create, "bench/read"), 1024)).wait()
         with local.open("wb") as f:
             for _ in range(size // APPEND):
-                await c.append("bench/read", block)
+                await (
+                    await c.admit(partial(c.prepare_append, "bench/read", block), APPEND + 1024)
+                ).wait()
                 f.write(block)
 
 
@@ -93,7 +96,7 @@ async def tail_latency(config: Config, samples: int) -> list[float]:
     latencies: list[float] = []
     async with open_node(config) as node:
         c = node.container
-        await c.create("bench/tail")
+        await (await c.admit(partial(c.prepare_create, "bench/tail"), 1024)).wait()
         offset = 0
         for i in range(samples):
             got_at: list[float] = []
@@ -106,7 +109,9 @@ async def tail_latency(config: Config, samples: int) -> list[float]:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(reader)
                 await trio.sleep(0.002)
-                await c.append("bench/tail", b"e%09d" % i)
+                await (
+                    await c.admit(partial(c.prepare_append, "bench/tail", b"e%09d" % i), 1024)
+                ).wait()
                 acked_at = time.perf_counter()
             # The reader may even run before the appender sees its ack: 0 then.
             latencies.append(max(0.0, got_at[0] - acked_at))

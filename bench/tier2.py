@@ -54,6 +54,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import crc32c
@@ -224,18 +225,18 @@ async def run_ingest(
     async with open_node(config, layer) as node:
         c = node.container
         for n in names:
-            await c.create(n)
+            await (await c.admit(partial(c.prepare_create, n), 1024)).wait()
 
         async def appender(k: int) -> None:
             nonlocal overloaded
             name = names[k % INGEST_SEGMENTS]
-            append = c.append
             i = 0
             while i < per_appender:
                 data = pieces[(k + i) % len(pieces)]
                 t = perf()
                 try:
-                    await append(name, data)
+                    op = await c.admit(partial(c.prepare_append, name, data), len(data) + 1024)
+                    await op.wait()
                 except Overloaded:
                     overloaded += 1
                     continue
@@ -326,7 +327,7 @@ async def run_ack_to_s3(
     async with open_node(config, layer) as node:
         c = node.container
         for n in names:
-            await c.create(n)
+            await (await c.admit(partial(c.prepare_create, n), 1024)).wait()
 
         def collect() -> None:
             now = perf()
@@ -346,7 +347,8 @@ async def run_ack_to_s3(
             for i in range(count):
                 # Staggered across segments, on a fixed schedule (open loop).
                 await trio.sleep_until(start + (i + k / segments) * period)
-                r = await c.append(name, data)
+                op = await c.admit(partial(c.prepare_append, name, data), append_size + 1024)
+                r = await op.wait()
                 waiting[name].append((r.offset + append_size, perf()))
 
         count = max(1, int(seconds * rate / segments))
@@ -382,10 +384,11 @@ async def build_cold_segment(
     layer = server.layer(storage, config)
     async with open_node(config, layer) as node:
         c = node.container
-        await c.create(READ_SEGMENT)
+        await (await c.admit(partial(c.prepare_create, READ_SEGMENT), 1024)).wait()
         view = memoryview(content)
         for i in range(0, len(content), MiB):
-            await c.append(READ_SEGMENT, view[i : i + MiB])
+            piece = view[i : i + MiB]
+            await (await c.admit(partial(c.prepare_append, READ_SEGMENT, piece), MiB + 1024)).wait()
         await c.flush(READ_SEGMENT)
         info = c.info(READ_SEGMENT)
         assert info.storage_length == info.length == len(content), info

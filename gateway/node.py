@@ -73,7 +73,10 @@ Claim = Callable[[int], Awaitable[LeaseGate | None]]
 
 @asynccontextmanager
 async def open_node(
-    config: Config, tier2: ChunkLayer | None = None, claim: Claim | None = None
+    config: Config,
+    tier2: ChunkLayer | None = None,
+    claim: Claim | None = None,
+    container_type: type[SegmentContainer] = SegmentContainer,
 ) -> AsyncIterator[Node]:
     """Replay the journal and serve the node's storage until exit.
 
@@ -83,13 +86,14 @@ async def open_node(
     replay and before any background work (the storage writer, rolls): a
     node that may not run under its epoch raises there, having uploaded or
     changed nothing. On a clean exit a final checkpoint is written, so the
-    next start replays little.
+    next start replays little. ``container_type``: a subclass of
+    `SegmentContainer` to build (tests call theirs directly).
     """
     store = await trio.to_thread.run_sync(
         CacheStore.open, config.cache_dir, cache_budget(config), config.cache.pinned_share
     )
     try:
-        async with _open_parts(config, store, tier2, claim) as node:
+        async with _open_parts(config, store, tier2, claim, container_type) as node:
             yield node
     finally:
         await trio.to_thread.run_sync(store.close)
@@ -97,7 +101,11 @@ async def open_node(
 
 @asynccontextmanager
 async def _open_parts(
-    config: Config, store: CacheStore, tier2: ChunkLayer | None, claim: Claim | None
+    config: Config,
+    store: CacheStore,
+    tier2: ChunkLayer | None,
+    claim: Claim | None,
+    container_type: type[SegmentContainer],
 ) -> AsyncIterator[Node]:
     reader = None
     if tier2 is not None:
@@ -120,7 +128,7 @@ async def _open_parts(
             on_data=replayer.on_data,
         ) as journal:
             replayer.finish()
-            container = SegmentContainer(config.container, table, journal, config.streams)
+            container = container_type(config.container, table, journal, config.streams)
             log.info(
                 "container: recovered %d segment(s) in %.2fs",
                 container.segment_count,

@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 
 from gateway.config import Config
 from gateway.container.attributes import EVENT_COUNT, AttributeUpdate, Verb
-from gateway.container.container import SegmentContainer
 from gateway.errors import BadAttributeUpdate, ConditionalCheckFailed, Overloaded
 from gateway.node import open_node
 from gateway.storage.interface import ChunkStorage
@@ -29,6 +28,7 @@ from gateway.storage.layer import ChunkLayer
 from gateway.storage.memory_storage import MemoryStorage
 from gateway.tier2 import object_keys as names
 from gateway.tier2.storage_writer import StorageWriter
+from tests.helpers.container import DirectContainer
 from tests.helpers.inprocess import running
 from tests.helpers.segments import make_config
 
@@ -59,7 +59,7 @@ def config_for(
     )
 
 
-async def retrying(c: SegmentContainer, fn: Any) -> Any:
+async def retrying(c: DirectContainer, fn: Any) -> Any:
     """Run ``fn()``; while memory is full of unindexed values (Overloaded), flush and retry.
 
     A stream member that is being rolled keeps its unindexed values until
@@ -77,7 +77,7 @@ async def retrying(c: SegmentContainer, fn: Any) -> Any:
             await trio.sleep(0.01)
 
 
-async def writer_append(c: SegmentContainer, name: str, wid: bytes, previous: int) -> None:
+async def writer_append(c: DirectContainer, name: str, wid: bytes, previous: int) -> None:
     await retrying(
         c,
         lambda: c.append(
@@ -141,7 +141,7 @@ async def test_a_duplicates_answer_survives_an_eviction(tmp_path: pathlib.Path) 
 
 async def test_without_tier2_the_limit_still_refuses(tmp_path: pathlib.Path) -> None:
     config = make_config(tmp_path, container={"max_attributes": 4})
-    async with open_node(config) as node:
+    async with open_node(config, container_type=DirectContainer) as node:
         c = node.container
         await c.create("s")
         for i in range(3):  # and the event count: 4
@@ -215,7 +215,7 @@ async def _run_model(config: Config, storage: ChunkStorage, script: list[tuple[A
     model: dict[bytes, int] = {}
     stack: list[Any] = []
 
-    async def start() -> tuple[SegmentContainer, StorageWriter]:
+    async def start() -> tuple[DirectContainer, StorageWriter]:
         cm = running(config, storage)
         stack.append(cm)
         return await cm.__aenter__()

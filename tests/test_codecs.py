@@ -19,9 +19,9 @@ from fs.tree import ROOT_INODE, SEGMENT_INODE_BASE
 from fs.vfs import TRIMMED_BASE, TRIMMED_ROOT, XATTR_PREFIX, FsError, SegmentVFS
 from gateway.client.codec import Codec, lines_end, whole_frames
 from gateway.config import FuseConfig
-from gateway.container.container import SegmentContainer
 from gateway.errors import BadRequest, InvalidName
 from gateway.journal.memory_journal import MemoryJournal
+from tests.helpers.container import DirectContainer
 from tests.test_container_unit import make, restart
 from tests.test_fs_vfs import MemorySource
 
@@ -35,7 +35,7 @@ def frame(event: bytes) -> bytes:
 class ContainerSource(MemorySource):
     """The mount's source over a real container (committed views, its read index)."""
 
-    def __init__(self, c: SegmentContainer) -> None:
+    def __init__(self, c: DirectContainer) -> None:
         super().__init__()
         self.c = c
 

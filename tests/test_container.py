@@ -16,7 +16,6 @@ import trio
 
 from gateway.config import Config
 from gateway.container import EVENT_COUNT, AttributeUpdate, Verb
-from gateway.container.container import SegmentContainer
 from gateway.errors import (
     BadAttributeUpdate,
     BadOffset,
@@ -31,6 +30,7 @@ from gateway.errors import (
 )
 from gateway.journal.files import list_files
 from gateway.node import open_node
+from tests.helpers.container import DirectContainer
 
 from .helpers.segments import journal_segments, make_config
 
@@ -39,8 +39,8 @@ A2 = b"\x02" * 16
 
 
 @asynccontextmanager
-async def container_at(config: Config) -> AsyncIterator[SegmentContainer]:
-    async with open_node(config) as node:
+async def container_at(config: Config) -> AsyncIterator[DirectContainer]:
+    async with open_node(config, container_type=DirectContainer) as node:
         c = node.container
         yield c
 
@@ -272,7 +272,7 @@ async def test_concurrent_appends_never_interleave(config: Config) -> None:
         assert data[off : off + len(payloads[k])] == payloads[k]
 
 
-async def snapshot_state(c: SegmentContainer) -> dict[str, Any]:
+async def snapshot_state(c: DirectContainer) -> dict[str, Any]:
     return {s.name: (s, await c.get_attributes(s.name)) for s in c.list()}
 
 
@@ -397,7 +397,7 @@ async def test_event_index_is_sparse_true_and_survives_restart(tmp_path: pathlib
 
     rng = random.Random(12)
     boundaries = []
-    async with open_node(make_config(tmp_path)) as node:
+    async with open_node(make_config(tmp_path), container_type=DirectContainer) as node:
         c = node.container
         await c.create("e")
         offset = 0
@@ -414,7 +414,7 @@ async def test_event_index_is_sparse_true_and_survives_restart(tmp_path: pathlib
     assert all(b - a >= EVENT_INDEX_SPACING for a, b in itertools.pairwise(index))
     # Sparse but not too sparse: a gap never exceeds the spacing plus one append.
     assert all(b - a <= EVENT_INDEX_SPACING + 400_000 for a, b in itertools.pairwise(index))
-    async with open_node(make_config(tmp_path)) as node:
+    async with open_node(make_config(tmp_path), container_type=DirectContainer) as node:
         c = node.container
         seg = c.segment_by_id(c.info("e").id)
         assert seg is not None and seg.event_index == index_after
@@ -435,7 +435,7 @@ async def test_checkpoint_includes_chunks_added_while_it_was_taken(tmp_path: pat
     """
     from gateway.protocol.metadata_pb2 import ChunkRecord
 
-    async with open_node(make_config(tmp_path)) as node:
+    async with open_node(make_config(tmp_path), container_type=DirectContainer) as node:
         c = node.container
         await c.create("s")
         await c.append("s", b"a" * 1000)
@@ -451,7 +451,7 @@ async def test_checkpoint_includes_chunks_added_while_it_was_taken(tmp_path: pat
             seg_id, ChunkRecord(name="c2", start_offset=1000, length=1000, epoch=1), False
         )
         assert await second.wait() is True
-    async with open_node(make_config(tmp_path)) as node:
+    async with open_node(make_config(tmp_path), container_type=DirectContainer) as node:
         c = node.container
         info = c.info("s")
         assert info.storage_length == 2000 and info.chunk_count == 2

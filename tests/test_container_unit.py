@@ -15,7 +15,6 @@ import trio.testing
 from cache.memory_store import MemoryCache
 from gateway.config import ContainerConfig
 from gateway.container import AttributeUpdate, Verb
-from gateway.container.container import SegmentContainer
 from gateway.container.replayer import Replayer
 from gateway.container.table import SegmentTable
 from gateway.errors import (
@@ -32,6 +31,7 @@ from gateway.errors import (
 from gateway.journal.memory_journal import MemoryJournal
 from gateway.protocol.metadata_pb2 import ChunkRecord
 from gateway.read.index import ReadIndex
+from tests.helpers.container import DirectContainer
 
 W = b"\x07" * 16
 
@@ -40,18 +40,18 @@ def make(
     journal: MemoryJournal | None = None,
     store: MemoryCache | None = None,
     config: ContainerConfig | None = None,
-) -> SegmentContainer:
+) -> DirectContainer:
     table = SegmentTable(ReadIndex(store or MemoryCache()))
-    return SegmentContainer(config or ContainerConfig(), table, journal or MemoryJournal())
+    return DirectContainer(config or ContainerConfig(), table, journal or MemoryJournal())
 
 
-def restart(journal: MemoryJournal) -> SegmentContainer:
+def restart(journal: MemoryJournal) -> DirectContainer:
     """A new container over what the journal holds, replayed as at a start."""
     table = SegmentTable(ReadIndex(MemoryCache()))
     replayer = Replayer(table)
     journal.replay(replayer.replay)
     replayer.finish()
-    return SegmentContainer(ContainerConfig(), table, journal)
+    return DirectContainer(ContainerConfig(), table, journal)
 
 
 async def test_appends_get_consecutive_offsets_and_read_back() -> None:

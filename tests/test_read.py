@@ -24,6 +24,7 @@ from gateway.client.client import SyncClient, open_client
 from gateway.config import Config
 from gateway.errors import Overloaded, SegmentNotFound, SegmentTruncated
 from gateway.node import open_node
+from tests.helpers.container import DirectContainer
 
 from .conftest import ROOT
 from .helpers.daemon import Daemon
@@ -48,7 +49,7 @@ async def _run_ops(config: Config, script: list[tuple[Any, ...]], seed: int) -> 
     rng = random.Random(seed)
     model = bytearray()
     start = 0
-    node_cm = open_node(config)
+    node_cm = open_node(config, container_type=DirectContainer)
     c = (await node_cm.__aenter__()).container
     try:
         await c.create("s")
@@ -79,7 +80,7 @@ async def _run_ops(config: Config, script: list[tuple[Any, ...]], seed: int) -> 
                 start = new_start
             else:
                 await node_cm.__aexit__(None, None, None)
-                node_cm = open_node(config)
+                node_cm = open_node(config, container_type=DirectContainer)
                 c = (await node_cm.__aenter__()).container
         # Everything from the start offset on, in one read, after all of it.
         got = await c.read("s", start, len(model))
@@ -99,7 +100,7 @@ def test_read_your_write(script: list[tuple[Any, ...]], seed: int) -> None:
 
 
 async def test_tail_reader_wakes_on_append(tmp_path: pathlib.Path) -> None:
-    async with open_node(make_config(tmp_path)) as node:
+    async with open_node(make_config(tmp_path), container_type=DirectContainer) as node:
         c = node.container
         await c.create("t")
         await c.append("t", b"head")
@@ -126,7 +127,7 @@ async def test_tail_reader_wakes_on_append(tmp_path: pathlib.Path) -> None:
 async def test_tail_wait_times_out_and_sees_seal_and_delete(
     tmp_path: pathlib.Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_node(make_config(tmp_path)) as node:
+    async with open_node(make_config(tmp_path), container_type=DirectContainer) as node:
         c = node.container
         await c.create("t")
         await c.append("t", b"abc")
@@ -201,7 +202,7 @@ async def test_tiny_budget_turns_into_backpressure(tmp_path: pathlib.Path) -> No
         container={"overload_timeout": 0.2},
     )
     acked: list[tuple[int, bytes]] = []
-    async with open_node(config) as node:
+    async with open_node(config, container_type=DirectContainer) as node:
         c = node.container
         await c.create("s")
         overloaded = 0
@@ -326,7 +327,7 @@ def test_cat_missing_segment(tmp_path: pathlib.Path) -> None:
 async def test_stalled_cache_writes_do_not_block_reads_or_the_loop(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with open_node(make_config(tmp_path)) as node:
+    async with open_node(make_config(tmp_path), container_type=DirectContainer) as node:
         c = node.container
         index = c.read_index
         real = index._apply_ops
@@ -366,7 +367,7 @@ async def test_unflushed_bytes_are_read_from_their_journal_file(tmp_path: pathli
     config = make_config(tmp_path)  # 1 MiB journal files: the appends span several
     rng = random.Random(11)
     datas = [rng.randbytes(rng.randrange(1, 300_000)) for _ in range(16)]
-    async with open_node(config) as node:
+    async with open_node(config, container_type=DirectContainer) as node:
         c = node.container
         index = c.read_index
         await c.create("s")
@@ -392,7 +393,7 @@ async def test_unflushed_bytes_are_read_from_their_journal_file(tmp_path: pathli
         assert index.located_bytes == 5 and len(index._files) == 1
     assert not index._files  # closed with the node
     # A restart replays the journal and finds "t"'s bytes where they lie.
-    async with open_node(config) as node:
+    async with open_node(config, container_type=DirectContainer) as node:
         assert node.read_index.located_bytes == 5
         assert node.store.statistics().pinned_bytes == 0
         assert (await node.container.read("t", 0, 5)).data == b"other"

@@ -14,7 +14,6 @@ import trio.testing
 from cache.memory_store import MemoryCache
 from gateway.client.codec import Codec
 from gateway.config import ContainerConfig, StreamsConfig
-from gateway.container.container import SegmentContainer
 from gateway.container.replayer import Replayer
 from gateway.container.streams import split_member
 from gateway.container.table import SegmentTable
@@ -35,6 +34,7 @@ from gateway.errors import (
 from gateway.journal.memory_journal import MemoryJournal
 from gateway.protocol.metadata_pb2 import ChunkRecord
 from gateway.read.index import ReadIndex
+from tests.helpers.container import DirectContainer
 
 W = b"\x07" * 16
 DAY = 86_400_000
@@ -50,32 +50,32 @@ class Clock:
 
 def make(
     journal: MemoryJournal | None = None, streams: StreamsConfig | None = None
-) -> tuple[SegmentContainer, MemoryJournal, Clock]:
+) -> tuple[DirectContainer, MemoryJournal, Clock]:
     journal = journal or MemoryJournal()
     table = SegmentTable(ReadIndex(MemoryCache()))
     if journal.committed:
         replayer = Replayer(table)
         journal.replay(replayer.replay)
         replayer.finish()
-    c = SegmentContainer(ContainerConfig(), table, journal, streams or StreamsConfig())
+    c = DirectContainer(ContainerConfig(), table, journal, streams or StreamsConfig())
     clock = Clock()
     c.now_ms = clock
     return c, journal, clock
 
 
-def restart(c: SegmentContainer, journal: MemoryJournal) -> SegmentContainer:
+def restart(c: DirectContainer, journal: MemoryJournal) -> DirectContainer:
     c2, _, clock = make(journal, c.streams_config)
     clock.ms = c.now_ms()
     c2.now_ms = clock
     return c2
 
 
-async def contents(c: SegmentContainer, name: str) -> bytes:
+async def contents(c: DirectContainer, name: str) -> bytes:
     info = c.info(name)
     return (await c.read(name, 0, info.length, zeros_below_start=True)).data
 
 
-async def stream_bytes(c: SegmentContainer, stream: str) -> bytes:
+async def stream_bytes(c: DirectContainer, stream: str) -> bytes:
     return b"".join([await contents(c, s.name) for s in c.stream_info(stream).segments])
 
 

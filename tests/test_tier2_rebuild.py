@@ -32,6 +32,7 @@ from gateway.recovery.rebuild import Rebuilt, rebuild, rebuild_metadata
 from gateway.storage.layer import ChunkLayer
 from gateway.storage.memory_storage import MemoryStorage
 from gateway.tier2 import object_keys as names
+from tests.helpers.container import DirectContainer
 
 from .helpers.segments import make_config
 
@@ -332,7 +333,7 @@ async def test_install_starts_an_empty_node_above_the_epochs_seen(tmp_path: path
     epoch = await metadata_io.install(config, rebuilt.container, rebuilt.max_epoch + 1)
     assert epoch == 7 and not leftover.exists()
     assert [f.first_sequence for f in list_files(config.journal_dir)] == [1]
-    async with open_node(config) as node:
+    async with open_node(config, container_type=DirectContainer) as node:
         container = node.container
         assert container.journal is not None and container.journal.epoch == 8
         (seg,) = container.segments()

@@ -18,7 +18,6 @@ import trio
 import trio.testing
 
 from gateway.config import Config
-from gateway.container.container import SegmentContainer
 from gateway.errors import FlushTimeout, Overloaded, Tier2Error
 from gateway.node import open_node
 from gateway.storage.filesystem import FileStorage
@@ -26,6 +25,7 @@ from gateway.storage.interface import ChunkStorage
 from gateway.storage.layer import ChunkLayer
 from gateway.storage.memory_storage import MemoryStorage
 from gateway.tier2 import object_keys as names
+from tests.helpers.container import DirectContainer
 from tests.helpers.inprocess import running
 from tests.helpers.segments import make_config
 
@@ -58,7 +58,7 @@ def storage(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> ChunkStor
     return MemoryStorage(supports_append=False)
 
 
-def chunk_bytes(storage: ChunkStorage, container: SegmentContainer, name: str) -> bytes:
+def chunk_bytes(storage: ChunkStorage, container: DirectContainer, name: str) -> bytes:
     """The segment's flushed bytes, read straight from its chunk objects."""
     seg = container._committed(name)
     out = bytearray()
@@ -68,7 +68,7 @@ def chunk_bytes(storage: ChunkStorage, container: SegmentContainer, name: str) -
     return bytes(out)
 
 
-async def read_all(c: SegmentContainer, name: str, length: int, piece: int) -> bytes:
+async def read_all(c: DirectContainer, name: str, length: int, piece: int) -> bytes:
     """Bytes [0, length) of ``name``, read sequentially in reads of ``piece`` bytes."""
     got = bytearray()
     while len(got) < length:
@@ -346,7 +346,7 @@ async def test_journal_truncation_waits_for_the_durability_barrier(tmp_path: pat
     calls: list[float] = []
     config = tier2_config(tmp_path)
     layer = ChunkLayer(MemoryStorage(), barrier=lambda: calls.append(1.0))
-    async with open_node(config, layer) as node:
+    async with open_node(config, layer, container_type=DirectContainer) as node:
         c = node.container
         await c.create("s")
         await c.append("s", b"x" * 1000)
