@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING
 import trio
 from google.protobuf.message import DecodeError
 
-from gateway.container.attributes import AttributesNotLoaded
 from gateway.errors import (
     BadRequest,
     GatewayError,
@@ -307,17 +306,12 @@ class Connection:
         journal's disk is full (the container decides whether it frees space).
         """
         try:
-            if mutating:
-                await self.server.container.wait_for_capacity(nbytes, reserved=frees)
-            while True:
-                try:
-                    produce = prepare()
-                    break
-                except AttributesNotLoaded as e:
-                    # Prefetch: the request waits (and the connection's later
-                    # ones behind it, keeping their order) while the values
-                    # come from the attribute index; then it is prepared again.
-                    await self.server.container.load_attributes(e.segment, e.ids)
+            # The container's one admission path (room, then the prepare,
+            # which may first wait for attribute values from the index; the
+            # connection's later requests wait behind it, keeping their order).
+            produce = await self.server.container.admit(
+                prepare, nbytes, reserved=frees, changes=mutating
+            )
         except SegmentNotFound as e:
             return error_item(rid, await not_owner(self.server, e))
         except GatewayError as e:

@@ -117,8 +117,7 @@ class ClaimedCreates:
                 await claimed.wait()
                 if failure:
                     raise failure[0]
-                await container.wait_for_capacity(nbytes)
-                prepared = prepare(conn, req)
+                prepared = await container.admit(lambda: prepare(conn, req), nbytes)
             except GatewayError as e:
                 return error_response(rid, e)
             finally:
