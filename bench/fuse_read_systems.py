@@ -34,7 +34,7 @@ from fuse_read_measure import (
     random_iops,
 )
 
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from gateway.embedded import EmbeddedS3
 from gateway.errors import SegmentNotFound
 from gateway.storage.s3 import S3Storage

@@ -45,7 +45,7 @@ from bench.common import (
     result_header,
     running_daemon,
 )
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

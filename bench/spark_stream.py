@@ -48,7 +48,7 @@ from bench.common import (
     result_header,
     running_daemon,
 )
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 
 MiB = 1024 * 1024
 TABLE_START = "<!-- bench/spark_stream.py:start -->"

@@ -71,12 +71,12 @@ from fs.prefetcher import Prefetcher
 from fs.segment_source import SegmentSource
 from fs.tree import ROOT_INODE, SEGMENT_INODE_BASE, Tree
 from gateway.buffers import Buffer
-from gateway.client.codec import Codec
 from gateway.config import FuseConfig
 from gateway.container.attributes import EVENT_COUNT, is_core
 from gateway.container.segment import Segment
 from gateway.container.segment_names import TRIMMED_DIR
 from gateway.errors import GatewayError
+from gateway.protocol.codec import Codec
 from gateway.read.chunks import random_access
 
 log = logging.getLogger(__name__)

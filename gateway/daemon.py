@@ -50,8 +50,8 @@ from gateway.fsck.online import live_target
 from gateway.node import Node, open_node
 from gateway.notify import Notifier
 from gateway.server import Server
-from gateway.storage.bindings import open_tier2
 from gateway.storage.layer import ChunkLayer
+from gateway.tier2.bindings import open_tier2
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ async def check_tier2(tier2: ChunkLayer, config: Config) -> None:
     Lists the node's metadata snapshots: a few objects at most, and a listing
     (unlike a HEAD) tells a missing bucket from a missing object.
     """
-    from gateway.tier2 import object_keys as names
+    from gateway.storage import object_keys as names
 
     await tier2.list(names.meta_prefix(config.node.id))
 

@@ -23,10 +23,10 @@ from gateway.config import Config
 from gateway.container.attributes import EVENT_COUNT, AttributeUpdate, Verb
 from gateway.errors import BadAttributeUpdate, ConditionalCheckFailed, Overloaded
 from gateway.node import open_node
+from gateway.storage import object_keys as names
 from gateway.storage.interface import ChunkStorage
 from gateway.storage.layer import ChunkLayer
 from gateway.storage.memory_storage import MemoryStorage
-from gateway.tier2 import object_keys as names
 from gateway.tier2.storage_writer import StorageWriter
 from tests.helpers.container import DirectContainer
 from tests.helpers.inprocess import running

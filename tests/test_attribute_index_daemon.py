@@ -9,11 +9,12 @@ import time
 import pytest
 import trio
 
-from gateway.client.client import SyncClient, open_client
+from gateway.client.client import open_client
+from gateway.client.sync import SyncClient
 from gateway.container.attributes import AttributeUpdate, Verb
 from gateway.errors import ConditionalCheckFailed, GatewayError, Overloaded
+from gateway.storage import object_keys as names
 from gateway.storage.filesystem import FileStorage
-from gateway.tier2 import object_keys as names
 from tests.helpers.daemon import Daemon, run_cli, scrape
 
 # Daemons: `make test-fast` leaves these out.

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.cli.append import _frames, _read_blocks, _RollRoom, _StoredInput
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from tests.helpers.daemon import Daemon, run_cli
 
 from .test_disk_full import small_journal

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 
 from .conftest import ROOT
 from .helpers.daemon import Daemon

@@ -23,7 +23,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gateway import cli
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from gateway.config import STREAM_POLICY_MAX
 from gateway.errors import BadRequest
 from tests.helpers.daemon import Daemon, run_cli

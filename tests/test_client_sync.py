@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import inspect
 
-from gateway.client.client import Client, SyncClient
-from gateway.client.sync import blocking_requests
+from gateway.client.client import Client
+from gateway.client.sync import SyncClient, blocking_requests
 
 #: The blocking calls that tests, benches and the pipeline use (the hand-written
 #: list before the client was derived): each must stay.

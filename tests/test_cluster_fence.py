@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from gateway.embedded import EmbeddedS3
 from gateway.errors import GatewayError, Unavailable
 from tests.helpers.cluster import MiB, node_config, wait_for

@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 import crc32c
 import pytest
 
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from gateway.embedded import EmbeddedS3
 from gateway.errors import GatewayError, SegmentNotFound
 from gateway.protocol.metadata_pb2 import ChunkRecord, ContainerSnapshot, SegmentRecord
+from gateway.storage import object_keys as names
 from gateway.storage.s3 import S3Storage
-from gateway.tier2 import object_keys as names
 from gateway.tier2.snapshots import SNAPSHOT_VERSION, build_snapshot, object_metadata
 from tests.helpers.cluster import MiB, node_config, wait_for
 from tests.helpers.daemon import Daemon, free_port, run_cli

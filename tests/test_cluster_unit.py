@@ -61,7 +61,7 @@ from gateway.protocol.metadata_pb2 import (
 from gateway.storage.filesystem import FileStorage
 from gateway.storage.layer import ChunkLayer
 from gateway.storage.memory_storage import MemoryStorage
-from gateway.tier2.object_keys import snapshot_key
+from gateway.storage.object_keys import snapshot_key
 from gateway.tier2.snapshots import build_snapshot
 from gateway.tier2.untrusted import BadRecord, Rejections
 

@@ -17,10 +17,10 @@ import pytest
 
 from fs.tree import ROOT_INODE, SEGMENT_INODE_BASE
 from fs.vfs import TRIMMED_BASE, TRIMMED_ROOT, XATTR_PREFIX, FsError, SegmentVFS
-from gateway.client.codec import Codec, lines_end, whole_frames
 from gateway.config import FuseConfig
 from gateway.errors import BadRequest, InvalidName
 from gateway.journal.memory_journal import MemoryJournal
+from gateway.protocol.codec import Codec, lines_end, whole_frames
 from tests.helpers.container import DirectContainer
 from tests.test_container_unit import make, restart
 from tests.test_fs_vfs import MemorySource

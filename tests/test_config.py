@@ -14,7 +14,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from gateway.config import Config, all_keys, parse_duration, parse_host_port, parse_size
 from gateway.errors import ConfigError
 from tests.helpers.daemon import run_cli

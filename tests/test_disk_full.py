@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from gateway.embedded import EmbeddedS3
 from gateway.errors import ConditionalCheckFailed, Overloaded
 from gateway.storage.s3 import S3Storage

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from gateway.embedded import EmbeddedS3
 from gateway.errors import GatewayError
 from gateway.storage.s3 import S3Storage

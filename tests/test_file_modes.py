@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from tests.helpers.daemon import Daemon, run_cli
 from tests.helpers.mount import force_unmount, mount_entry, require_fuse
 

@@ -25,7 +25,8 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.client.client import SyncClient, open_client
+from gateway.client.client import open_client
+from gateway.client.sync import SyncClient
 from gateway.embedded import EmbeddedS3
 from gateway.storage.s3 import S3Storage
 from tests.helpers.daemon import ROOT, scrape

@@ -26,13 +26,13 @@ from fs.vfs import (
     SegmentVFS,
 )
 from gateway.buffers import Buffer
-from gateway.client.codec import Codec
 from gateway.config import FuseConfig
 from gateway.container import EVENT_COUNT
 from gateway.container.attributes import CODEC
 from gateway.container.interfaces import NamespaceWatcher
 from gateway.container.segment import Segment
 from gateway.errors import Tier2Error
+from gateway.protocol.codec import Codec
 from gateway.protocol.metadata_pb2 import ChunkRecord
 from gateway.read.chunks import in_random_access
 from gateway.read.index import SegmentView

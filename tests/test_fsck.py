@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from cache import CacheStore
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from gateway.config import DEFAULT_CONFIG_PATH
 from gateway.fsck.checks import segment_problems
 from gateway.journal.files import list_files
 from gateway.journal.format import HEADER_SIZE
 from gateway.journal.reader import FrameRecord, mapped, read_frames
 from gateway.protocol.metadata_pb2 import ChunkRecord, SegmentRecord
+from gateway.storage import object_keys as names
 from gateway.storage.filesystem import FileStorage
-from gateway.tier2 import object_keys as names
 from tests.helpers.daemon import Daemon, run_cli
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from gateway import logs
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from gateway.embedded import EmbeddedS3
 from gateway.storage.s3 import S3Storage
 from tests.helpers.daemon import Daemon

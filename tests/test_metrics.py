@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from tests.helpers.daemon import scrape
 from tests.helpers.mount import mounted_daemon
 

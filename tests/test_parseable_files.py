@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from tests.helpers.cluster import wait_for
 from tests.helpers.daemon import run_cli
 from tests.helpers.mount import MountedDaemon, mounted_daemon

@@ -26,7 +26,8 @@ import pytest
 import trio
 import trio.testing
 
-from gateway.client.client import SyncClient, open_client
+from gateway.client.client import open_client
+from gateway.client.sync import SyncClient
 from gateway.protocol import wire_pb2 as wire
 from gateway.server import MemoryBudget
 

@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from tests.helpers.mount import MountedDaemon, mounted_daemon
 
 KiB = 1024

@@ -14,7 +14,8 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.client.client import Client, SyncClient, open_client
+from gateway.client.client import Client, open_client
+from gateway.client.sync import SyncClient
 from gateway.container import EVENT_COUNT, AttributeUpdate, Verb
 from gateway.errors import (
     BadAttributeUpdate,

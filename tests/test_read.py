@@ -20,7 +20,8 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.client.client import SyncClient, open_client
+from gateway.client.client import open_client
+from gateway.client.sync import SyncClient
 from gateway.config import Config
 from gateway.errors import Overloaded, SegmentNotFound, SegmentTruncated
 from gateway.node import open_node

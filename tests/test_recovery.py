@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from gateway.container import AttributeUpdate, Verb
 from gateway.protocol.metadata_pb2 import MetadataSnapshot
+from gateway.storage import object_keys as names
 from gateway.storage.filesystem import FileStorage
 from gateway.storage.s3 import S3Storage
-from gateway.tier2 import object_keys as names
 from tests.helpers.daemon import Daemon, run_cli
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.

@@ -22,7 +22,8 @@ import trio
 import trio.testing
 import trustme
 
-from gateway.client.client import SyncClient, client_ssl_context, open_client
+from gateway.client.client import client_ssl_context, open_client
+from gateway.client.sync import SyncClient
 from gateway.client.writer import open_segment_writer
 from gateway.config import Config
 from gateway.errors import (

@@ -25,7 +25,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from tests.helpers.mount import MountedDaemon, mounted_daemon
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]

@@ -34,7 +34,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from tests.helpers.mount import mounted_daemon
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

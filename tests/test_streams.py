@@ -18,11 +18,11 @@ import time
 
 import pytest
 
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from gateway.embedded import EmbeddedS3
 from gateway.errors import SegmentNotFound
+from gateway.storage import object_keys as names
 from gateway.storage.s3 import S3Storage
-from gateway.tier2 import object_keys as names
 from tests.helpers.daemon import Daemon
 from tests.helpers.mount import mounted_daemon, require_fuse
 

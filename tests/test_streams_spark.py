@@ -18,7 +18,7 @@ pytest.importorskip("pyarrow")
 
 from pyspark.sql import functions as F
 
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from tests.helpers.mount import MountedDaemon, mounted_daemon
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]

@@ -12,7 +12,6 @@ import trio
 import trio.testing
 
 from cache.memory_store import MemoryCache
-from gateway.client.codec import Codec
 from gateway.config import ContainerConfig, StreamsConfig
 from gateway.container.replayer import Replayer
 from gateway.container.streams import split_member
@@ -32,6 +31,7 @@ from gateway.errors import (
     Unavailable,
 )
 from gateway.journal.memory_journal import MemoryJournal
+from gateway.protocol.codec import Codec
 from gateway.protocol.metadata_pb2 import ChunkRecord
 from gateway.read.index import ReadIndex
 from tests.helpers.container import DirectContainer

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from gateway.notify import Notifier
 from tests.helpers.mount import MountedDaemon, mount_entry, require_fuse
 

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from gateway.protocol.metadata_pb2 import MetadataSnapshot
+from gateway.storage import object_keys as names
 from gateway.storage.filesystem import FileStorage
-from gateway.tier2 import object_keys as names
 from tests.helpers.daemon import Daemon
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.

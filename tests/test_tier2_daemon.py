@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from tests.helpers.daemon import Daemon
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.

@@ -29,9 +29,9 @@ from gateway.protocol.metadata_pb2 import (
 )
 from gateway.recovery import metadata_io
 from gateway.recovery.rebuild import Rebuilt, rebuild, rebuild_metadata
+from gateway.storage import object_keys as names
 from gateway.storage.layer import ChunkLayer
 from gateway.storage.memory_storage import MemoryStorage
-from gateway.tier2 import object_keys as names
 from tests.helpers.container import DirectContainer
 
 from .helpers.segments import make_config

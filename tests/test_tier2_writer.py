@@ -20,11 +20,11 @@ import trio.testing
 from gateway.config import Config
 from gateway.errors import FlushTimeout, Overloaded, Tier2Error
 from gateway.node import open_node
+from gateway.storage import object_keys as names
 from gateway.storage.filesystem import FileStorage
 from gateway.storage.interface import ChunkStorage
 from gateway.storage.layer import ChunkLayer
 from gateway.storage.memory_storage import MemoryStorage
-from gateway.tier2 import object_keys as names
 from tests.helpers.container import DirectContainer
 from tests.helpers.inprocess import running
 from tests.helpers.segments import make_config

@@ -20,7 +20,8 @@ import time
 import pytest
 import trio
 
-from gateway.client.client import SyncClient, open_client
+from gateway.client.client import open_client
+from gateway.client.sync import SyncClient
 from gateway.client.writer import open_transaction
 from gateway.errors import GatewayError
 from tests.helpers.cluster import wait_for

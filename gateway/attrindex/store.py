@@ -34,8 +34,8 @@ from cache import CacheStore
 from gateway.attrindex.btree import Batch, BTree, IndexCorrupt, PageCache, TreeState
 from gateway.errors import ChunkNotFound, IndexMoved
 from gateway.protocol.metadata_pb2 import AttributeIndexRecord, ChunkRecord
+from gateway.storage import object_keys as names
 from gateway.storage.layer import ChunkLayer
-from gateway.tier2 import object_keys as names
 
 T = TypeVar("T")
 

@@ -33,7 +33,6 @@ import trio
 
 from gateway import __version__
 from gateway.aio import service_nursery
-from gateway.client.codec import Codec
 from gateway.client.connection import (
     DEFAULT_MAX_MESSAGE,
     Connection,
@@ -46,6 +45,7 @@ from gateway.container import AppendResult, AttributeUpdate, ReadResult, Segment
 from gateway.container.results import StreamInfo, TransactionInfo
 from gateway.errors import ConnectionLost, GatewayError
 from gateway.protocol import wire_pb2 as wire
+from gateway.protocol.codec import Codec
 from gateway.protocol.framing import close_now, encode_append_request
 from gateway.protocol.metadata_pb2 import MetadataSnapshot, SegmentRecord
 
@@ -531,13 +531,3 @@ async def _open_peer(
     ) as peer:
         peer._follow = None
         yield peer
-
-
-def __getattr__(name: str) -> Any:
-    # The blocking client is derived from `Client` in gateway/client/sync.py,
-    # which imports this module; it stays importable from here, where it was.
-    if name == "SyncClient":
-        from gateway.client.sync import SyncClient
-
-        return SyncClient
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -37,7 +37,6 @@ import trio
 
 from gateway.aio import service_nursery
 from gateway.client.client import CONNECT_TIMEOUT, Client, ResponseFuture, open_client
-from gateway.client.codec import Codec, whole_frames
 from gateway.container.attributes import AttributeUpdate, Verb
 from gateway.container.results import TransactionInfo
 from gateway.errors import (
@@ -50,6 +49,7 @@ from gateway.errors import (
     ProtocolError,
     Unavailable,
 )
+from gateway.protocol.codec import Codec, whole_frames
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

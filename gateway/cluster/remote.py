@@ -52,8 +52,8 @@ from gateway.errors import (
 from gateway.protocol.metadata_pb2 import MetadataSnapshot, SegmentRecord
 from gateway.read.chunks import ChunkReader
 from gateway.read.index import SegmentView
+from gateway.storage import object_keys as names
 from gateway.storage.layer import ChunkLayer
-from gateway.tier2 import object_keys as names
 from gateway.tier2.snapshots import check_snapshot, record_problem
 from gateway.tier2.untrusted import Rejections
 

@@ -5,12 +5,20 @@ from __future__ import annotations
 import contextlib
 import re
 import ssl
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gateway.errors import os_reason
 
-if TYPE_CHECKING:
-    from gateway.config.sections import ServerConfig
+
+class ServerConfig(Protocol):
+    """The keys of ``[server]`` this module reads (`gateway.config.sections.ServerConfig`)."""
+
+    @property
+    def tls_cert(self) -> str: ...
+    @property
+    def tls_key(self) -> str: ...
+    @property
+    def tls_client_ca(self) -> str: ...
 
 
 def _no_password() -> bytes:

@@ -22,7 +22,7 @@ ID_BYTES = 16
 _CORE_PREFIX = bytes(15)
 #: Core attribute: events appended (an append counts its event_count, or 1).
 EVENT_COUNT = _CORE_PREFIX + b"\x01"
-#: Core attribute: the segment's event codec (`gateway.client.codec.Codec.number`),
+#: Core attribute: the segment's event codec (`gateway.protocol.codec.Codec.number`),
 #: set when it is created; absent means raw.
 CODEC = _CORE_PREFIX + b"\x02"
 #: Core attribute of a ``lines`` segment: the offset just past its last

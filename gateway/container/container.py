@@ -42,7 +42,6 @@ import trio
 
 from gateway import failpoints
 from gateway.buffers import Buffer
-from gateway.client.codec import Codec, lines_end, whole_frames
 from gateway.config import ContainerConfig, StreamsConfig
 from gateway.container.attribute_cache import AttributeCache
 from gateway.container.attributes import (
@@ -89,6 +88,7 @@ from gateway.errors import (
 )
 from gateway.journal import JournalStatistics
 from gateway.journal.format import attribute_records, encode_append, encode_attribute_values
+from gateway.protocol.codec import Codec, lines_end, whole_frames
 from gateway.protocol.journal_pb2 import (
     CreateSegment,
     DeleteSegment,

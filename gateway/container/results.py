@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from gateway.client.codec import Codec
 from gateway.protocol import wire_pb2 as wire
+from gateway.protocol.codec import Codec
 
 
 @dataclass(frozen=True)

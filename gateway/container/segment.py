@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections import ChainMap
 from collections.abc import Collection, Iterable, Mapping
 
-from gateway.client.codec import Codec
 from gateway.container.attributes import CODEC, EVENT_COUNT, EVENT_END, is_core
 from gateway.container.results import SegmentInfo
+from gateway.protocol.codec import Codec
 from gateway.protocol.metadata_pb2 import (
     AttributeIndexRecord,
     AttributeValue,

@@ -17,7 +17,6 @@ from functools import partial
 
 import trio
 
-from gateway.client.codec import Codec
 from gateway.config import StreamsConfig
 from gateway.container.attributes import CODEC, is_core
 from gateway.container.operations import OperationQueue, PendingOperation
@@ -35,6 +34,7 @@ from gateway.container.streams import (
 )
 from gateway.container.transactions import PrepareCreate, Start
 from gateway.errors import BadRequest, GatewayError, InvalidName, SegmentExists, StreamNotFound
+from gateway.protocol.codec import Codec
 from gateway.protocol.journal_pb2 import DeleteStream, Operation, SetStream
 from gateway.protocol.metadata_pb2 import StreamRecord
 

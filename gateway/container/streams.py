@@ -18,9 +18,9 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from gateway.client.codec import Codec
 from gateway.config import StreamsConfig
 from gateway.container.segment import Segment
+from gateway.protocol.codec import Codec
 from gateway.protocol.metadata_pb2 import StreamRecord
 
 #: Digits of a stream segment's number.

@@ -19,12 +19,12 @@ import pathlib
 from collections.abc import Iterator, Mapping, Sequence
 
 from gateway.buffers import Buffer
-from gateway.client.codec import Codec
 from gateway.container.attributes import EVENT_END
 from gateway.container.outcomes import TransactionOutcomes
 from gateway.container.segment import Segment
 from gateway.container.streams import Stream, split_member
 from gateway.errors import GatewayError
+from gateway.protocol.codec import Codec
 from gateway.protocol.metadata_pb2 import (
     TXN_ABORTED,
     TXN_COMMITTED,

@@ -17,7 +17,6 @@ from functools import partial
 from typing import Protocol
 
 from gateway import failpoints
-from gateway.client.codec import Codec
 from gateway.config import StreamsConfig
 from gateway.container.attribute_cache import AttributeCache
 from gateway.container.attributes import CODEC, EVENT_COUNT, EVENT_END, AttributesNotLoaded, is_core
@@ -38,6 +37,7 @@ from gateway.errors import (
     Unavailable,
 )
 from gateway.journal.format import attribute_records
+from gateway.protocol.codec import Codec
 from gateway.protocol.journal_pb2 import MergeSegment, Operation
 from gateway.protocol.metadata_pb2 import TXN_COMMITTED, TXN_TIMED_OUT
 

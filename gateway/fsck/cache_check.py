@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 
 from gateway.read.chunks import BLOCK_SIZE
-from gateway.tier2 import object_keys as names
+from gateway.storage import object_keys as names
 
 from .target import CheckRun, CheckState, Target
 

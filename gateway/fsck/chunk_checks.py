@@ -12,7 +12,7 @@ from gateway.aio import crc32c_of
 from gateway.errors import ChunkNotFound, GatewayError, Tier2Error
 from gateway.protocol.metadata_pb2 import ChunkRecord
 from gateway.read.chunks import BLOCK_SIZE
-from gateway.tier2 import object_keys as names
+from gateway.storage import object_keys as names
 
 from .target import (
     HANDS_OFF,

@@ -37,7 +37,7 @@ from gateway.config import Config
 from gateway.errors import GatewayError, JournalCorrupt, JournalLocked
 from gateway.journal.files import LOCK_NAME, DirectoryLock
 from gateway.protocol.metadata_pb2 import ChunkRecord
-from gateway.tier2 import object_keys as names
+from gateway.storage import object_keys as names
 
 from .checks import (
     CheckRun,
@@ -82,7 +82,7 @@ async def _skip_rest(sink: Sink, after: str, reason: str) -> None:
 
 async def _open_tier2(stack: AsyncExitStack, config: Config) -> tuple[Any, str]:
     """The configured Tier 2, checked to answer; (None, why) if it does not."""
-    from gateway.storage.bindings import open_tier2
+    from gateway.tier2.bindings import open_tier2
 
     try:
         layer = await stack.enter_async_context(open_tier2(config))

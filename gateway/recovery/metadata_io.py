@@ -48,8 +48,8 @@ from gateway.recovery.rebuild import (
     rebuild,
     rebuild_metadata,
 )
+from gateway.storage import object_keys as names
 from gateway.storage.layer import ChunkLayer
-from gateway.tier2 import object_keys as names
 from gateway.tier2.snapshots import build_snapshot, check_snapshot, object_metadata
 
 log = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ async def import_metadata(
             f"= {snapshot.node!r} (its chunks are under that name in Tier 2)",
         )
     ensure_empty(config.journal_dir)
-    from gateway.storage.bindings import open_tier2
+    from gateway.tier2.bindings import open_tier2
 
     async with open_tier2(config) as tier2:
         rebuilt = await rebuild(tier2, node, snapshot, replay_chunks=False)
@@ -324,7 +324,7 @@ async def rebuild_node(
 
 async def recover_from_tier2(config: Config, log_report: bool = True) -> RebuildReport:
     """`rebuild_node` with Tier 2 opened here (``import-metadata --from-tier2``)."""
-    from gateway.storage.bindings import open_tier2
+    from gateway.tier2.bindings import open_tier2
 
     ensure_empty(config.journal_dir)
     async with open_tier2(config) as tier2:

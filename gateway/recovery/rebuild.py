@@ -6,7 +6,7 @@ When a node's SSD is lost, Tier 2 still holds, under ``<node>/``:
   chunk lists included, uploaded after flushes; and
 - chunk objects (``chunks/``), whose key carries the segment id, start offset
   and epoch, and whose user metadata carries the segment name, offset,
-  length, CRC32C and epoch (`gateway.tier2.object_keys`).
+  length, CRC32C and epoch (`gateway.storage.object_keys`).
 
 `rebuild_metadata` starts from the newest readable snapshot and replays the
 chunks written after it, the way Pravega's SystemJournal rebuilds storage
@@ -77,9 +77,9 @@ from gateway.protocol.metadata_pb2 import (
     MetadataSnapshot,
     SegmentRecord,
 )
+from gateway.storage import object_keys as names
 from gateway.storage.interface import ObjectInfo
 from gateway.storage.layer import ChunkLayer
-from gateway.tier2 import object_keys as names
 from gateway.tier2.snapshots import SNAPSHOT_VERSION, check_snapshot
 from gateway.tier2.untrusted import BadRecord, decimal
 

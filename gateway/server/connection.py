@@ -62,7 +62,7 @@ from .registry import HANDLERS
 from .routing import ClaimedCreates, not_owner
 
 if TYPE_CHECKING:
-    from .listener import Server
+    from .context import ServerParts
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class Connection:
 
     def __init__(
         self,
-        server: Server,
+        server: ServerParts,
         stream: trio.abc.Stream,
         peer: str,
         transport: trio.abc.Stream | None = None,

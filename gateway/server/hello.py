@@ -23,7 +23,7 @@ from gateway.protocol import wire_pb2 as wire
 from .answers import Item, error_item, ready
 
 if TYPE_CHECKING:
-    from .connection import Connection
+    from .context import Peer
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def token_matches(given: str, token: str) -> bool:
     )
 
 
-async def receive_hello(conn: Connection) -> bytes | bytearray | None:
+async def receive_hello(conn: Peer) -> bytes | bytearray | None:
     """The first message: small, and within the handshake deadline.
 
     Until a client has said Hello (with the token) it may hold neither a
@@ -69,7 +69,7 @@ async def receive_hello(conn: Connection) -> bytes | bytearray | None:
         messages.max_message_bytes = limit
 
 
-def answer_hello(conn: Connection, rid: int, hello: wire.Hello) -> Item:
+def answer_hello(conn: Peer, rid: int, hello: wire.Hello) -> Item:
     """Check the version and the token; the answer greets ``conn`` or closes it."""
     if hello.protocol_version != PROTOCOL_VERSION:
         return error_item(

@@ -3,10 +3,10 @@
 Each handler module declares its kinds where it defines them::
 
     @handles("truncate", changes=True, frees=True)
-    def truncate(conn: Connection, req: wire.Request) -> Producer: ...
+    def truncate(conn: Peer, req: wire.Request) -> Producer: ...
 
     @streams("read", answer_bytes=read_answer_bytes)
-    def read(conn: Connection, req: wire.Request) -> Item: ...
+    def read(conn: Peer, req: wire.Request) -> Item: ...
 
 and the connection looks every request up in `HANDLERS` by its name in
 wire.proto's ``Request.kind`` (tests/test_protocol.py checks that each
@@ -25,15 +25,15 @@ from gateway.protocol import wire_pb2 as wire
 from .answers import Item, Producer
 
 if TYPE_CHECKING:
-    from .connection import Connection
+    from .context import Peer
 
 #: Whether a request (of a kind that may) does something: frees journal
 #: space, changes nothing after all, or creates a name (returning it).
 Predicate = Callable[[wire.Request], bool]
 #: Bytes a request's answer will hold, charged before it is prepared.
-AnswerBytes = Callable[["Connection", wire.Request], int]
-Prepare = Callable[["Connection", wire.Request], Producer]
-Stream = Callable[["Connection", wire.Request], Item]
+AnswerBytes = Callable[["Peer", wire.Request], int]
+Prepare = Callable[["Peer", wire.Request], Producer]
+Stream = Callable[["Peer", wire.Request], Item]
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,11 @@ if TYPE_CHECKING:
     from gateway.cluster.remote import RemoteNode
     from gateway.container.segment import Segment
 
-    from .connection import Connection
-    from .listener import Server
+    from .context import Peer, ServerParts
     from .registry import Prepare
 
 
-async def not_owner(server: Server, e: SegmentNotFound) -> GatewayError:
+async def not_owner(server: ServerParts, e: SegmentNotFound) -> GatewayError:
     """For a request about a segment this node does not have: NotOwner if another has it.
 
     Known from following the other nodes, or -- for a segment created
@@ -54,7 +53,7 @@ async def not_owner(server: Server, e: SegmentNotFound) -> GatewayError:
     return NotOwner(name, *owner)
 
 
-def remote_segment(server: Server, name: str) -> tuple[RemoteNode, Segment]:
+def remote_segment(server: ServerParts, name: str) -> tuple[RemoteNode, Segment]:
     """Another node's segment with this name, and that node; SegmentNotFound if none."""
     found = server.cluster.find(name) if server.cluster is not None else None
     if found is None:
@@ -84,7 +83,7 @@ class ClaimedCreates:
         await self._idle.wait()
 
     def start(
-        self, conn: Connection, req: wire.Request, prepare: Prepare, name: str, nbytes: int
+        self, conn: Peer, req: wire.Request, prepare: Prepare, name: str, nbytes: int
     ) -> Item:
         """A create in a cluster: its name claimed in Tier 2 first, then created here.
 

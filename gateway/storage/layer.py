@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import trio
 
@@ -35,10 +35,22 @@ from gateway.stats import LATENCY_BUCKETS, Histogram
 from gateway.storage.interface import ChunkStorage, ObjectInfo
 from gateway.storage.retry import RetryEvent, retrying
 
-if TYPE_CHECKING:
-    from gateway.embedded import EmbeddedS3
+__all__ = ["ChunkLayer", "ChunkLayerStatistics", "LocalServer"]
 
-__all__ = ["ChunkLayer", "ChunkLayerStatistics"]
+
+class LocalServer(Protocol):
+    """A Tier-2 server this process runs itself (the embedded SeaweedFS).
+
+    Known here only by what the layer asks of it, so that the bindings sit
+    below the embedded server that uses them.
+    """
+
+    def check_available(self) -> None:
+        """Raise at once (a `Tier2Error`) while the server is down or restarting."""
+
+    def statistics(self) -> Any:
+        """Its statistics, for /metrics."""
+
 
 T = TypeVar("T")
 
@@ -77,7 +89,7 @@ class ChunkLayer:
         max_concurrency: int = 8,
         retry_deadline: float = 60.0,
         barrier: Callable[[], None] | None = None,
-        embedded: EmbeddedS3 | None = None,
+        embedded: LocalServer | None = None,
     ) -> None:
         """Wrap ``storage``; at most ``max_concurrency`` calls run at once.
 

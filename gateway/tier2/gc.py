@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.errors import Tier2Error
+from gateway.storage import object_keys as names
 from gateway.storage.interface import ObjectInfo
 from gateway.storage.layer import ChunkLayer
-from gateway.tier2 import object_keys as names
 
 log = logging.getLogger(__name__)
 

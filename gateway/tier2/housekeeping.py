@@ -13,18 +13,40 @@ import logging
 import math
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
 from gateway.aio import crc32c_of
-from gateway.errors import Tier2Error
+from gateway.attrindex.store import AttributeIndexStore
+from gateway.config import Tier2Config
+from gateway.container.container import SegmentContainer
+from gateway.container.interfaces import LeaseGate
+from gateway.errors import GatewayError, Tier2Error
+from gateway.read.chunks import ChunkReader
+from gateway.storage import object_keys as names
+from gateway.storage.layer import ChunkLayer
 from gateway.tier2 import gc
-from gateway.tier2 import object_keys as names
 from gateway.tier2.snapshots import build_snapshot, object_metadata
 
-if TYPE_CHECKING:
-    from gateway.tier2.storage_writer import StorageWriter
+
+class WriterState(Protocol):
+    """What housekeeping uses of its `StorageWriter` (which builds it)."""
+
+    container: SegmentContainer
+    attributes: AttributeIndexStore
+    layer: ChunkLayer
+    cfg: Tier2Config
+    node: str
+    epoch: int
+    reader: ChunkReader
+    uploading: set[str]
+    fenced: GatewayError | None
+    lease: LeaseGate | None
+
+    def check_fence(self) -> None:
+        """Raise if the writer may not touch Tier 2."""
+
 
 __all__ = ["Housekeeper"]
 
@@ -34,7 +56,7 @@ log = logging.getLogger(__name__)
 class Housekeeper:
     """Deletes the chunks a `StorageWriter` was told are dropped, snapshots and collects garbage."""
 
-    def __init__(self, writer: StorageWriter) -> None:
+    def __init__(self, writer: WriterState) -> None:
         #: The writer whose node, binding, policy and fence this follows.
         self._writer = writer
         self._deletes: deque[tuple[str, int]] = deque()

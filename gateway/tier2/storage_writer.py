@@ -53,9 +53,9 @@ from gateway.container.segment import Segment
 from gateway.errors import FlushTimeout, GatewayError, Overloaded, SegmentNotFound, Tier2Error
 from gateway.protocol.metadata_pb2 import AttributeIndexRecord, ChunkRecord
 from gateway.read.chunks import ChunkReader
+from gateway.storage import object_keys as names
 from gateway.storage.layer import ChunkLayer
 from gateway.tier2 import gc
-from gateway.tier2 import object_keys as names
 from gateway.tier2.housekeeping import Housekeeper
 
 log = logging.getLogger(__name__)

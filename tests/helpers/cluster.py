@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from gateway.client.client import SyncClient
+from gateway.client.sync import SyncClient
 from gateway.embedded import EmbeddedS3
 from tests.helpers.mount import MountedDaemon
 

@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gateway.buffers import Buffer
-from gateway.client.codec import Codec
 from gateway.container.attributes import AttributeUpdate
 from gateway.container.container import SegmentContainer
 from gateway.container.results import AppendResult, SegmentInfo, StreamInfo, TransactionInfo
+from gateway.protocol.codec import Codec
 
 
 class DirectContainer(SegmentContainer):

@@ -70,7 +70,8 @@ from typing import Any
 import pytest
 import trio
 
-from gateway.client.client import SyncClient, open_client
+from gateway.client.client import open_client
+from gateway.client.sync import SyncClient
 from gateway.client.writer import RETRYABLE, SegmentWriter, open_segment_writer
 from gateway.embedded import EmbeddedS3
 from gateway.errors import GatewayError

@@ -13,7 +13,7 @@ from ..budget import LIST_ENTRY_BYTES
 from ..registry import handles, streams
 
 if TYPE_CHECKING:
-    from ..connection import Connection
+    from ..context import Peer
 
 #: The longest wait a flush request may ask for (FlushRequest.timeout_ms).
 MAX_FLUSH_TIMEOUT_MS = 30 * 86400 * 1000
@@ -22,7 +22,7 @@ FSCK_BYTES = 1024 * 1024
 
 
 @handles("flush")
-def flush(conn: Connection, req: wire.Request) -> Producer:
+def flush(conn: Peer, req: wire.Request) -> Producer:
     """Make one segment (or all) durable in Tier 2, and wait until done."""
     container = conn.server.container
     rid = req.request_id
@@ -45,12 +45,12 @@ def flush(conn: Connection, req: wire.Request) -> Producer:
     return produce
 
 
-def _snapshot_bytes(conn: Connection, req: wire.Request) -> int:
+def _snapshot_bytes(conn: Peer, req: wire.Request) -> int:
     return conn.server.container.segment_count * LIST_ENTRY_BYTES
 
 
 @handles("export_metadata", answer_bytes=_snapshot_bytes)
-def export_metadata(conn: Connection, req: wire.Request) -> Producer:
+def export_metadata(conn: Peer, req: wire.Request) -> Producer:
     """A metadata snapshot of this node's segments, as Tier 2 would hold it."""
     container = conn.server.container
     node = conn.server.node
@@ -73,19 +73,19 @@ def export_metadata(conn: Connection, req: wire.Request) -> Producer:
 
 
 @handles("cluster")
-def cluster(conn: Connection, req: wire.Request) -> Producer:
+def cluster(conn: Peer, req: wire.Request) -> Producer:
     """Every node's status as this node sees it (none without a cluster)."""
     view = conn.server.cluster
     nodes = view.status() if view is not None else []
     return ready(wire.Response(request_id=req.request_id, cluster=wire.ClusterStatus(nodes=nodes)))
 
 
-def _fsck_bytes(conn: Connection, req: wire.Request) -> int:
+def _fsck_bytes(conn: Peer, req: wire.Request) -> int:
     return FSCK_BYTES
 
 
 @streams("fsck", answer_bytes=_fsck_bytes)
-def fsck(conn: Connection, req: wire.Request) -> Item:
+def fsck(conn: Peer, req: wire.Request) -> Item:
     """fsck's checks on the live state (gateway/fsck/online.py), answered as they go."""
     server = conn.server
     rid = req.request_id

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from gateway.cluster.remote import RemoteNode
     from gateway.container.segment import Segment
 
-    from ..connection import Connection
+    from ..context import Peer
 
 #: Estimated bytes per attribute in a GetAttributes answer.
 ATTRIBUTE_BYTES = 64
@@ -42,21 +42,21 @@ def _closes_writers(req: wire.Request) -> bool:
 
 
 @handles("update_attributes", changes=True, frees=_closes_writers)
-def update_attributes(conn: Connection, req: wire.Request) -> Producer:
+def update_attributes(conn: Peer, req: wire.Request) -> Producer:
     """Apply attribute updates to a segment."""
     u = req.update_attributes
     op = conn.server.container.prepare_update_attributes(u.segment, updates(list(u.updates)))
     return pending_info(req.request_id, op)
 
 
-def _get_bytes(conn: Connection, req: wire.Request) -> int:
+def _get_bytes(conn: Peer, req: wire.Request) -> int:
     g = req.get_attributes
     n = len(g.ids) or min(g.limit or DEFAULT_ATTRIBUTE_RANGE, MAX_ATTRIBUTE_RANGE)
     return n * ATTRIBUTE_BYTES
 
 
 @handles("get_attributes", answer_bytes=_get_bytes)
-def get_attributes(conn: Connection, req: wire.Request) -> Producer:
+def get_attributes(conn: Peer, req: wire.Request) -> Producer:
     """Attribute values by id, or a range of them in id order."""
     g = req.get_attributes
     container = conn.server.container
@@ -101,7 +101,7 @@ def get_attributes(conn: Connection, req: wire.Request) -> Producer:
     return produce
 
 
-def _remote(conn: Connection, req: wire.Request, node: RemoteNode, seg: Segment) -> Producer:
+def _remote(conn: Peer, req: wire.Request, node: RemoteNode, seg: Segment) -> Producer:
     """Attributes of another node's segment (`get_attributes` for a remote one)."""
     g = req.get_attributes
     rid = req.request_id

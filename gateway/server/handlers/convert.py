@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from gateway.client.codec import Codec
 from gateway.container import AttributeUpdate, Verb
 from gateway.errors import BadRequest
 from gateway.protocol import wire_pb2 as wire
+from gateway.protocol.codec import Codec
 
 
 def codec(number: int) -> Codec:

@@ -28,7 +28,7 @@ from ..routing import remote_segment
 from .convert import codec, updates
 
 if TYPE_CHECKING:
-    from ..connection import Connection
+    from ..context import Peer
 
 MAX_LIST = 10_000
 #: A read request is answered with at most this much, in pieces of READ_PIECE.
@@ -41,7 +41,7 @@ def _creates(req: wire.Request) -> str:
 
 
 @handles("create", changes=True, claims_name=_creates)
-def create(conn: Connection, req: wire.Request) -> Producer:
+def create(conn: Peer, req: wire.Request) -> Producer:
     """Create a segment (in a cluster, once its name is claimed)."""
     op = conn.server.container.prepare_create(
         req.create.segment, updates(list(req.create.attributes)), codec(req.create.codec)
@@ -50,12 +50,12 @@ def create(conn: Connection, req: wire.Request) -> Producer:
 
 
 @handles("append", changes=True)
-def append(conn: Connection, req: wire.Request) -> Producer:
+def append(conn: Peer, req: wire.Request) -> Producer:
     """Append (large appends come by `append_data` without their data copied)."""
     return append_data(conn, req.request_id, req.append, req.append.data)
 
 
-def append_data(conn: Connection, rid: int, a: wire.AppendRequest, data: Buffer) -> Producer:
+def append_data(conn: Peer, rid: int, a: wire.AppendRequest, data: Buffer) -> Producer:
     """An append whose data may be a view of the message it came in."""
     op = conn.server.container.prepare_append(
         a.segment,
@@ -78,13 +78,13 @@ def append_data(conn: Connection, rid: int, a: wire.AppendRequest, data: Buffer)
     return produce
 
 
-def _read_bytes(conn: Connection, req: wire.Request) -> int:
+def _read_bytes(conn: Peer, req: wire.Request) -> int:
     # The piece held at a time, and its head.
     return min(req.read.max_length, MAX_READ, READ_PIECE) + 1024
 
 
 @streams("read", answer_bytes=_read_bytes)
-def read(conn: Connection, req: wire.Request) -> Item:
+def read(conn: Peer, req: wire.Request) -> Item:
     """Read, in pieces of at most READ_PIECE (another node's segment as the mount does)."""
     r = req.read
     rid = req.request_id
@@ -124,20 +124,20 @@ def read(conn: Connection, req: wire.Request) -> Item:
 
 
 @handles("seal", changes=True)
-def seal(conn: Connection, req: wire.Request) -> Producer:
+def seal(conn: Peer, req: wire.Request) -> Producer:
     """Seal a segment."""
     return pending_info(req.request_id, conn.server.container.prepare_seal(req.seal.segment))
 
 
 @handles("truncate", changes=True, frees=True)
-def truncate(conn: Connection, req: wire.Request) -> Producer:
+def truncate(conn: Peer, req: wire.Request) -> Producer:
     """Truncate a segment (offsets are kept; may free journal space)."""
     t = req.truncate
     return pending_info(req.request_id, conn.server.container.prepare_truncate(t.segment, t.offset))
 
 
 @handles("delete", changes=True, frees=True)
-def delete(conn: Connection, req: wire.Request) -> Producer:
+def delete(conn: Peer, req: wire.Request) -> Producer:
     """Delete a segment; in a cluster its name is free for every node again."""
     name = req.delete.segment
     op = conn.server.container.prepare_delete(name)
@@ -154,7 +154,7 @@ def delete(conn: Connection, req: wire.Request) -> Producer:
 
 
 @handles("get_info")
-def get_info(conn: Connection, req: wire.Request) -> Producer:
+def get_info(conn: Peer, req: wire.Request) -> Producer:
     """A segment's info, this node's or another's."""
     name = req.get_info.segment
     rid = req.request_id
@@ -179,7 +179,7 @@ def get_info(conn: Connection, req: wire.Request) -> Producer:
 
 
 @handles("get_record")
-def get_record(conn: Connection, req: wire.Request) -> Producer:
+def get_record(conn: Peer, req: wire.Request) -> Producer:
     """A segment's metadata record (what other nodes follow)."""
     # This node's segments only: other nodes ask each owner.
     response = wire.Response(
@@ -189,13 +189,13 @@ def get_record(conn: Connection, req: wire.Request) -> Producer:
     return ready(response)
 
 
-def _list_bytes(conn: Connection, req: wire.Request) -> int:
+def _list_bytes(conn: Peer, req: wire.Request) -> int:
     limit = min(req.list.limit or MAX_LIST, MAX_LIST)
     return min(limit, conn.server.container.segment_count) * LIST_ENTRY_BYTES
 
 
 @handles("list", answer_bytes=_list_bytes)
-def list_segments(conn: Connection, req: wire.Request) -> Producer:
+def list_segments(conn: Peer, req: wire.Request) -> Producer:
     """Segments by name prefix, in name order, every node's unless local only."""
     r = req.list
     rid = req.request_id

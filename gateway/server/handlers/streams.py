@@ -14,7 +14,7 @@ from ..registry import handles
 from .convert import codec
 
 if TYPE_CHECKING:
-    from ..connection import Connection
+    from ..context import Peer
 
 
 def _reads_only(req: wire.Request) -> bool:
@@ -44,7 +44,7 @@ def _policy(p: wire.StreamPolicy) -> dict[str, int | None]:
 
 
 @handles("stream", changes=True, reads_only=_reads_only, claims_name=_creates)
-def stream(conn: Connection, req: wire.Request) -> Producer:
+def stream(conn: Peer, req: wire.Request) -> Producer:
     """Streams: create, change, roll, delete, show, list."""
     c = conn.server.container
     r = req.stream

@@ -11,11 +11,11 @@ from ..answers import Producer
 from ..registry import handles
 
 if TYPE_CHECKING:
-    from ..connection import Connection
+    from ..context import Peer
 
 
 @handles("transaction", changes=True)
-def transaction(conn: Connection, req: wire.Request) -> Producer:
+def transaction(conn: Peer, req: wire.Request) -> Producer:
     """Transactions: begin, commit, abort."""
     c = conn.server.container
     t = req.transaction

@@ -1,0 +1,55 @@
+"""What the request handlers see of a connection and of the server, as protocols.
+
+The connection (`connection.py`) runs the handlers and the listener
+(`listener.py`) runs the connections; the handlers, the handshake and the
+routing know both only as these, so the package's imports run one way:
+listener over connection over handlers over routing, registry and answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from gateway.cluster.claims import NameClaims
+    from gateway.cluster.view import ClusterView
+    from gateway.config import ServerConfig
+    from gateway.container.container import SegmentContainer
+    from gateway.fsck.checks import Target
+    from gateway.protocol.framing import MessageStream
+
+    from .budget import MemoryBudget
+
+
+class ServerParts(Protocol):
+    """The server's parts a request may use (`listener.Server` has them)."""
+
+    #: This node's segments.
+    container: SegmentContainer
+    #: Other nodes and their segments (None: this node alone).
+    cluster: ClusterView | None
+    #: Cluster-wide name claims (None: names are this node's alone).
+    claims: NameClaims | None
+    config: ServerConfig
+    #: ``node.id``.
+    node: str
+    #: The live state fsck checks; None: the container alone.
+    fsck_target: Callable[[], Target] | None
+    #: Seconds a client has to complete the TLS handshake, and then to send Hello.
+    handshake_timeout: float
+    #: ``container.max_append_bytes``, told to clients in Hello.
+    container_config_max_append: int
+    #: Bytes held by requests in flight, across connections.
+    memory: MemoryBudget
+
+
+class Peer(Protocol):
+    """One client's connection, as a handler sees it (`connection.Connection`)."""
+
+    server: ServerParts
+    #: The client's address, for log lines.
+    peer: str
+    #: Whether the client has said Hello (with the token, if one is required).
+    greeted: bool
+    messages: MessageStream
