@@ -26,9 +26,10 @@ import pytest
 pytest.importorskip("pyspark")
 
 from gateway.embedded.server import EmbeddedS3
-from tests.helpers.cluster import NODES, Cluster, wait_for
+from tests.helpers.cluster import NODES, Cluster
 from tests.helpers.mount import require_fuse
 from tests.helpers.spark_cluster import SparkCluster
+from tests.helpers.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 

@@ -14,15 +14,14 @@ import glob
 import json
 import os
 import struct
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from gateway.client.client import SyncClient
-from tests.helpers.cluster import wait_for
 from tests.helpers.daemon import run_cli
 from tests.helpers.mount import MountedDaemon, mounted_daemon
+from tests.helpers.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -136,9 +135,7 @@ def test_spark_reads_the_trimmed_view_and_a_growing_file_without_corrupt_records
             c.append("growing", event(3)[9:])
         # The kernel may keep the old size for fuse.active_timeout (1 s).
         whole = len(event(1) + event(2) + event(3))
-        deadline = time.monotonic() + 10
-        while (d.mnt / "growing").stat().st_size < whole and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: (d.mnt / "growing").stat().st_size >= whole, 10, "the grown size")
         df = spark.read.json(f"file://{d.mnt}/growing")
         assert sorted(r.id for r in df.collect()) == [1, 2, 3]
     finally:

@@ -89,7 +89,7 @@ def test_writers_on_a_rolling_stream_under_sigkills_land_every_event_once_in_ord
         t.start()
     kills = 0
     while kills < 4 and any(t.is_alive() for t in threads):
-        time.sleep(0.6)
+        time.sleep(0.6)  # the writers go on between kills: kill points are the subject
         d.kill()
         d.start()
         kills += 1

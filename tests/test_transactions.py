@@ -23,9 +23,9 @@ import trio
 from gateway.client.client import SyncClient, open_client
 from gateway.client.writer import open_transaction
 from gateway.errors import GatewayError
-from tests.helpers.cluster import wait_for
 from tests.helpers.daemon import Daemon
 from tests.helpers.proxy import DroppingProxy
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -33,10 +33,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from tests.helpers.daemon import free_port
+from tests.helpers.wait import wait_for
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -186,6 +188,15 @@ class SparkCluster:
                     f"{proc.args!r} exited with {proc.returncode}\n{self.logs()}"
                 )
 
+    def _wait(
+        self, check: Callable[[], bool], seconds: float, failure: str, interval: float
+    ) -> None:
+        """`wait_for`, failing with a :class:`SparkClusterError` that ends with the logs."""
+        try:
+            wait_for(check, seconds, failure, interval=interval)
+        except AssertionError as e:
+            raise SparkClusterError(f"{e}\n{self.logs()}") from None
+
     def logs(self, lines: int = 30) -> str:
         """The last ``lines`` lines of the master's and every worker's log."""
         parts = [
@@ -219,13 +230,14 @@ class SparkCluster:
                 self.master_log,
             )
             deadline = time.monotonic() + timeout
+
+            def master_up() -> bool:
+                self._check_alive()
+                return self.master_status() is not None
+
             # A worker that finds no master retries only after seconds of
             # backoff: start the workers once the master answers.
-            while self.master_status() is None:
-                self._check_alive()
-                if time.monotonic() > deadline:
-                    raise SparkClusterError(f"no master after {timeout}s\n{self.logs()}")
-                time.sleep(0.1)
+            self._wait(master_up, timeout, f"no master after {timeout}s", interval=0.1)
             for i, source in enumerate(self.sources):
                 work = self.work_dir / f"worker-{i}"
                 work.mkdir(parents=True, exist_ok=True)
@@ -261,13 +273,17 @@ class SparkCluster:
                     ],
                     self.worker_logs[i],
                 )
-            while (alive := self.alive_workers()) < self.n:
+
+            def workers_up() -> bool:
                 self._check_alive()
-                if time.monotonic() > deadline:
-                    raise SparkClusterError(
-                        f"{alive} of {self.n} workers registered after {timeout}s\n{self.logs()}"
-                    )
-                time.sleep(0.25)
+                return self.alive_workers() >= self.n
+
+            self._wait(
+                workers_up,
+                max(0.0, deadline - time.monotonic()),
+                f"not all {self.n} workers registered after {timeout}s",
+                interval=0.25,
+            )
         except BaseException:
             self.stop()
             raise
@@ -308,16 +324,19 @@ class SparkCluster:
                 f"a session on {spark.sparkContext.master} is already running in this process"
             )
         spark.sparkContext.setLogLevel("ERROR")
-        deadline = time.monotonic() + timeout
+
+        def executors_up() -> bool:
+            self._check_alive()
+            return self.executor_count() >= self.n
+
         # Tasks go only to registered executors: without this wait the first
         # job may run everything on whichever executor came up first.
-        while (executors := self.executor_count()) < self.n:
-            self._check_alive()
-            if time.monotonic() > deadline:
-                raise SparkClusterError(
-                    f"{executors} of {self.n} executors registered after {timeout}s\n{self.logs()}"
-                )
-            time.sleep(0.25)
+        self._wait(
+            executors_up,
+            timeout,
+            f"not all {self.n} executors registered after {timeout}s",
+            interval=0.25,
+        )
         return spark
 
     def executor_count(self) -> int:
@@ -355,9 +374,8 @@ class SparkCluster:
         # SIGKILL is asynchronous and wait() covers only the leaders: wait for
         # the executors too, so no JVM outlives stop().
         groups = {proc.pid for proc in procs}
-        deadline = time.monotonic() + 5
-        while live_group_members(groups) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        with contextlib.suppress(AssertionError):  # best effort: never hang in a teardown
+            wait_for(lambda: not live_group_members(groups), 5, "the executors gone")
 
     def kill_worker(self, i: int, timeout: float = 60) -> None:
         """SIGKILL worker ``i`` and its executors (its storage node's host died).
@@ -370,11 +388,12 @@ class SparkCluster:
         _signal_group(proc, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
-        deadline = time.monotonic() + timeout
-        while self.executor_count() >= before:
-            if time.monotonic() > deadline:
-                raise SparkClusterError(f"executor of worker {i} still registered after {timeout}s")
-            time.sleep(0.2)
+        self._wait(
+            lambda: self.executor_count() < before,
+            timeout,
+            f"executor of worker {i} still registered after {timeout}s",
+            interval=0.2,
+        )
 
     def __enter__(self) -> SparkCluster:
         self.start()
