@@ -11,8 +11,9 @@ One argument order everywhere: ``wait_for(check, seconds, what)``.
 
 from __future__ import annotations
 
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import trio
@@ -67,7 +68,7 @@ def wait_for(
 
 
 async def async_wait_for(
-    check: Callable[[], T],
+    check: Callable[[], T | Awaitable[T]],
     seconds: float,
     what: str,
     *,
@@ -79,13 +80,20 @@ async def async_wait_for(
 
     For state that has no event to wait on (a counter a background task
     bumps, a child process's state); under ``autojump_clock`` the deadline is
-    in virtual time.
+    in virtual time. ``check`` may be async: each call gets the time left (at
+    least a second), and running out is a ``trio.TooSlowError`` -- "not yet"
+    if ``not_yet`` says so.
     """
     deadline = trio.current_time() + seconds
     last: object = None
     while True:
         try:
-            value = check()
+            result = check()
+            if inspect.isawaitable(result):
+                with trio.fail_after(max(1.0, deadline - trio.current_time())):
+                    value: T = await result
+            else:
+                value = result
         except not_yet as e:
             last = e
         else:
