@@ -42,15 +42,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MountedDaemon]
         yield daemon
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from pipeline.session import local_session
-
-    session = local_session("segment-gateway tests")
-    yield session
-    session.stop()
-
-
 def json_events(rng: random.Random, n: int, start: int = 0) -> list[dict[str, Any]]:
     return [
         {"key": f"k{rng.randrange(5)}", "ts": 1_700_000_000 + rng.randrange(600), "n": start + i}

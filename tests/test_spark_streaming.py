@@ -45,15 +45,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MountedDaemon]
         yield daemon
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from pipeline.session import local_session
-
-    session = local_session("segment-gateway streaming tests")
-    yield session
-    session.stop()
-
-
 def line(k: int, i: int) -> bytes:
     return b'{"w": %d, "n": %d}' % (k, i)
 

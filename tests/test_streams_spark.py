@@ -37,15 +37,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MountedDaemon]
         yield daemon
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from pipeline.session import local_session
-
-    session = local_session("segment-gateway stream tests")
-    yield session
-    session.stop()
-
-
 def events_df(spark: Any, path: pathlib.Path) -> Any:
     """Every event of the segments under ``path``, through the ``segments`` source."""
     return spark.read.format("segments").option("codec", "lines").load(str(path))
