@@ -267,7 +267,7 @@ def test_full_journal_while_tier2_is_stopped_flushes_its_way_out(
                                 wc.append(name, piece)
                             except Overloaded:
                                 refused[name] += 1
-                                time.sleep(0.1)
+                                time.sleep(0.1)  # a client's backoff
                                 continue
                             acked[name] += piece
                             if continued.is_set():

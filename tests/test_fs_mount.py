@@ -377,8 +377,10 @@ def test_an_active_segment_is_direct_io_and_a_sealed_one_is_read_again_from_the_
             with SyncClient(daemon.address) as w:
                 while time.monotonic() < stop:
                     piece = rng.randbytes(rng.choice([1, 100, 3000, 4096, 70 * KiB]))
-                    w.append("grow/s", piece)
+                    # Known before it is sent: a reader may see an append
+                    # before its acknowledgement reaches this thread.
                     expected_parts.append(piece)
+                    w.append("grow/s", piece)
                     appended[0] += len(piece)
 
         expected_parts: list[bytes] = [expected]
@@ -453,7 +455,7 @@ def follow_lines(path: pathlib.Path, until: float) -> None:
         while time.monotonic() < until + 1:
             piece = f.read(1 << 20)
             if not piece:
-                time.sleep(0.002)
+                time.sleep(0.002)  # tail -f's pause at the end of the file
                 continue
             got += piece
             whole = got[: got.rfind(b"\n") + 1]

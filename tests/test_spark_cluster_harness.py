@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 N = 3
 
 
-# First: it would share the two cores with the module's cluster after it.
+# First: it would share the two cores with the module's session after it.
 def test_stop_leaves_no_process(tmp_path: pathlib.Path) -> None:
     """A cluster stopped before any session leaves no process behind."""
     require_cluster()
@@ -55,6 +55,7 @@ def cluster(spark_standalone: SparkCluster) -> Iterator[tuple[SparkCluster, Any]
     That the cluster's stop leaves no process is checked where it stops
     (tests/conftest.py, ``spark_standalone``).
     """
+    assert spark_standalone.n == N
     spark_standalone.restart_dead_workers()
     for i, source in enumerate(spark_standalone.sources):
         (source / "node.txt").write_text(f"node-{i}")
