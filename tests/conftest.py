@@ -19,6 +19,7 @@ from tests.helpers.disk import tmpfs
 if TYPE_CHECKING:
     from gateway.embedded import EmbeddedS3
     from gateway.storage.s3 import S3Storage
+    from tests.helpers.spark_cluster import SparkCluster
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -100,6 +101,64 @@ def small_tmpfs(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
     """An 8 MiB tmpfs, so a journal can run out of space for real (needs root)."""
     with tmpfs(tmp_path / "small", "8m") as mnt:
         yield mnt
+
+
+# -- Spark ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def _local_spark_owner() -> Iterator[None]:
+    """Stops the shared local Spark session at the end of the run."""
+    yield
+    from tests.helpers.spark_session import stop_local_spark
+
+    stop_local_spark()
+
+
+@pytest.fixture(scope="module")
+def spark(_local_spark_owner: None) -> Any:
+    """The suite's one ``local[2]`` session (tests/helpers/spark_session.py), shared by modules.
+
+    Not stopped after the module: the next one reuses it. A test that
+    changes its configuration sets it back.
+    """
+    pytest.importorskip("pyspark")
+    from tests.helpers.spark_session import local_spark
+
+    return local_spark()
+
+
+@pytest.fixture(scope="session")
+def spark_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    """One Spark standalone cluster of three workers for the whole run (it takes ~35 s to start).
+
+    Worker ``i`` sees ``sources[i]`` at ``fixed_path``; a module puts its
+    data there, as files or as a mount on the source (which reaches that
+    worker: ``follow_sources``), and leaves the sources as it found them.
+    It calls ``restart_dead_workers()`` first (an earlier module may have
+    killed one), then ``session()``, and ``stop_session()`` at its end.
+    """
+    pytest.importorskip("pyspark")
+    from tests.helpers.spark_cluster import SparkCluster, live_group_members, require_cluster
+
+    require_cluster()
+    root = tmp_path_factory.mktemp("spark-standalone")
+    sources = [root / f"node-{i}" for i in range(3)]
+    for source in sources:
+        source.mkdir()
+    fixed = root / "segments"
+    fixed.mkdir()
+    cluster = SparkCluster(root / "spark", fixed, sources, follow_sources=True)
+    groups: set[int] = set()
+    try:
+        cluster.start()
+        groups = cluster.process_groups
+        yield cluster
+    finally:
+        groups |= cluster.process_groups  # workers started again included
+        cluster.stop()
+    # Executors included: they are in their worker's process group.
+    assert live_group_members(groups) == []
 
 
 # -- Tier 2 on a real S3 server ---------------------------------------------------

@@ -31,6 +31,7 @@ from gateway.tier2.storage_writer import StorageWriter
 from tests.helpers.container import DirectContainer
 from tests.helpers.inprocess import running
 from tests.helpers.segments import make_config
+from tests.helpers.wait import async_wait_for
 
 
 def key(i: int) -> bytes:
@@ -428,9 +429,11 @@ async def test_a_reader_with_an_old_record_is_told_the_index_moved(tmp_path: pat
             await c.flush()
         gone = {ch.name for ch in old.chunks} - {ch.name for ch in seg.attr_index.chunks}
         assert gone
-        with trio.fail_after(10):
-            while {o.key for o in storage.list(names.attributes_prefix("node-1"))} & gone:  # noqa: ASYNC110 - polls a store without events
-                await trio.sleep(0.01)
+        await async_wait_for(
+            lambda: not {o.key for o in storage.list(names.attributes_prefix("node-1"))} & gone,
+            10,
+            "the old batches' chunks deleted",
+        )
         w.attributes.pages.drop(seg.id)  # nothing parsed: the lookup must read
         with pytest.raises(IndexMoved):
             await w.attributes.lookup(seg.id, old, [key(1)])

@@ -8,7 +8,7 @@ import pathlib
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from cache import CacheStatistics, CacheStore, keys
 from cache.store import KiB, MiB
+from tests.helpers.wait import wait_for
 
 U64 = st.integers(min_value=0, max_value=2**64 - 1)
 
@@ -42,16 +43,6 @@ def disk_bytes(directory: pathlib.Path) -> int:
 def held(s: CacheStore) -> int:
     st_ = s.statistics()
     return st_.pinned_bytes + st_.block_bytes
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-    """Poll ``condition`` until it holds or ``timeout`` passes; return its last value."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 # Keys ----------------------------------------------------------------------
@@ -276,7 +267,9 @@ def test_disk_stays_near_budget(tmp_path: pathlib.Path, block_size: int) -> None
     # by itself, without a manual compaction (measured 1.07-1.13x; at most
     # 1.25x plus RocksDB's own files, see cache.store._write_buffer_size).
     assert peak < 5 * budget
-    assert wait_for(lambda: disk_bytes(directory) < 1.3 * budget, timeout=30)
+    wait_for(
+        lambda: disk_bytes(directory) < 1.3 * budget, 30, "the directory settled near the budget"
+    )
     s.close()  # flushes one more memtable (1/16 of the budget)
     assert disk_bytes(directory) < 1.5 * budget
 
@@ -291,11 +284,11 @@ def test_drop_reclaims_disk(tmp_path: pathlib.Path) -> None:
             s.put_block(f"chunk-{i // 16}", i % 16, payload)
         for i in range(320):  # 20 MiB of appends, most of it flushed to files by now
             s.put_append(5, i * len(payload), payload)
-        assert wait_for(lambda: disk_bytes(directory) > 20 * MiB)
+        wait_for(lambda: disk_bytes(directory) > 20 * MiB, 10, "the appends on disk")
         assert s.drop_segment(5) == 20 * MiB
         assert sum(s.drop_chunk(f"chunk-{i}") for i in range(4)) == 4 * MiB
         # No more writes come: the store itself must get the space back.
-        assert wait_for(lambda: disk_bytes(directory) < 8 * MiB), disk_bytes(directory)
+        wait_for(lambda: disk_bytes(directory) < 8 * MiB, 10, "the dropped space reclaimed")
         assert s.get_block("chunk-7", 15) == payload
     finally:
         s.close()

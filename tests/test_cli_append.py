@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -19,6 +18,7 @@ from hypothesis import strategies as st
 from gateway.cli.append import _frames, _read_blocks, _RollRoom, _StoredInput
 from gateway.client.sync import SyncClient
 from tests.helpers.daemon import Daemon, run_cli
+from tests.helpers.wait import wait_for
 
 from .test_disk_full import small_journal
 
@@ -231,10 +231,12 @@ def test_lines_from_a_slow_pipe_are_appended_as_they_come(daemon: Daemon) -> Non
             try:
                 proc.stdin.write(b"one\ntw")
                 proc.stdin.flush()
-                deadline = time.monotonic() + 30
-                while c.info("cli/pipe").length < 4:
-                    assert proc.poll() is None and time.monotonic() < deadline
-                    time.sleep(0.02)
+
+                def appended(proc: subprocess.Popen[bytes] = proc) -> bool:
+                    assert proc.poll() is None
+                    return c.info("cli/pipe").length >= 4
+
+                wait_for(appended, 30, "the first line appended")
                 proc.stdin.write(b"o\nthree")
                 proc.stdin.close()
                 assert proc.wait(60) == 0

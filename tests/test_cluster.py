@@ -22,9 +22,10 @@ import pytest
 from gateway.container.results import SegmentInfo
 from gateway.embedded import EmbeddedS3
 from gateway.errors import GatewayError, SegmentExists, SegmentNotFound, SegmentSealed
-from tests.helpers.cluster import NODES, Cluster, KiB, MiB, wait_for
+from tests.helpers.cluster import NODES, Cluster, KiB, MiB
 from tests.helpers.daemon import run_cli, scrape
 from tests.helpers.mount import require_fuse
+from tests.helpers.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -31,9 +31,10 @@ from gateway.client.client import open_client
 from gateway.client.writer import open_segment_writer
 from gateway.embedded import EmbeddedS3
 from gateway.storage.s3 import S3Storage
-from tests.helpers.cluster import BlackHole, Cluster, record, wait_for
+from tests.helpers.cluster import BlackHole, Cluster, record
 from tests.helpers.daemon import ROOT, run_cli, scrape
 from tests.helpers.mount import require_fuse
+from tests.helpers.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -94,6 +95,8 @@ def test_malformed_records_in_the_bucket_stop_no_node(cluster: Cluster, bucket: 
             10,
             f"{node} reading the bad records",
         )
+    # Several more heartbeats with the bad records in place: surviving them
+    # over time is the subject (no event says "still fine").
     time.sleep(2.0)
     for node in NODES:
         d = cluster.daemons[node]
@@ -197,6 +200,8 @@ def test_a_stopped_owner_is_timed_out_and_down_for_readers(cluster: Cluster) -> 
             target=_read_in_subprocess, args=(path, len(flushed), 4096, 60), daemon=True
         )
         stuck.start()
+        # Let the stuck reader reach its read in the kernel (a child process
+        # blocked in FUSE gives no signal of it) before the flushed read runs.
         time.sleep(0.3)
         took, n = _read_in_subprocess(path, 0, 4096, 30)
         assert n == 4096 and took < 2.0, (took, n)

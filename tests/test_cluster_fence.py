@@ -20,9 +20,10 @@ import pytest
 from gateway.client.sync import SyncClient
 from gateway.embedded import EmbeddedS3
 from gateway.errors import GatewayError, Unavailable
-from tests.helpers.cluster import MiB, node_config, wait_for
+from tests.helpers.cluster import MiB, node_config
 from tests.helpers.daemon import Daemon, run_cli
 from tests.helpers.mount import MountedDaemon, require_fuse
+from tests.helpers.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -37,10 +37,11 @@ from gateway.protocol.metadata_pb2 import ChunkRecord, ContainerSnapshot, Segmen
 from gateway.storage import object_keys as names
 from gateway.storage.s3 import S3Storage
 from gateway.tier2.snapshots import SNAPSHOT_VERSION, build_snapshot, object_metadata
-from tests.helpers.cluster import MiB, node_config, wait_for
+from tests.helpers.cluster import MiB, node_config
 from tests.helpers.daemon import Daemon, free_port, run_cli
 from tests.helpers.mount import MountedDaemon, require_fuse
 from tests.helpers.s3proxy import S3FaultProxy
+from tests.helpers.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -132,6 +133,7 @@ def test_a_node_cut_off_from_tier2_stops_acknowledging_within_its_lease(
         wait_for(lambda: len(acks.acked) >= 20, 10, "appends acknowledged")
         cut_at = time.monotonic()
         cut(proxy)
+        # Time passing is the subject: the lease runs out while nothing may be acked.
         time.sleep(LEASE + 4)
         during = [t for t, _, _ in acks.acked if t > cut_at]
         # Its last confirmation was sent before the cut: at most LEASE later
@@ -189,6 +191,8 @@ def test_a_takeover_beats_a_cut_off_zombie_and_trusts_nothing_it_writes_after(
         cut(proxy)
         heir.start(timeout=90, serve_args=("--recover-from-tier2",))
         ready_at = time.monotonic()
+        # A window after the takeover in which nothing may be acknowledged:
+        # proving an absence takes time passing, no event says "none came".
         time.sleep(1.0)
         late = [t for t, _, _ in acks.acked if t > ready_at]
         assert not late, f"the old process acknowledged {len(late)} append(s) after the takeover"
@@ -205,7 +209,9 @@ def test_a_takeover_beats_a_cut_off_zombie_and_trusts_nothing_it_writes_after(
         # that segment's chunk.
         fences = sorted(o.key for o in storage.list("_cluster/fence/node-z/"))
         old_epoch = int(fences[-3].rsplit("/", 1)[1])  # the zombie's (then takeover, heir)
-        time.sleep(1.1)  # Tier 2's clock ticks in seconds here
+        # Tier 2's clock ticks in seconds here: the ghost must be written later
+        # than the fence, by Tier 2's own timestamps (time passing is the point).
+        time.sleep(1.1)
         ghost = b"a ghost\n"
         chunk = names.chunk_key("node-z", 999, 0, old_epoch)
         crc = crc32c.crc32c(ghost)
@@ -235,7 +241,9 @@ def test_a_takeover_beats_a_cut_off_zombie_and_trusts_nothing_it_writes_after(
             15,
             "the observer showing what Tier 2 proves",
         )
-        time.sleep(2.0)  # a few refreshes from Tier 2
+        # A few refreshes from Tier 2 in which the ghost must not appear: an
+        # absence over time, so a pause, not a wait.
+        time.sleep(2.0)
         assert not ghost_path.exists()
         assert (observer.mnt / "z/data").read_bytes() == flushed
         obs_log = observer.log_path.read_text()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 from collections.abc import Iterator
 from typing import Any
@@ -26,9 +25,10 @@ import pytest
 pytest.importorskip("pyspark")
 
 from gateway.embedded import EmbeddedS3
-from tests.helpers.cluster import NODES, Cluster, wait_for
+from tests.helpers.cluster import NODES, Cluster
 from tests.helpers.mount import require_fuse
 from tests.helpers.spark_cluster import SparkCluster
+from tests.helpers.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -42,25 +42,29 @@ def lines(node: str, kind: str, first: int, count: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def setup(
-    seaweedfs: EmbeddedS3, tmp_path_factory: pytest.TempPathFactory
+    seaweedfs: EmbeddedS3, spark_standalone: SparkCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Cluster, SparkCluster, Any, pathlib.Path, dict[str, int]]]:
+    """Three gateways, and the suite's Spark workers each reading its own node's mount."""
     require_fuse()
-    if shutil.which("unshare") is None:
-        pytest.skip("no unshare")
     root = tmp_path_factory.mktemp("spark-cluster")
     gateways = Cluster(root / "nodes", seaweedfs)
-    fixed = root / "segments"
-    fixed.mkdir()
-    spark_cluster = SparkCluster(root / "spark", fixed, [gateways.daemons[n].mnt for n in NODES])
-    bound = False
+    spark_cluster = spark_standalone
+    fixed = spark_cluster.fixed_path
+    bound: list[pathlib.Path] = []
     try:
         gateways.start()
         counts = write_segments(gateways)
+        spark_cluster.restart_dead_workers()
+        # Worker i's source is where node i's mount goes: it shows at
+        # ``fixed`` in that worker's namespace only.
+        for node, source in zip(NODES, spark_cluster.sources, strict=True):
+            mnt = gateways.daemons[node].mnt
+            subprocess.run(["mount", "--bind", str(mnt), str(source)], check=True, timeout=10)
+            bound.append(source)
         # The driver lists files (in this process's namespace): node-a's mount.
         subprocess.run(["mount", "--bind", str(gateways.daemons["node-a"].mnt), str(fixed)],
                        check=True, timeout=10)  # fmt: skip
-        bound = True
-        spark_cluster.start()
+        bound.append(fixed)
         spark = spark_cluster.session("cluster-spark")
         from pipeline.source import SegmentsDataSource
 
@@ -68,10 +72,10 @@ def setup(
         yield gateways, spark_cluster, spark, fixed, counts
     finally:
         try:
-            spark_cluster.stop()
+            spark_cluster.stop_session()
         finally:
-            if bound:
-                subprocess.run(["umount", "-l", str(fixed)], timeout=10)
+            for path in reversed(bound):
+                subprocess.run(["umount", "-l", str(path)], timeout=10)
             gateways.teardown()
 
 

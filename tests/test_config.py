@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from hypothesis import example, given, settings
@@ -18,6 +17,7 @@ from gateway.client.sync import SyncClient
 from gateway.config import Config, all_keys, parse_duration, parse_host_port, parse_size
 from gateway.errors import ConfigError
 from tests.helpers.daemon import run_cli
+from tests.helpers.wait import wait_for
 
 from .conftest import ROOT
 
@@ -162,9 +162,7 @@ def test_serve_on_port_zero_for_both_listeners(tmp_path: pathlib.Path) -> None:
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(lambda: ready.exists() or proc.poll() is not None, 30, "serve ready or exited")
         assert ready.exists(), "serve did not start"
         address = ready.read_text().strip()
         assert address.startswith("127.0.0.1:") and not address.endswith(":0")

@@ -362,7 +362,7 @@ async def test_slow_journal_delays_then_refuses_with_overloaded(
     def slow(fd: int) -> None:
         import time
 
-        time.sleep(0.05)
+        time.sleep(0.05)  # a slow disk: the pause is the subject
         real(fd)
 
     acked: list[tuple[int, bytes]] = []

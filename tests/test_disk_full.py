@@ -23,6 +23,7 @@ from gateway.errors import ConditionalCheckFailed, Overloaded
 from gateway.storage.s3 import S3Storage
 from tests.helpers.daemon import Daemon, run_cli
 from tests.helpers.disk import fill, tmpfs
+from tests.helpers.wait import wait_for
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
 pytestmark = pytest.mark.slow
@@ -129,7 +130,7 @@ def append_within(c: SyncClient, name: str, piece: bytes, seconds: float) -> flo
         except Overloaded:
             if time.monotonic() - started > seconds:
                 raise
-            time.sleep(0.1)
+            time.sleep(0.1)  # a client's backoff before it asks again
 
 
 def error_lines(daemon: Daemon) -> list[str]:
@@ -266,7 +267,7 @@ def test_full_journal_while_tier2_is_stopped_flushes_its_way_out(
                                 wc.append(name, piece)
                             except Overloaded:
                                 refused[name] += 1
-                                time.sleep(0.1)
+                                time.sleep(0.1)  # a client's backoff
                                 continue
                             acked[name] += piece
                             if continued.is_set():
@@ -280,21 +281,27 @@ def test_full_journal_while_tier2_is_stopped_flushes_its_way_out(
             for t in threads:
                 t.start()
             try:
-                deadline = time.monotonic() + 60
-                while min(refused[n] for n in names) < 3:
+
+                def filled() -> bool:
                     assert not failures, failures
-                    assert time.monotonic() < deadline, f"the journal never filled: {refused}"
-                    time.sleep(0.1)
+                    return min(refused[n] for n in names) >= 3
+
+                wait_for(filled, 60, "the journal filling", interval=0.1, detail=lambda: refused)
                 os.kill(s3.pid, signal.SIGCONT)
                 continued.set()
-                deadline = time.monotonic() + 90
-                while min(after_continue[n] for n in names) < 3:
+
+                def resumed() -> bool:
                     assert not failures, failures
                     assert daemon.alive(), daemon.log()
-                    assert time.monotonic() < deadline, (
-                        f"appends did not resume: {after_continue}\n{daemon.log()}"
-                    )
-                    time.sleep(0.1)
+                    return min(after_continue[n] for n in names) >= 3
+
+                wait_for(
+                    resumed,
+                    90,
+                    "appends resuming",
+                    interval=0.1,
+                    detail=lambda: f"{after_continue}\n{daemon.log()}",
+                )
             finally:
                 stop.set()
                 os.kill(s3.pid, signal.SIGCONT)

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -25,6 +25,7 @@ from gateway.embedded import EmbeddedS3
 from gateway.errors import GatewayError
 from gateway.storage.s3 import S3Storage
 from tests.helpers.daemon import ROOT, Daemon, free_port, run_cli, scrape
+from tests.helpers.wait import wait_for
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
 pytestmark = pytest.mark.slow
@@ -49,14 +50,6 @@ def weed_pids(s3_dir: pathlib.Path) -> list[int]:
         if state != "Z":
             pids.append(int(proc.name))
     return pids
-
-
-def wait_for(predicate: Callable[[], object], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {seconds} s: {what}")
-        time.sleep(0.05)
 
 
 def chunks_in_tier2(s3_dir: pathlib.Path, node: str = "node-1") -> bytes:
@@ -232,14 +225,12 @@ def holding_port(port: int) -> Iterator[None]:
     """Listen on a loopback port, so a SeaweedFS restart on its ports fails meanwhile."""
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                s.bind(("127.0.0.1", port))
-                break
-            except OSError:  # the killed weed's listener is not closed yet
-                assert time.monotonic() < deadline, f"port {port} stayed busy"
-                time.sleep(0.005)
+
+        def bound() -> bool:
+            s.bind(("127.0.0.1", port))  # OSError: the killed weed's listener is not closed yet
+            return True
+
+        wait_for(bound, 10, f"port {port} free", interval=0.005)
         s.listen()
         yield
 

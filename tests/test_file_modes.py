@@ -13,7 +13,6 @@ import pathlib
 import shutil
 import stat
 import subprocess
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -21,6 +20,7 @@ import pytest
 from gateway.client.sync import SyncClient
 from tests.helpers.daemon import Daemon, run_cli
 from tests.helpers.mount import force_unmount, mount_entry, require_fuse
+from tests.helpers.wait import wait_for
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
 pytestmark = pytest.mark.slow
@@ -79,10 +79,12 @@ def test_node_files_are_private_under_umask_022(tmp_path: pathlib.Path, umask_02
             timeout=90,
             serve_args=("--data-dir", str(data_dir), "--mountpoint", str(mnt)),
         )
-        deadline = time.monotonic() + 30
-        while mount_entry(mnt) is None:
-            assert daemon.alive() and time.monotonic() < deadline, daemon.log()
-            time.sleep(0.01)
+
+        def mounted() -> bool:
+            assert daemon.alive(), daemon.log()
+            return mount_entry(mnt) is not None
+
+        wait_for(mounted, 30, f"a mount at {mnt}", interval=0.01, detail=daemon.log)
         with SyncClient(daemon.address) as c:
             c.create("logs/a")
             for _ in range(4):

@@ -31,6 +31,7 @@ from gateway.embedded import EmbeddedS3
 from gateway.storage.s3 import S3Storage
 from tests.helpers.daemon import ROOT, scrape
 from tests.helpers.mount import MountedDaemon, mount_entry, mounted_daemon, require_fuse, run
+from tests.helpers.wait import wait_for
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
 pytestmark = pytest.mark.slow
@@ -130,7 +131,8 @@ def test_mount_shows_every_segment_byte_exact(s3_daemon: MountedDaemon) -> None:
         more = rng.randbytes(200 * KiB)
         c.append("a/active", more)
         expected["a/active"] += more
-        time.sleep(0.6)  # fuse.active_timeout: the size the kernel caches
+        # The kernel keeps an active file's size for fuse.active_timeout.
+        wait_for_size(mnt / "a/active", len(expected["a/active"]))
         check_all(mnt, c, expected)
 
 
@@ -320,10 +322,7 @@ def fuse_read_bytes(daemon: MountedDaemon) -> float:
 
 def wait_for_size(path: pathlib.Path, size: int, s: float = 5.0) -> None:
     """Until ``stat`` shows ``size`` (the kernel's copy refreshes within active_timeout)."""
-    deadline = time.monotonic() + s
-    while os.stat(path).st_size != size:
-        assert time.monotonic() < deadline, f"{path}: size {os.stat(path).st_size}, not {size}"
-        time.sleep(0.02)
+    wait_for(lambda: os.stat(path).st_size == size, s, f"{path} reaching size {size}")
 
 
 @pytest.mark.timeout(120)
@@ -368,10 +367,7 @@ def test_an_active_segment_is_direct_io_and_a_sealed_one_is_read_again_from_the_
         # Truncation: zeros below the start, at once for a new open.
         c.truncate("grow/s", 3 * MiB + 17)
         expected = bytes(3 * MiB + 17) + data[3 * MiB + 17 :]
-        deadline = time.monotonic() + 5
-        while (got := run("cat", path).stdout) != expected:
-            assert time.monotonic() < deadline, "truncated bytes still read back"
-            time.sleep(0.05)
+        wait_for(lambda: run("cat", path).stdout == expected, 5, "zeros below the new start")
 
         # Reading while it grows fast: never stale zeros, never short of the
         # size the kernel reported when the read started.
@@ -382,12 +378,13 @@ def test_an_active_segment_is_direct_io_and_a_sealed_one_is_read_again_from_the_
             with SyncClient(daemon.address) as w:
                 while time.monotonic() < stop:
                     piece = rng.randbytes(rng.choice([1, 100, 3000, 4096, 70 * KiB]))
-                    w.append("grow/s", piece)
+                    # Known before it is sent: a reader may see an append
+                    # before its acknowledgement reaches this thread.
                     expected_parts.append(piece)
+                    w.append("grow/s", piece)
                     appended[0] += len(piece)
 
         expected_parts: list[bytes] = [expected]
-        later: list[tuple[int, bytes]] = []
         thread = threading.Thread(target=writer)
         thread.start()
         reads = 0
@@ -398,20 +395,12 @@ def test_an_active_segment_is_direct_io_and_a_sealed_one_is_read_again_from_the_
                     got = f.read()
                 whole = b"".join(expected_parts)
                 assert len(got) >= size, f"short read: {len(got)} < {size}"
-                # The read may hold an append whose acknowledgement the writer
-                # thread has not recorded yet: those bytes are checked once it
-                # has (below).
-                n = min(len(got), len(whole))
-                assert got[:n] == whole[:n], "the bytes read differ from those appended"
-                if len(got) > n:
-                    later.append((n, got[n:]))
+                assert got == whole[: len(got)], "the bytes read differ from those appended"
                 reads += 1
         finally:
             thread.join(30)
         assert reads > 5
         whole = b"".join(expected_parts)
-        for at, extra in later:
-            assert whole[at : at + len(extra)] == extra, "the bytes read differ from those appended"
         wait_for_size(path, len(whole))
         assert run("cat", path).stdout == whole
 
@@ -467,7 +456,7 @@ def follow_lines(path: pathlib.Path, until: float) -> None:
         while time.monotonic() < until + 1:
             piece = f.read(1 << 20)
             if not piece:
-                time.sleep(0.002)
+                time.sleep(0.002)  # tail -f's pause at the end of the file
                 continue
             got += piece
             whole = got[: got.rfind(b"\n") + 1]
@@ -478,10 +467,7 @@ def follow_lines(path: pathlib.Path, until: float) -> None:
 
 
 def wait_for_size_at_least(path: pathlib.Path, size: int, s: float = 10) -> None:
-    deadline = time.monotonic() + s
-    while not path.exists() or os.stat(path).st_size < size:
-        assert time.monotonic() < deadline, f"{path}: not {size} bytes"
-        time.sleep(0.02)
+    wait_for(lambda: os.stat(path).st_size >= size, s, f"{path} reaching {size} bytes")
 
 
 @pytest.fixture
@@ -674,7 +660,19 @@ def test_killing_the_daemon_with_the_mount_busy_hangs_nothing(s3_daemon: Mounted
         ),
     ]
     try:
-        time.sleep(1)
+        # Both readers at work when the daemon dies: tail holds the file open,
+        # and the loop has opened it (it keeps reopening it).
+        def reading(proc: subprocess.Popen[bytes]) -> bool:
+            fds = pathlib.Path(f"/proc/{proc.pid}/fd")
+            return any(os.readlink(fd) == str(path) for fd in fds.iterdir())
+
+        for reader in readers:
+            wait_for(
+                lambda reader=reader: reading(reader),
+                10,
+                f"{reader.args!r} reading",
+                interval=0.001,
+            )  # type: ignore[misc]
         s3_daemon.kill()
         # The dead mount answers ENOTCONN; readers fail instead of hanging.
         r = run("stat", path, check=False, timeout=10)

@@ -245,7 +245,7 @@ async def test_backpressure_bounds_pending_bytes(
     def slow_fdatasync(fd: int) -> None:
         import time
 
-        time.sleep(0.01)
+        time.sleep(0.01)  # a slow disk: the pause is the subject
         real(fd)
 
     cfg = journal_config(max_pending_bytes=256 * KiB, max_group_bytes=64 * KiB)

@@ -14,6 +14,7 @@ import pytest
 
 from gateway.journal import replay_journal
 from gateway.protocol.journal_pb2 import Operation
+from tests.helpers.wait import wait_for
 
 from .conftest import ROOT
 from .helpers.journal_crasher import event_data
@@ -59,14 +60,17 @@ def test_sigkill_loses_no_acknowledged_operation(tmp_path: pathlib.Path) -> None
         )
         try:
             if rng.random() < 0.2:
-                # Somewhere in start-up: imports, recovery, the tail cut.
+                # Somewhere in start-up: imports, recovery, the tail cut. The
+                # pause is the test's subject: a crash at a random moment.
                 time.sleep(rng.uniform(0.0, 1.0))
             else:
-                deadline = time.monotonic() + 60
-                while not read_acks(log)[0]:
+
+                def acking(proc: subprocess.Popen[bytes] = proc) -> bool:
                     assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-                    assert time.monotonic() < deadline, "crasher never became ready"
-                    time.sleep(0.005)
+                    return bool(read_acks(log)[0])
+
+                wait_for(acking, 60, "the crasher acknowledging", interval=0.005)
+                # A random moment while it appends (the subject, as above).
                 time.sleep(rng.uniform(0.0, 0.4))
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
             proc.send_signal(signal.SIGKILL)

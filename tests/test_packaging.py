@@ -28,6 +28,7 @@ import pytest
 from gateway import __version__
 from gateway.config import Config
 from tests.helpers.mount import force_unmount, mount_entry
+from tests.helpers.wait import wait_for
 
 from .conftest import ROOT
 
@@ -222,11 +223,12 @@ def test_the_daemon_runs_from_the_package_as_the_service_user(deb: Deb) -> None:
             [str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT, cwd="/"
         )
         try:
-            deadline = time.monotonic() + 60
-            while not ready.exists():
+
+            def ready_file(proc: subprocess.Popen[bytes] = proc) -> bool:
                 assert proc.poll() is None, f"exited {proc.returncode}:\n{log.read_text()}"
-                assert time.monotonic() < deadline, f"not ready:\n{log.read_text()}"
-                time.sleep(0.05)
+                return ready.exists()
+
+            wait_for(ready_file, 60, "the installed daemon ready", detail=log.read_text)
             address = ready.read_text().strip()
 
             status = pathlib.Path(f"/proc/{proc.pid}/status").read_text()

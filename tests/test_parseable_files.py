@@ -14,15 +14,15 @@ import glob
 import json
 import os
 import struct
-import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from gateway.client.sync import SyncClient
-from tests.helpers.cluster import wait_for
 from tests.helpers.daemon import run_cli
 from tests.helpers.mount import MountedDaemon, mounted_daemon
+from tests.helpers.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -112,37 +112,29 @@ def test_a_framed_segment_trimmed_starts_at_a_frame(gateway: MountedDaemon) -> N
 
 
 def test_spark_reads_the_trimmed_view_and_a_growing_file_without_corrupt_records(
-    gateway: MountedDaemon, truncated: tuple[str, int]
+    gateway: MountedDaemon, truncated: tuple[str, int], spark: Any
 ) -> None:
-    from pipeline.session import local_session
-
     d = gateway
     name, first = truncated
-    spark = local_session("parseable files")
-    try:
-        df = spark.read.json(f"file://{d.mnt}/.trimmed/{name}")
-        assert "_corrupt_record" not in df.columns
-        assert sorted(r.id for r in df.collect()) == list(range(first, 100))
-        # An active lines segment whose last raw append cut a line.
-        with SyncClient(d.address) as c:
-            c.create("growing", codec="lines")
-            c.append("growing", event(1) + event(2) + event(3)[:9])
-            assert c.info("growing").length == len(event(1) + event(2)) + 9
-        assert (d.mnt / "growing").stat().st_size == len(event(1) + event(2))
-        df = spark.read.json(f"file://{d.mnt}/growing")
-        assert "_corrupt_record" not in df.columns
-        assert sorted(r.id for r in df.collect()) == [1, 2]
-        with SyncClient(d.address) as c:
-            c.append("growing", event(3)[9:])
-        # The kernel may keep the old size for fuse.active_timeout (1 s).
-        whole = len(event(1) + event(2) + event(3))
-        deadline = time.monotonic() + 10
-        while (d.mnt / "growing").stat().st_size < whole and time.monotonic() < deadline:
-            time.sleep(0.1)
-        df = spark.read.json(f"file://{d.mnt}/growing")
-        assert sorted(r.id for r in df.collect()) == [1, 2, 3]
-    finally:
-        spark.stop()
+    df = spark.read.json(f"file://{d.mnt}/.trimmed/{name}")
+    assert "_corrupt_record" not in df.columns
+    assert sorted(r.id for r in df.collect()) == list(range(first, 100))
+    # An active lines segment whose last raw append cut a line.
+    with SyncClient(d.address) as c:
+        c.create("growing", codec="lines")
+        c.append("growing", event(1) + event(2) + event(3)[:9])
+        assert c.info("growing").length == len(event(1) + event(2)) + 9
+    assert (d.mnt / "growing").stat().st_size == len(event(1) + event(2))
+    df = spark.read.json(f"file://{d.mnt}/growing")
+    assert "_corrupt_record" not in df.columns
+    assert sorted(r.id for r in df.collect()) == [1, 2]
+    with SyncClient(d.address) as c:
+        c.append("growing", event(3)[9:])
+    # The kernel may keep the old size for fuse.active_timeout (1 s).
+    whole = len(event(1) + event(2) + event(3))
+    wait_for(lambda: (d.mnt / "growing").stat().st_size >= whole, 10, "the grown size")
+    df = spark.read.json(f"file://{d.mnt}/growing")
+    assert sorted(r.id for r in df.collect()) == [1, 2, 3]
 
 
 def test_a_raw_segment_shows_its_whole_length(gateway: MountedDaemon) -> None:

@@ -196,6 +196,7 @@ def test_pipelined_lists_take_bounded_memory(daemon: Daemon) -> None:
         attacker.sendall(lists)
         deadline = time.monotonic() + 6
         while time.monotonic() < deadline:
+            # Sampling the memory over the whole window is the subject, not a wait.
             peak.poll()
             time.sleep(0.02)
         # The answers are right, for whoever reads them.
@@ -232,7 +233,7 @@ def test_stalled_large_messages_take_bounded_memory(daemon: Daemon) -> None:
                     assert e.errno in (errno.ECONNRESET, errno.EPIPE), e
                     refused[i] = True
             peak.poll()
-            time.sleep(0.005)
+            time.sleep(0.005)  # a sampling step of the window, not a wait
         assert peak.growth < MAX_MEMORY + ALLOWANCE, peak.growth / MiB
         # Whoever the budget refused was told why (OVERLOADED) and closed;
         # the rest are closed when server.message_timeout passes.

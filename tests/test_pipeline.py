@@ -13,7 +13,6 @@ import pathlib
 import random
 import shutil
 import struct
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +23,7 @@ pytest.importorskip("pyarrow")
 
 from gateway.client.sync import SyncClient
 from tests.helpers.mount import MountedDaemon, mounted_daemon
+from tests.helpers.wait import wait_for
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -40,15 +40,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MountedDaemon]
     )
     with mounted_daemon(tmp, config) as daemon:
         yield daemon
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from pipeline.session import local_session
-
-    session = local_session("segment-gateway tests")
-    yield session
-    session.stop()
 
 
 def json_events(rng: random.Random, n: int, start: int = 0) -> list[dict[str, Any]]:
@@ -404,10 +395,7 @@ def shaped_lines() -> bytes:
 
 def wait_for_size(path: pathlib.Path, size: int, timeout: float = 10) -> None:
     """Wait until ``stat`` on the mount shows ``size`` bytes."""
-    deadline = time.monotonic() + timeout
-    while path.stat().st_size != size:
-        assert time.monotonic() < deadline, f"{path} never reached {size} bytes"
-        time.sleep(0.05)
+    wait_for(lambda: path.stat().st_size == size, timeout, f"{path} reaching {size} bytes")
 
 
 def source_rows(spark: Any, path: pathlib.Path, **options: str) -> list[tuple[int, bytes]]:

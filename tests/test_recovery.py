@@ -21,8 +21,7 @@ import random
 import shutil
 import signal
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -35,6 +34,7 @@ from gateway.storage import object_keys as names
 from gateway.storage.filesystem import FileStorage
 from gateway.storage.s3 import S3Storage
 from tests.helpers.daemon import Daemon, run_cli
+from tests.helpers.wait import wait_for
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
 pytestmark = pytest.mark.slow
@@ -54,14 +54,6 @@ def cli(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``segment-gateway --config CONFIG ARGS...``."""
     return run_cli("--config", str(config), *args, env=env)
-
-
-def wait_for(what: str, predicate: Callable[[], bool], seconds: float = 20.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def newest_snapshot(storage: ChunkStorage) -> MetadataSnapshot | None:
@@ -98,7 +90,7 @@ def stop_snapshots(daemon: Daemon, config: str) -> None:
     daemon.config_path.write_text(config.replace('"0s"', '"1h"'))
     assert daemon.proc is not None
     daemon.proc.send_signal(signal.SIGHUP)
-    wait_for("the reload", lambda: "reloaded: tier2.snapshot_interval" in daemon.log())
+    wait_for(lambda: "reloaded: tier2.snapshot_interval" in daemon.log(), 20, "the reload")
 
 
 @pytest.fixture
@@ -234,7 +226,7 @@ def test_disaster_recovery_from_s3_only(
             c.create("late")
             c.append("late", b"late")
             c.flush("late")
-            wait_for("a snapshot of it all", lambda: snapshot_matches(view, c))
+            wait_for(lambda: snapshot_matches(view, c), 20, "a snapshot of it all")
             stop_snapshots(node, config)
             snap = newest_snapshot(view)
             assert snap is not None and snapshot_matches(view, c)
@@ -258,7 +250,7 @@ def test_disaster_recovery_from_s3_only(
             c.create("journal-only")
             c.append("journal-only", b"lost")
             doomed_gone = {k.name for k in doomed.chunks}
-            wait_for("the deletes", lambda: not chunk_keys(view) & (trunc_gone | doomed_gone))
+            wait_for(lambda: not chunk_keys(view) & (trunc_gone | doomed_gone), 20, "the deletes")
             before = {i.name: i for i in c.list()}
         # No snapshot knows of anything after the reload.
         last = newest_snapshot(view)
@@ -329,7 +321,7 @@ def test_disaster_recovery_on_the_filesystem_binding(tmp_path: pathlib.Path) -> 
             c.create("a")
             c.append("a", data[: 100 * KiB])
             c.flush()
-            wait_for("a snapshot", lambda: snapshot_matches(storage, c))
+            wait_for(lambda: snapshot_matches(storage, c), 20, "a snapshot")
             stop_snapshots(node, config)
             c.append("a", data[100 * KiB : 250 * KiB])
             c.flush()

@@ -13,7 +13,6 @@ import pathlib
 import struct
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
@@ -35,6 +34,7 @@ from gateway.errors import (
 )
 from gateway.protocol import wire_pb2 as wire
 from gateway.server.hello import token_matches
+from tests.helpers.wait import wait_for
 
 from .conftest import ROOT
 from .helpers.daemon import Daemon
@@ -588,10 +588,12 @@ def test_nodes_of_a_tls_cluster_talk_tls_to_each_other(tmp_path: pathlib.Path, p
             c.create("tls/seg")
             c.append("tls/seg", b"only in a's journal\n")
         seen = b.mnt / "tls/seg"
-        deadline = time.monotonic() + 10
-        while not (seen.exists() and os.getxattr(seen, "user.segment.tail_available") == b"1"):
-            assert time.monotonic() < deadline, b.log()
-            time.sleep(0.05)
+        wait_for(
+            lambda: os.getxattr(seen, "user.segment.tail_available") == b"1",
+            10,
+            "a's tail available on b",
+            detail=b.log,
+        )
         assert seen.read_bytes() == b"only in a's journal\n"
         # Changes sent to b follow to a, over TLS.
         with SyncClient(b.address, TOKEN, tls_ca=str(pki.ca)) as c:

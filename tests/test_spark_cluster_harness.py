@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +15,12 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from tests.helpers.spark_cluster import SparkCluster, executor_view, live_group_members
+from tests.helpers.spark_cluster import (
+    SparkCluster,
+    executor_view,
+    live_group_members,
+    require_cluster,
+)
 
 # A standalone cluster of JVMs: `make test-fast` leaves this out.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -24,15 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 N = 3
 
 
-def require_cluster() -> None:
-    """Skip where the harness cannot run."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("mount namespaces need root and unshare")
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("no Java")
-
-
-# First: it would share the two cores with the module's cluster after it.
+# First: it would share the two cores with the module's session after it.
 def test_stop_leaves_no_process(tmp_path: pathlib.Path) -> None:
     """A cluster stopped before any session leaves no process behind."""
     require_cluster()
@@ -53,28 +49,22 @@ def test_stop_leaves_no_process(tmp_path: pathlib.Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SparkCluster, Any]]:
-    """Three workers, each with its own ``node-<i>`` directory bound on ``segments``."""
-    require_cluster()
-    tmp = tmp_path_factory.mktemp("spark-cluster")
-    sources = []
-    for i in range(N):
-        source = tmp / f"node-{i}"
-        source.mkdir()
+def cluster(spark_standalone: SparkCluster) -> Iterator[tuple[SparkCluster, Any]]:
+    """The suite's three workers, each with its own ``node-<i>`` file at ``segments/node.txt``.
+
+    That the cluster's stop leaves no process is checked where it stops
+    (tests/conftest.py, ``spark_standalone``).
+    """
+    assert spark_standalone.n == N
+    spark_standalone.restart_dead_workers()
+    for i, source in enumerate(spark_standalone.sources):
         (source / "node.txt").write_text(f"node-{i}")
-        sources.append(source)
-    fixed = tmp / "segments"
-    fixed.mkdir()
-    spark_cluster = SparkCluster(tmp / "spark", fixed, sources)
-    groups: set[int] = set()
     try:
-        spark_cluster.start()
-        groups = spark_cluster.process_groups
-        yield spark_cluster, spark_cluster.session("spark-cluster-harness")
+        yield spark_standalone, spark_standalone.session("spark-cluster-harness")
     finally:
-        spark_cluster.stop()
-    # Executors included: they are in their worker's process group.
-    assert live_group_members(groups) == []
+        spark_standalone.stop_session()
+        for source in spark_standalone.sources:
+            (source / "node.txt").unlink(missing_ok=True)
 
 
 def test_each_executor_sees_its_own_worker_source(cluster: tuple[SparkCluster, Any]) -> None:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,6 +27,7 @@ pytest.importorskip("pyspark")
 
 from gateway.client.sync import SyncClient
 from tests.helpers.mount import MountedDaemon, mounted_daemon
+from tests.helpers.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -42,23 +43,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MountedDaemon]
     )
     with mounted_daemon(tmp, config) as daemon:
         yield daemon
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from pipeline.session import local_session
-
-    session = local_session("segment-gateway streaming tests")
-    yield session
-    session.stop()
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def line(k: int, i: int) -> bytes:
@@ -90,7 +74,7 @@ def test_a_query_follows_appends_rolls_truncation_and_deletion(
 
     try:
         expected = [b'{"w": 9, "n": 0}']
-        wait_for("the first line", lambda: len(rows()) == 1)
+        wait_for(lambda: len(rows()) == 1, 60, "the first line")
         # Appends to a segment the query has already read arrive: Spark's
         # file source never rereads a file it has listed.
         with SyncClient(d.address) as c:
@@ -99,7 +83,7 @@ def test_a_query_follows_appends_rolls_truncation_and_deletion(
             for i in range(300):  # ~6 KiB of events, rolling every 2 KiB
                 c.append("live/clicks", line(1, i) + b"\n")
                 expected.append(line(1, i))
-        wait_for("every event", lambda: len(rows()) >= len(expected))
+        wait_for(lambda: len(rows()) >= len(expected), 60, "every event")
         got = rows()
         assert sorted(r.e.encode() for r in got) == sorted(expected)
         members = {r.segment for r in got if r.segment.startswith("live/clicks/")}
@@ -109,13 +93,13 @@ def test_a_query_follows_appends_rolls_truncation_and_deletion(
             c.set_stream("live/clicks", {"retain_size": 1})
             c.roll_stream("live/clicks")
             c.truncate("live/notes", c.info("live/notes").length)
-            wait_for("retention", lambda: len(c.stream("live/clicks").segments) <= 1)
+            wait_for(lambda: len(c.stream("live/clicks").segments) <= 1, 60, "retention")
             for i in range(300, 320):
                 c.append("live/clicks", line(1, i) + b"\n")
                 expected.append(line(1, i))
             c.append("live/notes", b'{"w": 9, "n": 2}\n')
             expected.append(b'{"w": 9, "n": 2}')
-        wait_for("the events after retention", lambda: len(rows()) >= len(expected))
+        wait_for(lambda: len(rows()) >= len(expected), 60, "the events after retention")
         time.sleep(1)  # a few more triggers: nothing is read twice
         got = rows()
         assert sorted(r.e.encode() for r in got) == sorted(expected)
@@ -150,8 +134,9 @@ def test_admission_control_limits_each_batch(gateway: MountedDaemon, spark: Any)
         )
         try:
             wait_for(
-                f"{option}: every event",
                 lambda n=name: spark.table(n).count() >= 1500,  # type: ignore[misc]
+                60,
+                f"{option}: every event",
             )
             table = spark.table(name)
             assert table.count() == 1500
@@ -226,8 +211,8 @@ def test_a_killed_driver_restarts_from_its_checkpoint_exactly_once(
     try:
         p = driver()
         # Mid-stream: after at least one batch is written.
-        wait_for("a batch", lambda: out.exists() and len(os.listdir(out)) > 0)
-        time.sleep(rnd.uniform(0.0, 2.0))
+        wait_for(lambda: out.exists() and len(os.listdir(out)) > 0, 60, "a batch")
+        time.sleep(rnd.uniform(0.0, 2.0))  # a random kill point: the subject
         os.killpg(p.pid, signal.SIGKILL)
         p.communicate(timeout=30)
     finally:

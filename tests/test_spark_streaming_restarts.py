@@ -27,7 +27,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -36,19 +35,12 @@ pytest.importorskip("pyspark")
 
 from gateway.client.sync import SyncClient
 from tests.helpers.mount import mounted_daemon
+from tests.helpers.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KILLS = 3
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def line(k: int, i: int) -> bytes:
@@ -124,15 +116,19 @@ def test_gateway_sigkills_under_a_running_query_keep_every_event_exactly_once(
             try:
                 # Mid-stream: once the query has committed a batch.
                 wait_for(
-                    "the first batch in the sink",
                     lambda: p.poll() is None and (out / "_spark_metadata" / "0").exists(),
+                    90,
+                    "the first batch in the sink",
                 )
                 for _ in range(KILLS):
                     if rnd.random() < 0.5:
+                        # Random kill points are the subject of this test.
                         time.sleep(rnd.uniform(1.0, 5.0))  # anywhere
                     else:
                         # While a batch runs: its offsets are logged before its tasks.
                         n = batches()
+                        # At most a minute for the next batch, then kill anyway
+                        # (a kill point, not an assertion: no failure on timeout).
                         deadline = time.monotonic() + 60
                         while batches() == n and time.monotonic() < deadline:
                             time.sleep(0.005)

@@ -14,7 +14,6 @@ import pathlib
 import random
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -25,6 +24,7 @@ from gateway.storage import object_keys as names
 from gateway.storage.s3 import S3Storage
 from tests.helpers.daemon import Daemon
 from tests.helpers.mount import mounted_daemon, require_fuse
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -60,14 +60,6 @@ def cli(daemon: Daemon, *args: str, stdin: bytes = b"") -> subprocess.CompletedP
 def fsck_clean(daemon: Daemon) -> None:
     r = cli(daemon, "fsck", "--deep", "--json")
     assert r.returncode == 0, r.stdout.decode() + r.stderr.decode()
-
-
-def wait_for(predicate, timeout: float = 20.0, what: str = "") -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        time.sleep(0.02)
 
 
 def test_a_stream_through_the_mount_the_cli_and_retention(
@@ -111,7 +103,7 @@ def test_a_stream_through_the_mount_the_cli_and_retention(
                 # Done: without its oldest segment the stream would hold too little.
                 return sum(x.length for x in segs[1:]) < 20 * KiB
 
-            wait_for(retained, what="retention")
+            wait_for(retained, 20, "retention")
             kept = c.stream("clicks").segments
             kept_bytes = b"".join(c.read(s.name, 0, 1 << 20).data for s in kept)
             assert len(kept_bytes) >= 20 * KiB
@@ -121,7 +113,8 @@ def test_a_stream_through_the_mount_the_cli_and_retention(
                 lambda: (
                     sorted(os.listdir(d.mnt / "clicks")) == [s.name.split("/")[1] for s in kept]
                 ),
-                what="the mount to drop deleted segments",
+                20,
+                "the mount to drop deleted segments",
             )
             r = cli(d, "ls", "clicks/", "--json")
             assert [json.loads(line)["name"] for line in r.stdout.splitlines()] == [
@@ -134,7 +127,8 @@ def test_a_stream_through_the_mount_the_cli_and_retention(
             prefix = "gw/" + names.chunks_prefix("node-1")
             wait_for(
                 lambda: {int(o.key.split("/")[3]) for o in s3_storage.list(prefix)} <= ids,
-                what="the deleted segments' chunks to go",
+                20,
+                "the deleted segments' chunks to go",
             )
             assert {int(o.key.split("/")[3]) for o in s3_storage.list(prefix)} == ids
         fsck_clean(d)
@@ -158,7 +152,7 @@ def test_cli_transactions_and_stream_commands(tmp_path: pathlib.Path) -> None:
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["segment"] == "out"
         # The mount shows growth within fuse.attr_timeout, all of it at once.
-        wait_for(lambda: (d.mnt / "out").read_bytes() == b"a\nb\n", what="the commit")
+        wait_for(lambda: (d.mnt / "out").read_bytes() == b"a\nb\n", 20, "the commit")
         again = cli(d, "txn", "commit", txn)  # answered from the record of finished ones
         assert again.returncode == 0 and json.loads(again.stdout) == json.loads(r.stdout)
         r = cli(d, "txn", "begin", "out")

@@ -37,15 +37,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MountedDaemon]
         yield daemon
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from pipeline.session import local_session
-
-    session = local_session("segment-gateway stream tests")
-    yield session
-    session.stop()
-
-
 def events_df(spark: Any, path: pathlib.Path) -> Any:
     """Every event of the segments under ``path``, through the ``segments`` source."""
     return spark.read.format("segments").option("codec", "lines").load(str(path))
@@ -89,7 +80,7 @@ def test_writers_on_a_rolling_stream_under_sigkills_land_every_event_once_in_ord
         t.start()
     kills = 0
     while kills < 4 and any(t.is_alive() for t in threads):
-        time.sleep(0.6)
+        time.sleep(0.6)  # the writers go on between kills: kill points are the subject
         d.kill()
         d.start()
         kills += 1

@@ -22,6 +22,7 @@ import pytest
 from gateway.client.sync import SyncClient
 from gateway.notify import Notifier
 from tests.helpers.mount import MountedDaemon, mount_entry, require_fuse
+from tests.helpers.wait import wait_for
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
 pytestmark = pytest.mark.slow
@@ -62,13 +63,16 @@ class FakeSystemd:
 
     def wait_for(self, prefix: str, seconds: float, after: int = 0) -> tuple[float, str, bool]:
         """The first message starting with ``prefix`` among messages[after:]."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            for m in list(self.messages)[after:]:
-                if m[1].startswith(prefix):
-                    return m
-            time.sleep(0.02)
-        raise AssertionError(f"no {prefix!r} within {seconds}s: {self.messages[-20:]}")
+
+        def first() -> tuple[float, str, bool] | None:
+            return next((m for m in list(self.messages)[after:] if m[1].startswith(prefix)), None)
+
+        try:
+            found = wait_for(first, seconds, f"a {prefix!r} message")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; the last messages: {self.messages[-20:]}") from None
+        assert found is not None
+        return found
 
     def close(self) -> None:
         self._stop.set()
@@ -116,10 +120,7 @@ def test_ready_watchdog_status_and_clean_stop(tmp_path: pathlib.Path, systemd: F
         # WATCHDOG_USEC = 0.4 s: a ping every 0.2 s, so never 0.4 s without
         # one, and not a flood either (the pings are paced, not spun).
         first = systemd.wait_for("WATCHDOG=1", 5)[0]
-        deadline = time.monotonic() + 30
-        while len(systemd.lines("WATCHDOG=1")) < 10:
-            assert time.monotonic() < deadline, "fewer than 10 pings in 30 s"
-            time.sleep(0.05)
+        wait_for(lambda: len(systemd.lines("WATCHDOG=1")) >= 10, 30, "10 pings")
         pings = [t for t, line, _ in systemd.lines("WATCHDOG=1")]
         gaps = [b - a for a, b in itertools.pairwise(pings)]
         assert max(gaps) < 0.4, f"a gap of {max(gaps):.2f} s between pings"
@@ -151,10 +152,7 @@ def test_a_stuck_event_loop_stops_the_watchdog(
     daemon = start(tmp_path, systemd, SEGMENT_GATEWAY_FAILPOINTS="watchdog_ping_5=stall")
     try:
         systemd.wait_for("READY=1", 10)
-        deadline = time.monotonic() + 30
-        while len(systemd.lines("WATCHDOG=1")) < 5:
-            assert time.monotonic() < deadline, "fewer than 5 pings in 30 s"
-            time.sleep(0.05)
+        wait_for(lambda: len(systemd.lines("WATCHDOG=1")) >= 5, 30, "5 pings")
         # The loop stalls after the fifth ping. Nothing can signal "no ping
         # came": watch for three watchdog periods (WATCHDOG_USEC = 0.4 s).
         time.sleep(1.2)
@@ -177,6 +175,7 @@ def test_sighup_reloads_the_flush_interval_without_dropping_connections(
         with SyncClient(daemon.address) as c:
             c.create("h/s")
             c.append("h/s", b"y" * 100 * KiB)
+            # Time passing is the subject: nothing is flushed before the reload.
             time.sleep(1.5)
             assert c.info("h/s").storage_length == 0  # flush_interval is an hour
             daemon.config_path.write_text(CONFIG.format(root=tmp_path, interval="200ms"))
@@ -186,10 +185,11 @@ def test_sighup_reloads_the_flush_interval_without_dropping_connections(
             reloading = systemd.wait_for("RELOADING=1", 5, after=before)
             ready = systemd.wait_for("READY=1", 5, after=before)
             assert ready[0] >= reloading[0]
-            deadline = time.monotonic() + 5
-            while c.info("h/s").storage_length < 100 * KiB:
-                assert time.monotonic() < deadline, "the new flush interval did not apply"
-                time.sleep(0.05)
+            wait_for(
+                lambda: c.info("h/s").storage_length >= 100 * KiB,
+                5,
+                "the new flush interval applied",
+            )
             # The same connection still works, and so does the mount.
             c.append("h/s", b"z")
             assert (daemon.mnt / "h/s").read_bytes()[:3] == b"yyy"

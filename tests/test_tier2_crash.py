@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pathlib
 import random
-import time
 
 import pytest
 
@@ -13,6 +12,7 @@ from gateway.protocol.metadata_pb2 import MetadataSnapshot
 from gateway.storage import object_keys as names
 from gateway.storage.filesystem import FileStorage
 from tests.helpers.daemon import Daemon
+from tests.helpers.wait import wait_for
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
 pytestmark = pytest.mark.slow
@@ -81,12 +81,11 @@ def test_kill_between_upload_and_journal_loses_nothing_and_gc_removes_orphan(
         orphan = uploaded - set(named)
         assert len(orphan) == 1
         # GC (every 300 ms here, no grace) deletes the orphan and nothing else.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            keys = {o.key for o in storage.list(names.chunks_prefix("node-1"))}
-            if not keys & orphan:
-                break
-            time.sleep(0.05)
-        assert keys == set(named)
+
+        def chunk_keys() -> set[str]:
+            return {o.key for o in storage.list(names.chunks_prefix("node-1"))}
+
+        wait_for(lambda: not chunk_keys() & orphan, 10, "the orphan deleted", detail=chunk_keys)
+        assert chunk_keys() == set(named)
     finally:
         daemon.stop()

@@ -6,12 +6,12 @@ import pathlib
 import random
 import shutil
 import subprocess
-import time
 
 import pytest
 
 from gateway.client.sync import SyncClient
 from tests.helpers.daemon import Daemon
+from tests.helpers.wait import wait_for
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
 pytestmark = pytest.mark.slow
@@ -24,15 +24,6 @@ def weed_processes(data_dir: pathlib.Path) -> list[str]:
     """Command lines of weed processes serving ``data_dir``."""
     r = subprocess.run(["pgrep", "-af", "weed server"], capture_output=True, text=True)
     return [line for line in r.stdout.splitlines() if str(data_dir) in line]
-
-
-def wait_for(predicate: object, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.mark.timeout(180)
@@ -54,13 +45,13 @@ def test_embedded_tier2_survives_kill_and_leaves_no_child(tmp_path: pathlib.Path
             assert info.storage_length == len(data) and info.chunk_count >= 3
         # A crash of the daemon takes its S3 server with it.
         daemon.kill()
-        assert wait_for(lambda: not weed_processes(data_dir), 10), weed_processes(data_dir)
+        wait_for(lambda: not weed_processes(data_dir), 10, "weed gone with the daemon")
         # Restart with the cache gone: the bytes come back from the chunks.
         shutil.rmtree(data_dir / "cache")
         daemon.start(timeout=60)
         with SyncClient(daemon.address) as c:
             assert c.read("e/s", 0, len(data)).data == data
         assert daemon.stop() == 0, daemon.log()
-        assert wait_for(lambda: not weed_processes(data_dir), 10)
+        wait_for(lambda: not weed_processes(data_dir), 10, "weed gone with the daemon")
     finally:
         daemon.kill()

@@ -39,6 +39,7 @@ from gateway.embedded import (
 )
 from gateway.storage.layer import ChunkLayer
 from gateway.storage.s3 import MIN_PART_SIZE, S3Storage
+from tests.helpers.wait import async_wait_for, wait_for
 
 from .conftest import ROOT
 
@@ -63,15 +64,6 @@ def gone(pid: int) -> bool:
     except FileNotFoundError:
         return True
     return stat.rsplit(")", 1)[1].split()[0] == "Z"
-
-
-def wait_gone(pid: int, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if gone(pid):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_crash_and_restart_keep_the_data(tmp_path: pathlib.Path) -> None:
@@ -176,7 +168,7 @@ def test_weed_dies_with_a_killed_parent(tmp_path: pathlib.Path) -> None:
         assert not gone(weed_pid)
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
-        assert wait_gone(weed_pid), f"weed (pid {weed_pid}) outlived its parent"
+        wait_for(lambda: gone(weed_pid), 10, f"weed (pid {weed_pid}) gone with its parent")
     finally:
         parent.kill()
         parent.wait()
@@ -451,12 +443,6 @@ def test_the_other_ports_give_no_access_to_chunks(tmp_path: pathlib.Path) -> Non
 # -- supervision --------------------------------------------------------------------
 
 
-async def wait_until(predicate: Callable[[], bool], seconds: float) -> None:
-    with trio.fail_after(seconds):
-        while not predicate():  # noqa: ASYNC110 - a child process's state has no event
-            await trio.sleep(0.01)
-
-
 @pytest.mark.expect_errors(r"embedded S3 server \(SeaweedFS, pid \d+\) exited")
 async def test_a_killed_server_fails_calls_fast_and_is_restarted(
     tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
@@ -473,7 +459,7 @@ async def test_a_killed_server_fails_calls_fast_and_is_restarted(
             assert first.pid is not None
             os.kill(first.pid, signal.SIGKILL)
 
-            await wait_until(lambda: server.state != "up", 2)
+            await async_wait_for(lambda: server.state != "up", 2, "the server noticed down")
             # Fails at once instead of retrying for retry_deadline (60 s).
             with trio.fail_after(1), pytest.raises(EmbeddedS3Down) as e:
                 await layer.read("n/chunks/1/a", 0, 10)
@@ -482,7 +468,7 @@ async def test_a_killed_server_fails_calls_fast_and_is_restarted(
             assert down.state in ("down", "starting") and down.exits == 1
             assert down.last_exit_status == -signal.SIGKILL
 
-            await wait_until(lambda: server.state == "up", 30)
+            await async_wait_for(lambda: server.state == "up", 30, "the server up again")
             after = server.statistics()
             assert (after.exits, after.restarts, after.restart_attempts) == (1, 1, 1)
             assert after.pid not in (None, first.pid)
@@ -514,18 +500,20 @@ async def test_restarts_back_off_while_they_fail(
         ports = server.ports
         assert ports is not None and server.pid is not None
         os.kill(server.pid, signal.SIGKILL)
-        await wait_until(lambda: server.state == "down", 2)
+        await async_wait_for(lambda: server.state == "down", 2, "the server down")
         # Someone takes the S3 port: restarts must not move to another (clients know it).
         with socket.socket() as squatter:
             # Past the killed server's connections in TIME_WAIT, as weed's own listeners do.
             squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             squatter.bind(("127.0.0.1", ports.s3))
             squatter.listen()
-            await wait_until(lambda: "restart attempt 3 failed" in caplog.text, 10)
+            await async_wait_for(
+                lambda: "restart attempt 3 failed" in caplog.text, 10, "a third failed restart"
+            )
             assert server.state == "down" and server.statistics().restart_attempts == 3
             with pytest.raises(EmbeddedS3Down):
                 server.check_available()
-        await wait_until(lambda: server.state == "up", 30)
+        await async_wait_for(lambda: server.state == "up", 30, "the server up again")
         assert server.ports == ports and server.statistics().restarts == 1
 
     delays = re.findall(r"restarting it \(attempt (\d+)\) in ([\d.]+) s", caplog.text)

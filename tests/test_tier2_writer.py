@@ -28,6 +28,7 @@ from gateway.storage.memory_storage import MemoryStorage
 from tests.helpers.container import DirectContainer
 from tests.helpers.inprocess import running
 from tests.helpers.segments import make_config
+from tests.helpers.wait import async_wait_for
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -76,12 +77,6 @@ async def read_all(c: DirectContainer, name: str, length: int, piece: int) -> by
     return bytes(got)
 
 
-async def wait_until(predicate: Any, seconds: float = 10.0) -> None:
-    with trio.fail_after(seconds):
-        while not predicate():  # noqa: ASYNC110 - polls state that has no event
-            await trio.sleep(0.01)
-
-
 async def test_flush_by_size_moves_bytes_to_chunks(
     tmp_path: pathlib.Path, storage: ChunkStorage
 ) -> None:
@@ -93,7 +88,9 @@ async def test_flush_by_size_moves_bytes_to_chunks(
         for i in range(0, len(data), 10 * KiB):
             await c.append("a/b", data[i : i + 10 * KiB])
         # Everything at or past flush_size is flushed without being asked.
-        await wait_until(lambda: c.info("a/b").storage_length >= len(data) - 64 * KiB)
+        await async_wait_for(
+            lambda: c.info("a/b").storage_length >= len(data) - 64 * KiB, 10, "the flush by size"
+        )
         await c.flush("a/b")
         info = c.info("a/b")
         assert info.storage_length == len(data)
@@ -120,7 +117,7 @@ async def test_flush_interval_flushes_a_trickle(tmp_path: pathlib.Path) -> None:
     async with running(config, storage) as (c, _):
         await c.create("s")
         await c.append("s", b"x" * 100)
-        await wait_until(lambda: c.info("s").storage_length == 100, seconds=3)
+        await async_wait_for(lambda: c.info("s").storage_length == 100, 3, "the flush by time")
 
 
 async def test_seal_flushes_and_seals_in_storage(tmp_path: pathlib.Path) -> None:
@@ -129,7 +126,7 @@ async def test_seal_flushes_and_seals_in_storage(tmp_path: pathlib.Path) -> None
         await c.create("s")
         await c.append("s", b"abc")
         await c.seal("s")
-        await wait_until(lambda: c.info("s").sealed_in_storage)
+        await async_wait_for(lambda: c.info("s").sealed_in_storage, 10, "sealed in storage")
         assert c.info("s").storage_length == 3
 
 
@@ -158,7 +155,9 @@ async def test_cold_read_after_cache_wiped_and_restart(
         stats = w.reader.statistics() if w.reader else {}
         assert stats["blocks_fetched"] > 0 and stats["read_ahead_blocks"] > 0
         # Blocks asked for directly are cached; read-ahead ones are not (scans).
-        await wait_until(lambda: c.read_index.store.statistics().block_bytes > 0)
+        await async_wait_for(
+            lambda: c.read_index.store.statistics().block_bytes > 0, 10, "blocks in the cache"
+        )
 
 
 async def test_truncate_and_delete_remove_chunks(
@@ -178,12 +177,14 @@ async def test_truncate_and_delete_remove_chunks(
         await c.truncate("t", cut + 10)
         await c.delete("d")
         gone = {x.name for x in t_chunks[:2] + d_chunks}
-        await wait_until(lambda: not gone & {o.key for o in storage.list("")})
+        await async_wait_for(
+            lambda: not gone & {o.key for o in storage.list("")}, 10, "the chunks deleted"
+        )
         assert {x.name for x in c._committed("t").chunks} == {x.name for x in t_chunks[2:]}
         r = await c.read("t", 0, 800 * KiB, zeros_below_start=True)
         assert r.data == bytes(cut + 10) + b"t" * (800 * KiB - cut - 10)
         # Counted once the delete call returns, a moment after the object is gone.
-        await wait_until(lambda: writer.chunks_deleted >= len(gone))
+        await async_wait_for(lambda: writer.chunks_deleted >= len(gone), 10, "the deletes counted")
         assert writer.chunks_deleted == len(gone)
 
 
@@ -266,7 +267,7 @@ async def test_a_waiting_flush_outlasts_an_outage_shorter_than_its_time(
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(flush)
-            await wait_until(lambda: writer.flush_failures >= 3)
+            await async_wait_for(lambda: writer.flush_failures >= 3, 10, "three failed flushes")
             assert not finished
             back = trio.current_time()
             storage.set_down(False)
@@ -433,7 +434,7 @@ async def test_flush_during_a_flush_does_not_leave_the_segment_urgent(
         nursery.start_soon(c.flush, "s")  # the same bytes, while the first upload runs
         await trio.testing.wait_all_tasks_blocked()
         storage.gate.set()
-        await wait_until(lambda: c.info("s").storage_length == 100)
+        await async_wait_for(lambda: c.info("s").storage_length == 100, 10, "the flush")
         await c.flush("s")
         await c.append("s", b"y" * 50)
         await trio.sleep(0.5)  # long enough for an urgent flush to start and finish

@@ -24,9 +24,9 @@ from gateway.client.client import open_client
 from gateway.client.sync import SyncClient
 from gateway.client.writer import open_transaction
 from gateway.errors import GatewayError
-from tests.helpers.cluster import wait_for
 from tests.helpers.daemon import Daemon
 from tests.helpers.proxy import DroppingProxy
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -5,10 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 import socket
-import time
 import uuid
-from collections.abc import Callable
-from typing import Any
 
 from gateway.client.sync import SyncClient
 from gateway.embedded import EmbeddedS3
@@ -79,22 +76,6 @@ class Cluster:
         """Stop every node and remove its mount, whatever state it is in."""
         for d in self.daemons.values():
             d.teardown()
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``check`` until it returns something true (other processes: no events)."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except OSError as e:
-            last = e
-        else:
-            if last:
-                return last
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout}s (last: {last!r})")
 
 
 def record(node: str, advertise: str, heartbeat_ms: int, **changes: object) -> bytes:

@@ -8,9 +8,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable
+
+from tests.helpers.wait import wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 
@@ -86,14 +87,18 @@ class Daemon:
         )  # fmt: skip
         log.close()
         self.starts += 1
-        deadline = time.monotonic() + timeout
-        while not self.ready_file.exists():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
-            if time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(f"daemon not ready after {timeout}s:\n{self.log()}")
-            time.sleep(0.01)
+        proc = self.proc
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {proc.returncode}:\n{self.log()}")
+            return self.ready_file.exists()
+
+        try:
+            wait_for(ready, timeout, "daemon ready", interval=0.01)
+        except AssertionError:
+            self.kill()
+            raise RuntimeError(f"daemon not ready after {timeout}s:\n{self.log()}") from None
 
     def kill(self) -> None:
         """SIGKILL (a crash) and reap."""

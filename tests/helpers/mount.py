@@ -13,12 +13,12 @@ import contextlib
 import os
 import pathlib
 import subprocess
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from tests.helpers.daemon import Daemon
+from tests.helpers.wait import wait_for
 
 
 def require_fuse() -> None:
@@ -66,12 +66,17 @@ class MountedDaemon(Daemon):
         ``serve_args`` as for `Daemon.start` (e.g. ``--recover-from-tier2``).
         """
         super().start(timeout, serve_args)
-        deadline = time.monotonic() + timeout
-        while mount_entry(self.mnt) is None:
-            if not self.alive() or time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(f"no mount at {self.mnt}:\n{self.log()}")
-            time.sleep(0.01)
+
+        def mounted() -> bool:
+            if not self.alive():
+                raise RuntimeError("the daemon died")
+            return mount_entry(self.mnt) is not None
+
+        try:
+            wait_for(mounted, timeout, f"a mount at {self.mnt}", interval=0.01)
+        except (AssertionError, RuntimeError):
+            self.kill()
+            raise RuntimeError(f"no mount at {self.mnt}:\n{self.log()}") from None
 
     def teardown(self) -> None:
         """Whatever state it is in: stopped, its mount gone, nothing left hanging."""

@@ -33,10 +33,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from tests.helpers.daemon import free_port
+from tests.helpers.spark_session import stop_local_spark
+from tests.helpers.wait import wait_for
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -69,6 +72,16 @@ def java_home() -> str | None:
     return str(pathlib.Path(java).resolve().parent.parent)
 
 
+def require_cluster() -> None:
+    """Skip where a cluster cannot run (mount namespaces need root and unshare; Java)."""
+    import pytest
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("mount namespaces need root and unshare")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("no Java")
+
+
 def _tail(path: pathlib.Path, lines: int = 30) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -82,11 +95,19 @@ class SparkCluster:
 
     Worker ``i`` runs in its own mount namespace where ``sources[i]`` is
     bind-mounted on ``fixed_path``; ``fixed_path`` must be an existing
-    directory. Logs go to ``work_dir/logs``.
+    directory. Logs go to ``work_dir/logs``. With ``follow_sources`` each
+    source is made a shared mount and the workers' namespaces slaves of it:
+    a mount put on ``sources[i]`` later (a gateway node's mount) shows at
+    ``fixed_path`` in worker ``i``, so one cluster serves several modules
+    (tests/conftest.py, ``spark_standalone``).
     """
 
     def __init__(
-        self, work_dir: pathlib.Path, fixed_path: pathlib.Path, sources: list[pathlib.Path]
+        self,
+        work_dir: pathlib.Path,
+        fixed_path: pathlib.Path,
+        sources: list[pathlib.Path],
+        follow_sources: bool = False,
     ) -> None:
         if not sources:
             raise ValueError("a cluster needs at least one worker source")
@@ -100,6 +121,8 @@ class SparkCluster:
         self.master_webui_port = free_port()
         self.master_log = self.log_dir / "master.log"
         self.worker_logs = [self.log_dir / f"worker-{i}.log" for i in range(self.n)]
+        self.follow_sources = follow_sources
+        self._shared: list[pathlib.Path] = []
         self._procs: list[subprocess.Popen[bytes]] = []
         self._session: SparkSession | None = None
 
@@ -186,6 +209,15 @@ class SparkCluster:
                     f"{proc.args!r} exited with {proc.returncode}\n{self.logs()}"
                 )
 
+    def _wait(
+        self, check: Callable[[], bool], seconds: float, failure: str, interval: float
+    ) -> None:
+        """`wait_for`, failing with a :class:`SparkClusterError` that ends with the logs."""
+        try:
+            wait_for(check, seconds, failure, interval=interval)
+        except AssertionError as e:
+            raise SparkClusterError(f"{e}\n{self.logs()}") from None
+
     def logs(self, lines: int = 30) -> str:
         """The last ``lines`` lines of the master's and every worker's log."""
         parts = [
@@ -219,58 +251,81 @@ class SparkCluster:
                 self.master_log,
             )
             deadline = time.monotonic() + timeout
+
+            def master_up() -> bool:
+                self._check_alive()
+                return self.master_status() is not None
+
             # A worker that finds no master retries only after seconds of
             # backoff: start the workers once the master answers.
-            while self.master_status() is None:
+            self._wait(master_up, timeout, f"no master after {timeout}s", interval=0.1)
+            if self.follow_sources:
+                for source in self.sources:
+                    # A shared mount of its own: what is mounted on it later
+                    # in this namespace propagates to the worker's copy.
+                    bind = ["mount", "--bind", str(source), str(source)]
+                    subprocess.run(bind, check=True, timeout=10)
+                    self._shared.append(source)
+                    share = ["mount", "--make-shared", str(source)]
+                    subprocess.run(share, check=True, timeout=10)
+            for i in range(self.n):
+                self._spawn(self._worker_argv(i), self.worker_logs[i])
+
+            def workers_up() -> bool:
                 self._check_alive()
-                if time.monotonic() > deadline:
-                    raise SparkClusterError(f"no master after {timeout}s\n{self.logs()}")
-                time.sleep(0.1)
-            for i, source in enumerate(self.sources):
-                work = self.work_dir / f"worker-{i}"
-                work.mkdir(parents=True, exist_ok=True)
-                # Paths go in as positional parameters, not spliced into the
-                # script, so no quoting can break.
-                script = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
-                self._spawn(
-                    [
-                        "unshare",
-                        "--mount",
-                        "--propagation",
-                        "private",
-                        "--",
-                        "sh",
-                        "-c",
-                        script,
-                        "sh",
-                        str(source),
-                        str(self.fixed_path),
-                        spark_class,
-                        "org.apache.spark.deploy.worker.Worker",
-                        self.master_url,
-                        "--cores",
-                        "1",
-                        "--memory",
-                        EXECUTOR_MEMORY,
-                        "--host",
-                        "127.0.0.1",
-                        "--webui-port",
-                        str(free_port()),
-                        "--work-dir",
-                        str(work),
-                    ],
-                    self.worker_logs[i],
-                )
-            while (alive := self.alive_workers()) < self.n:
-                self._check_alive()
-                if time.monotonic() > deadline:
-                    raise SparkClusterError(
-                        f"{alive} of {self.n} workers registered after {timeout}s\n{self.logs()}"
-                    )
-                time.sleep(0.25)
+                return self.alive_workers() >= self.n
+
+            self._wait(
+                workers_up,
+                max(0.0, deadline - time.monotonic()),
+                f"not all {self.n} workers registered after {timeout}s",
+                interval=0.25,
+            )
         except BaseException:
             self.stop()
             raise
+
+    def _worker_argv(self, i: int) -> list[str]:
+        work = self.work_dir / f"worker-{i}"
+        work.mkdir(parents=True, exist_ok=True)
+        # Paths go in as positional parameters, not spliced into the
+        # script, so no quoting can break.
+        script = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+        # private: nothing of the host's later mounts reaches the worker;
+        # slave (follow_sources): mounts on its source do, nothing goes back.
+        propagation = "slave" if self.follow_sources else "private"
+        return [
+            "unshare", "--mount", "--propagation", propagation, "--",
+            "sh", "-c", script, "sh", str(self.sources[i]), str(self.fixed_path),
+            str(self.home / "bin" / "spark-class"), "org.apache.spark.deploy.worker.Worker",
+            self.master_url, "--cores", "1", "--memory", EXECUTOR_MEMORY,
+            "--host", "127.0.0.1", "--webui-port", str(free_port()), "--work-dir", str(work),
+        ]  # fmt: skip
+
+    def restart_dead_workers(self, timeout: float = 120) -> None:
+        """Start again the workers that died or were killed; return once all are registered.
+
+        A cluster shared by several modules comes back whole after one
+        killed a worker (its storage node's host died).
+        """
+        for i in range(self.n):
+            if self._procs[1 + i].poll() is not None:
+                _signal_group(self._procs[1 + i], signal.SIGKILL)  # its executors too
+                proc = self._spawn(self._worker_argv(i), self.worker_logs[i])
+                self._procs.pop()
+                self._procs[1 + i] = proc
+
+        def workers_up() -> bool:
+            self._check_alive()
+            return self.alive_workers() >= self.n
+
+        self._wait(workers_up, timeout, f"not all {self.n} workers back", interval=0.25)
+
+    def stop_session(self) -> None:
+        """Stop the current session (its executors end), leaving the cluster up."""
+        if self._session is not None:
+            session, self._session = self._session, None
+            session.stop()
 
     def session(self, app: str, timeout: float = 120) -> SparkSession:
         """A SparkSession on this cluster, returned once all its executors are registered.
@@ -280,6 +335,9 @@ class SparkCluster:
         """
         from pyspark.sql import SparkSession
 
+        # One SparkContext per process: the suite's shared local session
+        # makes way (the next module that needs it starts it again).
+        stop_local_spark()
         # The driver JVM starts Python planners (Python data sources) from its
         # environment, not from spark.pyspark.python: this interpreter too.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -308,16 +366,19 @@ class SparkCluster:
                 f"a session on {spark.sparkContext.master} is already running in this process"
             )
         spark.sparkContext.setLogLevel("ERROR")
-        deadline = time.monotonic() + timeout
+
+        def executors_up() -> bool:
+            self._check_alive()
+            return self.executor_count() >= self.n
+
         # Tasks go only to registered executors: without this wait the first
         # job may run everything on whichever executor came up first.
-        while (executors := self.executor_count()) < self.n:
-            self._check_alive()
-            if time.monotonic() > deadline:
-                raise SparkClusterError(
-                    f"{executors} of {self.n} executors registered after {timeout}s\n{self.logs()}"
-                )
-            time.sleep(0.25)
+        self._wait(
+            executors_up,
+            timeout,
+            f"not all {self.n} executors registered after {timeout}s",
+            interval=0.25,
+        )
         return spark
 
     def executor_count(self) -> int:
@@ -331,7 +392,8 @@ class SparkCluster:
         """Stop the session, then the workers and the master; safe to call twice.
 
         SIGTERM to each process group, SIGKILL to what is left after
-        ``grace`` seconds: never hangs on a JVM that ignores SIGTERM.
+        ``grace`` seconds: never hangs on a JVM that ignores SIGTERM. The
+        sources' own mounts (follow_sources) go last.
         """
         if self._session is not None:
             session, self._session = self._session, None
@@ -355,9 +417,10 @@ class SparkCluster:
         # SIGKILL is asynchronous and wait() covers only the leaders: wait for
         # the executors too, so no JVM outlives stop().
         groups = {proc.pid for proc in procs}
-        deadline = time.monotonic() + 5
-        while live_group_members(groups) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        with contextlib.suppress(AssertionError):  # best effort: never hang in a teardown
+            wait_for(lambda: not live_group_members(groups), 5, "the executors gone")
+        while self._shared:
+            subprocess.run(["umount", "-l", str(self._shared.pop())], timeout=10)
 
     def kill_worker(self, i: int, timeout: float = 60) -> None:
         """SIGKILL worker ``i`` and its executors (its storage node's host died).
@@ -370,11 +433,12 @@ class SparkCluster:
         _signal_group(proc, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
-        deadline = time.monotonic() + timeout
-        while self.executor_count() >= before:
-            if time.monotonic() > deadline:
-                raise SparkClusterError(f"executor of worker {i} still registered after {timeout}s")
-            time.sleep(0.2)
+        self._wait(
+            lambda: self.executor_count() < before,
+            timeout,
+            f"executor of worker {i} still registered after {timeout}s",
+            interval=0.2,
+        )
 
     def __enter__(self) -> SparkCluster:
         self.start()

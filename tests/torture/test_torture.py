@@ -59,6 +59,7 @@ from tests.helpers.disk import fill, tmpfs
 from tests.helpers.mount import MountedDaemon, require_fuse
 from tests.helpers.peers import HostileLoad, hostile_load, rss
 from tests.helpers.s3proxy import S3FaultProxy
+from tests.helpers.wait import wait_for
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
 pytestmark = pytest.mark.slow
@@ -166,13 +167,18 @@ class Torture:
     def weed_pid(self, timeout: float = 30.0) -> int:
         """The daemon's SeaweedFS child (waiting while the daemon restarts it)."""
         assert self.daemon is not None and self.daemon.proc is not None
-        deadline = time.monotonic() + timeout
-        while True:
-            for pid in children(self.daemon.proc.pid):
+        daemon = self.daemon
+
+        def weed() -> int | None:
+            assert daemon.proc is not None
+            for pid in children(daemon.proc.pid):
                 if pathlib.Path(f"/proc/{pid}/comm").read_text().strip() == "weed":
                     return pid
-            assert time.monotonic() < deadline, f"no SeaweedFS child:\n{self.daemon.log()}"
-            time.sleep(0.05)
+            return None
+
+        found = wait_for(weed, timeout, "a SeaweedFS child", detail=daemon.log)
+        assert found is not None
+        return found
 
     def metric(self, name: str) -> float:
         """One sample of the daemon's /metrics (0 if absent)."""
@@ -199,13 +205,15 @@ class Torture:
             restarts = self.metric("segment_gateway_embedded_s3_restarts_total")
             os.kill(self.weed_pid(), signal.SIGKILL)
             # The daemon notices and restarts it by itself.
-            deadline = time.monotonic() + 60
-            while (
-                self.metric("segment_gateway_embedded_s3_restarts_total") <= restarts
-                or self.metric("segment_gateway_embedded_s3_up") != 1
-            ):
-                assert time.monotonic() < deadline, "the daemon did not restart SeaweedFS"
-                time.sleep(0.2)
+            wait_for(
+                lambda: (
+                    self.metric("segment_gateway_embedded_s3_restarts_total") > restarts
+                    and self.metric("segment_gateway_embedded_s3_up") == 1
+                ),
+                60,
+                "the daemon restarting SeaweedFS",
+                interval=0.2,
+            )
             time.sleep(seconds)
         elif fault == "s3_faults":
             self.proxy.fail(30, fraction=0.3, retry_after=0.2)

@@ -79,6 +79,7 @@ from gateway.storage.s3 import S3Storage
 from tests.helpers.cluster import BlackHole, record
 from tests.helpers.daemon import ROOT, run_cli
 from tests.helpers.mount import MountedDaemon, force_unmount, require_fuse
+from tests.helpers.wait import async_wait_for, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -396,7 +397,7 @@ class ClusterTorture:
         for key, data in bad.items():
             self.bucket.write(key, data, {})
         # While they are there every node still takes creates and appends.
-        time.sleep(1.5)  # a few registry reads
+        time.sleep(1.5)  # a few registry reads: surviving them is the subject
         for node in NODES:
             name = f"torture/extra/r{self.rounds}-{node}"
             with SyncClient(self.address(node)) as c:
@@ -439,14 +440,13 @@ class ClusterTorture:
         # Every node lists it, and a change to its name through any node ends
         # within the client's timeout, naming the owner.
         via = self.rng.choice(NODES)
-        deadline = time.monotonic() + 30
-        while True:
+
+        def listed() -> bool:
             r = run_cli("cluster", "--json", "--connect", self.address(via))
             assert r.returncode == 0, r.stderr
-            if "node-h" in {json.loads(n)["id"] for n in r.stdout.splitlines()}:
-                break
-            assert time.monotonic() < deadline, "node-h never listed"
-            time.sleep(0.2)
+            return "node-h" in {json.loads(n)["id"] for n in r.stdout.splitlines()}
+
+        wait_for(listed, 30, "node-h listed", interval=0.2)
         started = time.monotonic()
         r = run_cli("append", "--timeout", "5", name, "--connect", self.address(via),
                     input_text="x\n", timeout=60)  # fmt: skip
@@ -669,33 +669,20 @@ async def read_all(address: str, name: str, at_least: int = 0) -> bytes:
         return bytes(data)
 
 
+#: How verify() polls a node: an unreachable node, a failed read or a read
+#: past its bound mean "not yet"; an AssertionError (a wrong byte) fails at once.
+NOT_YET_HERE: dict[str, Any] = {
+    "interval": 0.25,
+    "not_yet": (GatewayError, OSError, trio.TooSlowError),
+}
+
+
 def alive_or_fail(t: ClusterTorture, where: str) -> None:
     for node, d in t.daemons.items():
         if not d.alive():
             code = d.proc.returncode if d.proc is not None else None
             raise AssertionError(f"{where}: {node} stopped by itself (exit {code}):\n{d.log()}")
     assert t.s3.pid is not None, f"{where}: SeaweedFS is not running"
-
-
-async def until(check: Callable[[], Any], within: float, what: str) -> Any:
-    """Await ``check()`` until it returns something true; GatewayError/OSError mean not yet.
-
-    An AssertionError (a wrong byte) fails at once.
-    """
-    deadline = trio.current_time() + within
-    last: object = None
-    while True:
-        try:
-            with trio.fail_after(max(1.0, deadline - trio.current_time())):
-                result = await check()
-        except (GatewayError, OSError, trio.TooSlowError) as e:
-            last = e
-        else:
-            if result:
-                return result
-        if trio.current_time() > deadline:
-            raise AssertionError(f"{what}: not within {within:g}s (last: {last!r})")
-        await trio.sleep(0.25)
 
 
 async def verify(t: ClusterTorture) -> int:
@@ -713,7 +700,9 @@ async def verify(t: ClusterTorture) -> int:
             check_prefix(k, data, 0, f"{where}: {name} on its owner")
             return data if data.count(b"\n") >= acked[k] else b""
 
-        data = await until(from_owner, CATCH_UP, f"{where}: {name} on its owner {node}")
+        data = await async_wait_for(
+            from_owner, CATCH_UP, f"{where}: {name} on its owner {node}", **NOT_YET_HERE
+        )
         total += check_prefix(k, data, acked[k], f"{where}: {name} on its owner")
         owner_data.append(data)
 
@@ -734,8 +723,15 @@ async def verify(t: ClusterTorture) -> int:
                 check_prefix(k, whole_lines(got), 0, f"{where}: {path}")
                 return len(got) >= len(want) and got[: len(want)] == want
 
-            await until(by_protocol, CATCH_UP, f"{where}: {name} over the protocol via {via}")
-            await until(by_mount, CATCH_UP, f"{where}: {name} through {via}'s mount")
+            await async_wait_for(
+                by_protocol,
+                CATCH_UP,
+                f"{where}: {name} over the protocol via {via}",
+                **NOT_YET_HERE,
+            )
+            await async_wait_for(
+                by_mount, CATCH_UP, f"{where}: {name} through {via}'s mount", **NOT_YET_HERE
+            )
 
     async with trio.open_nursery() as nursery:
         for via in NODES:
