@@ -24,6 +24,7 @@ append per block, no per-event Python work and no copy.
 from __future__ import annotations
 
 import logging
+import math
 import ssl
 import struct
 import uuid
@@ -376,9 +377,20 @@ class SegmentWriter:
                         self.max_append_bytes = client.server_hello.max_append_bytes
                     # From the owner: another node's view may be older than
                     # what was acknowledged (its owner down since its snapshot).
-                    stored = (
-                        await client.get_attributes(self.segment, [self.writer_id], from_owner=True)
-                    ).get(self.writer_id, 0)
+                    # Bounded like an append: an owner (or the node that
+                    # forwards to it) that takes the question and never
+                    # answers counts as gone, and the writer tries again.
+                    try:
+                        with trio.fail_after(self._ack_timeout):
+                            answer = await client.get_attributes(
+                                self.segment, [self.writer_id], from_owner=True
+                            )
+                    except trio.TooSlowError:
+                        raise ConnectionLost(
+                            self.address,
+                            f"no answer to the writer's event number within {self._ack_timeout:g}s",
+                        ) from None
+                    stored = answer.get(self.writer_id, 0)
                     if stored < 0:
                         raise WriterClosed(
                             self.segment,
@@ -481,7 +493,21 @@ class SegmentWriter:
             send.send_nowait((batch, fut))
 
     async def _ack_loop(self, receive: trio.MemoryReceiveChannel[Any]) -> None:
-        async for item in receive:
+        while True:
+            # An append still being sent (the daemon reads nothing: stopped,
+            # hung) is under the same deadline as one sent and unanswered.
+            deadline = self._unacked[0].sent_at + self._ack_timeout if self._unacked else math.inf
+            try:
+                with trio.fail_at(deadline):
+                    item = await receive.receive()
+            except trio.EndOfChannel:
+                return
+            except trio.TooSlowError:
+                if self._broken_since is None:
+                    self._broken_since = self._unacked[0].sent_at
+                raise ConnectionLost(
+                    self.address, f"an append not sent within {self._ack_timeout:g}s"
+                ) from None
             if isinstance(item, BaseException):
                 raise item
             batch: _Batch = item[0]
