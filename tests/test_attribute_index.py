@@ -441,3 +441,107 @@ async def test_a_reader_with_an_old_record_is_told_the_index_moved(tmp_path: pat
         # The container looks with the record as it is now.
         seg.evict_attributes(0)
         assert await c.get_attributes("s", [key(1)]) == {key(1): 4}
+
+
+async def test_recovery_keeps_a_writer_event_number_indexed_after_the_snapshot(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A takeover must not take a writer's event number back to the newest snapshot's.
+
+    The snapshot's record carries the writer's value not yet indexed then
+    (5); a later flush indexed a newer one (9) in a batch the snapshot does
+    not name. The rebuild takes that batch's tree, and the record's stale
+    value must not hide it (the cluster torture's ``WriterFailed: the server
+    has event 4340 stored ..., but event 4500 was acknowledged``).
+    """
+    from gateway.recovery.metadata_io import install
+    from gateway.recovery.rebuild import rebuild_metadata
+
+    storage = MemoryStorage()
+    config = config_for(tmp_path / "old", max_attributes=64, snapshot_interval="1h")
+    wid = key(1)
+    async with running(config, storage) as (c, w):
+        await c.create("s")
+        await writer_append(c, "s", wid, 0)
+        await c.flush()  # the index holds 1
+        for n in range(1, 5):
+            await writer_append(c, "s", wid, n)
+        await w.upload_snapshot()  # its record: 5, not yet indexed
+        assert wid in c._committed("s").attr_dirty
+        for n in range(5, 9):
+            await writer_append(c, "s", wid, n)
+        await c.flush()  # data and a batch holding 9, after the snapshot
+        assert not c._committed("s").attr_dirty
+        assert await c.get_attributes("s", [wid]) == {wid: 9}
+    layer = ChunkLayer(storage, max_concurrency=4)
+    rebuilt = await rebuild_metadata(layer, "node-1")
+    (record,) = rebuilt.container.segments
+    assert record.length == 9  # the data came back
+    new = config_for(tmp_path / "new", max_attributes=64, snapshot_interval="1h")
+    await install(new, rebuilt.container, rebuilt.max_epoch + 1)
+    async with running(new, storage) as (c, _):
+        assert await c.get_attributes("s", [wid]) == {wid: 9}
+        # The writer goes on from 9 (with 5 it would be refused, or resend).
+        await writer_append(c, "s", wid, 9)
+
+
+async def test_recovery_keeps_record_values_newer_than_a_batch_journaled_after_it(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The other order: a batch prepared before the snapshot, journaled after it.
+
+    Its values (5) are older than the record's (9, changed while it was
+    uploading): the record's value stays over the rebuilt index.
+    """
+    import threading
+
+    from gateway.recovery.metadata_io import install
+    from gateway.recovery.rebuild import rebuild_metadata
+
+    uploading, go_on = threading.Event(), threading.Event()
+
+    class Held(MemoryStorage):
+        hold = False
+
+        def write(self, key: str, data: Any, metadata: Any) -> None:
+            if self.hold and names.is_attribute_chunk(key):
+                uploading.set()
+                assert go_on.wait(30)
+            super().write(key, data, metadata)
+
+    storage = Held()
+    config = config_for(tmp_path / "old", max_attributes=64, snapshot_interval="1h")
+    wid = key(1)
+    async with running(config, storage) as (c, w):
+        await c.create("s")
+        await writer_append(c, "s", wid, 0)
+        await c.flush()  # the index holds 1
+        for n in range(1, 5):
+            await writer_append(c, "s", wid, n)
+        index = c._committed("s").attr_index
+        assert index is not None
+        before = index.length  # where the held batch starts
+        storage.hold = True
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(c.flush)  # its batch holds 5
+            await trio.to_thread.run_sync(uploading.wait)
+            storage.hold = False
+            for n in range(5, 9):
+                await writer_append(c, "s", wid, n)
+            await w.upload_snapshot()  # names the index before that batch; its record: 9
+            go_on.set()
+        seg = c._committed("s")
+        assert wid in seg.attr_dirty  # 9 waits for the next batch, which never comes
+        assert await c.get_attributes("s", [wid]) == {wid: 9}
+    # One batch past the snapshot's index: the one that was uploading.
+    offsets = [
+        names.parse_attribute_chunk_key(o.key)[1]  # type: ignore[index]
+        for o in storage.list(names.attributes_prefix("node-1"))
+    ]
+    assert offsets.count(before) == 1 and max(offsets) == before, (offsets, before)
+    layer = ChunkLayer(storage, max_concurrency=4)
+    rebuilt = await rebuild_metadata(layer, "node-1")
+    new = config_for(tmp_path / "new", max_attributes=64, snapshot_interval="1h")
+    await install(new, rebuilt.container, rebuilt.max_epoch + 1)
+    async with running(new, storage) as (c, _):
+        assert await c.get_attributes("s", [wid]) == {wid: 9}

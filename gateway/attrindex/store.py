@@ -194,6 +194,7 @@ class AttributeIndexStore:
         changes: Mapping[bytes, int | None],
         epoch: int,
         uploading: set[str],
+        through: int | None = None,
     ) -> tuple[Batch, ChunkRecord]:
         """Write ``changes`` (None: removed) as one batch of pages in one new object.
 
@@ -203,6 +204,8 @@ class AttributeIndexStore:
         indexed). The object's key is in
         ``uploading`` from before the upload (GC leaves it alone); the
         caller removes it once the batch is journaled or abandoned.
+        ``through``: the journal sequence whose committed values ``changes``
+        are (in the object's metadata, for recovery).
         """
         tree = self.tree(segment_id, index)
         batch = await self._in_thread(tree.prepare, dict(changes))
@@ -218,7 +221,7 @@ class AttributeIndexStore:
             # the newest tree from the objects alone.
             st = batch.state
             metadata |= names.attribute_index_metadata(
-                st.root_offset, st.root_length, st.length, st.start
+                st.root_offset, st.root_length, st.length, st.start, through
             )
             await self.layer.write(key, batch.data, metadata)
         self.batches += 1

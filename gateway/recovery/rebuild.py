@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from gateway.container.attributes import is_core
 from gateway.container.segment_names import validate_name
 from gateway.container.streams import split_member
 from gateway.errors import (
@@ -124,6 +125,9 @@ class RebuildReport:
     snapshot_key: str = ""
     snapshot_epoch: int = 0
     snapshot_created_ms: int = 0
+    #: The journal sequence of the snapshot's committed view (its object's
+    #: ``applied-seq``; None: not recorded, an older snapshot).
+    snapshot_applied_seq: int | None = None
     #: Snapshots that could not be used (newer ones first), and why.
     bad_snapshots: list[tuple[str, str]] = field(default_factory=list)
     #: Chunk objects listed under the node's prefix.
@@ -430,7 +434,9 @@ async def rebuild(
             report.new_segments.append(o.record.name)
         if o.gained:
             report.extended[o.record.name] = o.gained
-    await _rebuild_attribute_indexes(layer, node, [o.record for o in kept], replay_chunks, report)
+    records = [o.record for o in kept]
+    epoch = base.epoch if base is not None else 0
+    await _rebuild_attribute_indexes(layer, node, records, replay_chunks, report, epoch, trusted)
     report.segments = len(kept)
     report.stored_bytes = sum(o.record.length - o.record.start_offset for o in kept)
     max_id = max((i for i, _, _ in objects.values()), default=0)
@@ -648,6 +654,7 @@ async def newest_snapshot(
             report.bad_snapshots.append((obj.key, str(e)))
             log.warning("recovery: %s", e)
             continue
+        report.snapshot_applied_seq = _optional_int(info.metadata.get(names.APPLIED_SEQ))
         return obj.key, snap
     return None
 
@@ -678,20 +685,74 @@ async def rebuild_metadata(layer: ChunkLayer, node: str, trusted: Trusted = _tru
     return rebuilt
 
 
+def _optional_int(text: str | None) -> int | None:
+    """A decimal from object metadata, or None (absent or unusable)."""
+    return int(text) if text is not None and text.isdigit() and len(text) < 19 else None
+
+
+def _drop_extended_attributes(r: SegmentRecord) -> None:
+    """Leave only core attributes in ``r``: its extended ones are older than its index."""
+    core = [a for a in r.attributes if is_core(a.id)]
+    del r.attributes[:]
+    r.attributes.extend(core)
+
+
+async def _batch_is_newer(
+    layer: ChunkLayer,
+    newest: tuple[int, int, str, int],
+    snapshot_length: int,
+    snapshot_epoch: int,
+    snapshot_seq: int | None,
+) -> bool:
+    """Whether the ``newest`` batch holds values committed after the snapshot's record.
+
+    The record holds the extended values not yet indexed at the snapshot. A
+    batch it does not name was prepared after it (and holds them all, as
+    new or newer) or before it, journaled after (the record's are newer).
+    By the journal positions both objects carry, else (older objects) a
+    later epoch or a batch past the snapshot's index's end.
+    """
+    offset, epoch, key, _ = newest
+    if epoch != snapshot_epoch:
+        return epoch > snapshot_epoch
+    if snapshot_seq is not None:
+        try:
+            info = await layer.stat(key)
+        except ChunkNotFound:
+            info = None
+        through = _optional_int(info.metadata.get(names.INDEX_THROUGH)) if info else None
+        if through is not None:
+            return through >= snapshot_seq
+    return offset > snapshot_length
+
+
 async def _rebuild_attribute_indexes(
     layer: ChunkLayer,
     node: str,
     records: list[SegmentRecord],
     replay_chunks: bool,
     report: RebuildReport,
+    snapshot_epoch: int = 0,
+    trusted: Trusted = _trust_all,
 ) -> None:
-    """Point each record at its newest complete attribute index in Tier 2 (or none)."""
+    """Point each record at its newest complete attribute index in Tier 2 (or none).
+
+    When that index is newer than the snapshot's (`_batch_is_newer`), the
+    record's extended values go: they would hide the index's newer ones
+    (an exactly-once writer's event number taken back). Batches a fenced
+    process stored after its fence are not used, as its chunks are not.
+    """
     listing = await layer.list(names.attributes_prefix(node))
     by_segment: dict[int, list[tuple[int, int, str, int]]] = defaultdict(list)
     for obj in listing:
         parsed = names.parse_attribute_chunk_key(obj.key)
         if parsed is not None:
             segment_id, offset, epoch = parsed
+            if replay_chunks and not trusted(epoch, obj.mtime):
+                report.ignored_chunks.append(
+                    (obj.key, f"stored after epoch {epoch} was fenced (a fenced process's upload)")
+                )
+                continue
             by_segment[segment_id].append((offset, epoch, obj.key, obj.size))
     listed = {obj.key for obj in listing}
     live = {r.id for r in records}
@@ -715,8 +776,13 @@ async def _rebuild_attribute_indexes(
         if replay_chunks and by_segment.get(r.id):
             newest = max(found)  # the largest offset, then the newest epoch
             if not r.HasField("attribute_index") or newest[0] >= index.length:
+                had = index.length if r.HasField("attribute_index") else 0
                 rebuilt = await _index_from_batches(layer, r.name, found, newest, report)
                 if rebuilt is not None:
+                    if await _batch_is_newer(
+                        layer, newest, had, snapshot_epoch, report.snapshot_applied_seq
+                    ):
+                        _drop_extended_attributes(r)
                     r.attribute_index.CopyFrom(rebuilt)
                     continue
         if r.HasField("attribute_index") and any(c.name not in listed for c in index.chunks):

@@ -79,15 +79,29 @@ def parse_attribute_chunk_key(key: str) -> tuple[int, int, int] | None:
 
 
 def attribute_index_metadata(
-    root_offset: int, root_length: int, length: int, start: int
+    root_offset: int, root_length: int, length: int, start: int, through: int | None = None
 ) -> dict[str, str]:
-    """Extra user metadata of an attribute index batch: the tree after it (for recovery)."""
-    return {
+    """Extra user metadata of an attribute index batch: the tree after it (for recovery).
+
+    ``through``: the journal sequence number whose committed values the batch
+    holds (its epoch is the key's); recovery compares it with a snapshot's
+    ``applied-seq`` to tell which of the two holds the newer values.
+    """
+    md = {
         "index-root-offset": str(root_offset),
         "index-root-length": str(root_length),
         "index-length": str(length),
         "index-start": str(start),
     }
+    if through is not None:
+        md[INDEX_THROUGH] = str(through)
+    return md
+
+
+#: User metadata of an attribute index batch: the journal sequence its values are of.
+INDEX_THROUGH = "index-through"
+#: User metadata of a metadata snapshot: the journal sequence its committed view is of.
+APPLIED_SEQ = "applied-seq"
 
 
 def parse_snapshot_key(key: str) -> tuple[int, int] | None:

@@ -146,6 +146,10 @@ class Housekeeper:
         w = self._writer
         w.check_fence()
         at_ms = int(time.time() * 1000)
+        # The journal position of the committed view it holds (no await
+        # between the two): recovery tells by it whether an attribute index
+        # batch the snapshot does not name holds newer values than its records.
+        applied_seq = w.container.applied_seq
         snapshot = build_snapshot(
             w.container.committed_snapshot(), w.node, w.epoch, at_ms
         ).SerializeToString()
@@ -154,7 +158,7 @@ class Housekeeper:
         await w.layer.write(
             key,
             snapshot,
-            object_metadata(crc),
+            object_metadata(crc, applied_seq),
         )
         self.snapshots += 1
         kept = await w.layer.list(names.meta_prefix(w.node))

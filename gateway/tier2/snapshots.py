@@ -16,6 +16,7 @@ from gateway.container.segment_names import validate_name
 from gateway.container.table import SNAPSHOT_VERSION
 from gateway.errors import InvalidName, SnapshotInvalid
 from gateway.protocol.metadata_pb2 import ContainerSnapshot, MetadataSnapshot, SegmentRecord
+from gateway.storage import object_keys as names
 
 #: The MetadataSnapshot format version this code writes and reads.
 METADATA_VERSION = 1
@@ -44,13 +45,20 @@ def build_snapshot(
     )
 
 
-def object_metadata(crc: int) -> dict[str, str]:
-    """The user metadata a snapshot object carries (for inspection with any S3 tool)."""
-    return {
+def object_metadata(crc: int, applied_seq: int | None = None) -> dict[str, str]:
+    """The user metadata a snapshot object carries (for inspection with any S3 tool).
+
+    ``applied_seq``: the journal sequence of the committed view it holds
+    (recovery orders it against attribute index batches by it).
+    """
+    md = {
         "crc32c": f"{crc:08x}",
         "format-version": str(METADATA_VERSION),
         "software-version": gateway.__version__,
     }
+    if applied_seq is not None:
+        md[names.APPLIED_SEQ] = str(applied_seq)
+    return md
 
 
 def record_problem(r: SegmentRecord) -> str | None:

@@ -453,7 +453,7 @@ class StorageWriter:
             index.CopyFrom(seg.attr_index)
         self.check_fence()
         written = await self.attributes.write_batch(
-            seg.id, seg.name, index, changes, self.epoch, self.uploading
+            seg.id, seg.name, index, changes, self.epoch, self.uploading, through
         )
         batch, chunk = written
         try:
