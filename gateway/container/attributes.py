@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from gateway.errors import BadAttributeUpdate, ConditionalCheckFailed, Overloaded
 
@@ -53,12 +54,22 @@ class AttributeUpdate:
     expect_absent: bool = False
 
 
-def closes_writers(updates: Iterable[AttributeUpdate]) -> bool:
+class _VerbAndValue(Protocol):
+    @property
+    def verb(self) -> int: ...
+    @property
+    def value(self) -> int: ...
+
+
+def closes_writers(updates: Iterable[_VerbAndValue]) -> bool:
     """Whether ``updates`` only close exactly-once writers (`gateway.client.writer.close_writer`).
 
     A closed writer's event number is negative, set by compare-and-set. Such
     an update is tiny and keeps appends from landing late, so it may use the
-    journal's reserve while the disk is full (like a deletion).
+    journal's reserve while the disk is full (like a deletion). ``updates``
+    may be `AttributeUpdate`s or a request's wire updates as they came (the
+    verbs are the same numbers), so the server decides admission without
+    decoding them first.
     """
     found = False
     for u in updates:

@@ -32,13 +32,10 @@ MAX_ATTRIBUTE_RANGE = 10_000
 
 
 def _closes_writers(req: wire.Request) -> bool:
-    # Closing a writer id is admitted on a full disk, like a deletion.
-    try:
-        return closes_writers(updates(list(req.update_attributes.updates)))
-    except BadRequest:
-        # Answered when prepared (`Connection.admit`); raised here, before
-        # admission, it ended the connection's tasks and the server with them.
-        return False
+    # Closing a writer id is admitted on a full disk, like a deletion. The
+    # wire updates as they came: an unknown verb closes nothing, and is
+    # answered BAD_REQUEST when prepared (`Connection.admit`).
+    return closes_writers(req.update_attributes.updates)
 
 
 @handles("update_attributes", changes=True, frees=_closes_writers)
