@@ -60,6 +60,7 @@ from tests.helpers.mount import MountedDaemon, require_fuse
 from tests.helpers.peers import HostileLoad, hostile_load, rss
 from tests.helpers.s3proxy import S3FaultProxy
 from tests.helpers.wait import wait_for
+from tests.torture import check_lines
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
 pytestmark = pytest.mark.slow
@@ -115,17 +116,9 @@ def line(writer: int, n: int) -> bytes:
 
 def check_prefix(writer: int, data: bytes, at_least: int, where: str) -> int:
     """``data`` is lines 0.. of ``writer``, in order, none twice; at least ``at_least``."""
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    elif lines:
-        raise AssertionError(f"{where}: writer {writer}'s segment ends inside a line")
-    for i, got in enumerate(lines):
-        if got != line(writer, i):
-            raise AssertionError(f"{where}: line {i} of writer {writer} is {got!r}")
-    if len(lines) < at_least:
-        raise AssertionError(f"{where}: {len(lines)} lines, {at_least} were acknowledged")
-    return len(lines)
+    return check_lines(
+        data, lambda i: line(writer, i), at_least, where, f"writer {writer}'s segment"
+    )
 
 
 class Torture:

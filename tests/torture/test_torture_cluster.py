@@ -80,6 +80,7 @@ from tests.helpers.cluster import BlackHole, record
 from tests.helpers.daemon import ROOT, run_cli
 from tests.helpers.mount import MountedDaemon, force_unmount, require_fuse
 from tests.helpers.wait import async_wait_for, wait_for
+from tests.torture import check_lines
 
 pytestmark = pytest.mark.slow
 
@@ -160,17 +161,7 @@ def line(k: int, n: int) -> bytes:
 
 def check_prefix(k: int, data: bytes, at_least: int, where: str) -> int:
     """``data`` is lines 0.. of writer ``k``, whole, in order, none twice; at least ``at_least``."""
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    elif lines:
-        raise AssertionError(f"{where}: {segment(NODES[k])} ends inside a line")
-    for i, got in enumerate(lines):
-        if got != line(k, i):
-            raise AssertionError(f"{where}: line {i} of {segment(NODES[k])} is {got!r}")
-    if len(lines) < at_least:
-        raise AssertionError(f"{where}: {len(lines)} lines, {at_least} were acknowledged")
-    return len(lines)
+    return check_lines(data, lambda i: line(k, i), at_least, where, segment(NODES[k]))
 
 
 def whole_lines(data: bytes) -> bytes:
