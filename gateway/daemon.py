@@ -42,6 +42,7 @@ from gateway.aio import service_nursery
 from gateway.client.client import Client, client_ssl_context, open_client
 from gateway.cluster.claims import NameClaims
 from gateway.cluster.lease import Lease, claim_epoch
+from gateway.cluster.registry import UP
 from gateway.cluster.view import ClusterView
 from gateway.config import Config, Tier2Config
 from gateway.container.container import SegmentContainer
@@ -49,6 +50,8 @@ from gateway.errors import GatewayError
 from gateway.fsck.online import live_target
 from gateway.node import Node, open_node
 from gateway.notify import Notifier
+from gateway.replication.replicator import Replicator
+from gateway.replication.store import ReplicaStore
 from gateway.server import Server
 from gateway.storage.layer import ChunkLayer
 from gateway.tier2.bindings import open_tier2
@@ -183,6 +186,58 @@ async def _claim(config: Config, tier2: ChunkLayer, notifier: Notifier, epoch: i
         heartbeat_interval=cl.heartbeat_interval,
         status=notifier.status,
     )
+
+
+async def _recover(config: Config, tier2: ChunkLayer, notifier: Notifier) -> None:
+    """``--recover-from-tier2``: the journal from the replicas if the node replicated,
+    else the metadata rebuilt from Tier 2."""
+    from gateway.recovery.metadata_io import rebuild_node
+
+    if config.replication.write_quorum > 1:
+        from gateway.replication.recovery import recover_from_replicas
+
+        notifier.status("recovering the journal from its replicas")
+        found = await recover_from_replicas(
+            config,
+            tier2,
+            partial(_connect_node, config, node_ssl_context(config)),
+            patience=max(5.0, 2 * config.replication.peer_timeout),
+            status=notifier.status,
+        )
+        if found is not None:
+            return
+        log.warning("recovery: no ensemble record of node %s in Tier 2 (it never replicated); "
+                    "rebuilding from Tier 2", config.node.id)  # fmt: skip
+    notifier.status("recovering the metadata from Tier 2")
+    await rebuild_node(config, tier2, status=notifier.status)
+
+
+def _replicator(config: Config, tier2: ChunkLayer, node: Node) -> Replicator:
+    return Replicator(
+        config.node.id,
+        node.journal,
+        config.replication,
+        tier2,
+        partial(_connect_node, config, node_ssl_context(config)),
+        on_fenced=partial(_fenced, node),
+        record_deadline=min(config.tier2.retry_deadline, 10.0),
+    )
+
+
+def _up_peers(cluster: ClusterView) -> list[tuple[str, str]]:
+    """Other nodes that are up, and where they listen: the ensemble's candidates."""
+    return [
+        (n, r.advertise)
+        for n, r in cluster.records.items()
+        if n != cluster.node_id and cluster.state_of(n) == UP and r.advertise
+    ]
+
+
+async def _epoch_current(tier2: ChunkLayer, source: str, epoch: int) -> bool:
+    """Whether no epoch above ``epoch`` of ``source`` is registered (a takeover)."""
+    from gateway.cluster.fence import current_epoch
+
+    return await current_epoch(tier2, source, deadline=5.0) <= epoch
 
 
 def _fenced(node: Node, error: GatewayError) -> None:
@@ -362,10 +417,7 @@ async def run_daemon(
         async with open_tier2(config) as tier2:
             await check_tier2(tier2, config)
             if recover_from_tier2:
-                from gateway.recovery.metadata_io import rebuild_node
-
-                notifier.status("recovering the metadata from Tier 2")
-                await rebuild_node(config, tier2, status=notifier.status)
+                await _recover(config, tier2, notifier)
             # Refused if this node id was taken over (a higher epoch), if its
             # epoch is another process's (a copied data directory), or while
             # another process of it still runs; waits out a previous lease.
@@ -373,6 +425,12 @@ async def run_daemon(
                 container = node.container
                 lease = container.lease
                 assert isinstance(lease, Lease)
+                replicator = None
+                if config.replication.write_quorum > 1:
+                    # Changes wait for the replicas from the start: not one is
+                    # acknowledged on this disk alone (`Replicator.check`).
+                    replicator = _replicator(config, tier2, node)
+                    container.lease = replicator
                 if recover_from_tier2 and node.storage_writer is not None:
                     # The rebuilt metadata is the base every later recovery and
                     # follower must use, before anything a fenced process left.
@@ -396,6 +454,14 @@ async def run_daemon(
                         address_of=cluster.address_of,
                         deadline=min(config.tier2.retry_deadline, 10.0),
                     )
+                replicas = None
+                if config.tier2.url != "embedded":
+                    # Every node of a cluster may hold others' journals.
+                    replicas = ReplicaStore(
+                        config.node.id, pathlib.Path(config.node.data_dir) / "replicas",
+                        config.journal,
+                    )  # fmt: skip
+                    await trio.to_thread.run_sync(replicas.open)
                 server = Server(
                     container,
                     config.server,
@@ -406,8 +472,12 @@ async def run_daemon(
                     ),
                     cluster=cluster,
                     claims=claims,
+                    replicas=replicas,
+                    epoch_current=partial(_epoch_current, tier2),
                 )
                 async with service_nursery() as nursery:
+                    if replicas is not None:
+                        await nursery.start(replicas.run)
                     collector = None
                     if config.metrics.listen:
                         from gateway.metrics import GatewayCollector, MetricsServer
@@ -426,6 +496,14 @@ async def run_daemon(
                     await nursery.start(
                         cluster.run, advertise_address(config, host, port), node.journal.epoch
                     )
+                    if replicator is not None:
+                        replicator.attach_candidates(partial(_up_peers, cluster))
+                        await nursery.start(replicator.run)
+                        if collector is not None:
+                            collector.replicator = replicator
+                    if collector is not None:
+                        collector.replicas = replicas
+                    server.replicator = replicator
                     log.info("ready: %d segment(s), listening on %s:%d",
                              container.segment_count, host, port)  # fmt: skip
                     if ready_file is not None:

@@ -310,6 +310,33 @@ any node)"""
         self.owner_address = owner_address
 
 
+class ReplicaFenced(Unavailable):
+    """replica {} refuses epoch {} of node {}: a recovery fenced epochs below {} (this \
+process was taken over; stop it)"""
+
+    exit_code = 46
+    wire_code = "REPLICA_FENCED"
+
+
+class ReplicaGap(BadRequest):
+    """replica log of node {} epoch {} expects sequence {}, not {}"""
+
+    wire_code = "REPLICA_GAP"
+
+    def __init__(self, source: str, epoch: int, expected: int, got: int) -> None:
+        super().__init__(source, epoch, expected, got)
+        #: The next sequence the log expects (0: it holds no log of that epoch).
+        self.expected_offset = expected
+
+
+class NoQuorum(Unavailable):
+    """not acknowledged: {} (replication.ack_quorum); the operation may still become \
+durable once enough replicas answer -- retry, an exactly-once writer resends only what \
+is missing"""
+
+    exit_code = 47
+
+
 class SegmentExistsElsewhere(SegmentExists):
     """segment {!r} already exists on node {}"""
 
@@ -382,7 +409,7 @@ BY_WIRE_CODE: dict[str, type[GatewayError]] = {
     for cls in (
         GatewayError, TooLarge, SegmentNotFound, SegmentExists, SegmentSealed, BadOffset,
         ConditionalCheckFailed, BadAttributeUpdate, InvalidName, Overloaded, Unauthorized,
-        SegmentTruncated, NotOwner, OwnerDown,
+        SegmentTruncated, NotOwner, OwnerDown, ReplicaFenced, ReplicaGap,
         LimitExceeded, Unavailable, BadRequest, ProtocolError, Unsupported, Tier2Error,
         NotATransaction, TransactionTimedOut, TransactionAborted, TransactionCommitted,
     )

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from gateway.cluster.claims import NameClaims
     from gateway.cluster.view import ClusterView
     from gateway.node import Node
+    from gateway.replication.replicator import Replicator
+    from gateway.replication.store import ReplicaStore
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,9 @@ class GatewayCollector(Collector):
         self.cluster: ClusterView | None = None
         #: Cluster-wide name claims (None with an embedded Tier 2).
         self.claims: NameClaims | None = None
+        #: This node's journal's replication, and the replicas it holds (None: none).
+        self.replicator: Replicator | None = None
+        self.replicas: ReplicaStore | None = None
 
     def collect(self) -> Iterator[Metric]:
         """One scrape."""
@@ -145,6 +150,7 @@ class GatewayCollector(Collector):
         yield from self._embedded_s3()
         yield from self._fuse()
         yield from self._cluster()
+        yield from self._replication()
 
     def _tier2(self) -> Iterator[Metric]:
         writer = self.node.storage_writer
@@ -259,6 +265,75 @@ class GatewayCollector(Collector):
                 f"{name}_last_exit_status",
                 "Status of its last unasked-for exit (negative: killed by that signal)",
                 value=s.last_exit_status,
+            )
+
+    def _replication(self) -> Iterator[Metric]:
+        g, counter = GaugeMetricFamily, CounterMetricFamily
+        r = self.replicator
+        if r is not None:
+            st = r.statistics()
+            yield g(
+                f"{PREFIX}_replication_quorum",
+                "1 while an ack quorum of this node's ensemble answers (appends can be acked)",
+                value=int(st.has_quorum),
+            )
+            yield g(
+                f"{PREFIX}_replication_ensemble_size",
+                "Peers recorded in this node's ensemble",
+                value=len(st.members),
+            )
+            yield counter(
+                f"{PREFIX}_replication_ensemble_changes",
+                "Ensemble changes recorded in Tier 2",
+                value=st.ensemble_changes,
+            )
+            yield counter(
+                f"{PREFIX}_replication_quorum_failures",
+                "Changes answered NoQuorum (no ack quorum within replication.ack_timeout)",
+                value=st.quorum_failures,
+            )
+            lag = g(
+                f"{PREFIX}_replication_peer_lag_operations",
+                "Journal operations written here and not yet durable on the peer",
+                labels=["peer", "member"],
+            )
+            live = g(
+                f"{PREFIX}_replication_peer_up",
+                "1 while the peer answers replica writes",
+                labels=["peer", "member"],
+            )
+            errors = counter(
+                f"{PREFIX}_replication_peer_errors",
+                "Replica connections that failed or timed out",
+                labels=["peer"],
+            )
+            for p in st.peers:
+                member = str(int(p.member))
+                lag.add_metric([p.node, member], p.lag)
+                live.add_metric([p.node, member], int(p.live))
+                errors.add_metric([p.node], p.errors)
+            yield lag
+            yield live
+            yield errors
+        store = self.replicas
+        if store is not None:
+            rs = store.statistics()
+            held = g(
+                f"{PREFIX}_replicas_bytes",
+                "Bytes of other nodes' journals held here",
+                labels=["source"],
+            )
+            for source, (_, nbytes, _) in rs.sources.items():
+                held.add_metric([source], nbytes)
+            yield held
+            yield counter(f"{PREFIX}_replica_writes", "Replica writes stored", value=rs.writes)
+            yield counter(
+                f"{PREFIX}_replica_write_bytes", "Replica bytes stored", value=rs.write_bytes
+            )
+            yield counter(
+                f"{PREFIX}_replica_refusals",
+                "Replica writes refused (fenced epochs, gaps, a full disk)",
+                value=rs.refused,
             )
 
     def _cluster(self) -> Iterator[Metric]:

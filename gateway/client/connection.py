@@ -40,7 +40,7 @@ def error_from_wire(err: wire.Error) -> GatewayError:
     """The exception for an Error response."""
     cls = BY_WIRE_CODE.get(wire.ErrorCode.Name(err.code), GatewayError)
     e = cls.from_text(err.message)
-    if err.code in (wire.BAD_OFFSET, wire.SEGMENT_TRUNCATED):
+    if err.code in (wire.BAD_OFFSET, wire.SEGMENT_TRUNCATED, wire.REPLICA_GAP):
         e.expected_offset = err.expected_offset  # type: ignore[attr-defined]
     if err.code == wire.CONDITIONAL_CHECK_FAILED:
         e.last_event_number = err.last_event_number  # type: ignore[attr-defined]

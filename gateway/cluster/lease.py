@@ -124,6 +124,15 @@ class Lease:
             return math.inf
         return max(0.0, self.valid_until - self.clock())
 
+    @property
+    def ack_timeout(self) -> float:
+        """A lease bounds nothing: durable in the local journal is durable."""
+        return 0.0
+
+    def not_acknowledged(self) -> GatewayError:
+        """Never needed (`ack_timeout` is 0); for the `LeaseGate` protocol."""
+        return Unavailable("not acknowledged")
+
     def check(self) -> None:
         """Raise unless held (NodeFenced once fenced, else LeaseLost)."""
         if self.held():

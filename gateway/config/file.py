@@ -23,6 +23,7 @@ from gateway.config.sections import (
     LoggingConfig,
     MetricsConfig,
     NodeConfig,
+    ReplicationConfig,
     ServerConfig,
     StreamsConfig,
     Tier2Config,
@@ -47,6 +48,7 @@ class Config:
     journal: JournalConfig = field(default_factory=JournalConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     streams: StreamsConfig = field(default_factory=StreamsConfig)
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
 
     @property
     def journal_dir(self) -> pathlib.Path:
@@ -185,6 +187,17 @@ def _cross_checks(c: Config, check_files: bool = True) -> list[str]:
         )
     if 0 < cl.lease < 0.2:
         errors.append(f"cluster.lease: {cl.lease:g}s is too short to renew (0 turns it off)")
+    r = c.replication
+    if r.ack_quorum > r.write_quorum:
+        errors.append(
+            f"replication.ack_quorum: {r.ack_quorum} is above replication.write_quorum "
+            f"({r.write_quorum})"
+        )
+    if r.write_quorum > 1 and c.tier2.url == "embedded":
+        errors.append(
+            f"replication.write_quorum: {r.write_quorum} needs other nodes, and an embedded "
+            'Tier 2 (tier2.url = "embedded") is this node\'s alone: use a shared bucket'
+        )
     if c.metrics.listen and _same_listener(c.server.listen, c.metrics.listen):
         errors.append(f"metrics.listen: same address as server.listen ({c.server.listen})")
     return errors

@@ -282,6 +282,46 @@ class ClusterConfig:
     )
 
 
+@dataclass(frozen=True)
+class ReplicationConfig:
+    """``[replication]``: the journal's copies on other nodes (BookKeeper's quorums)."""
+
+    write_quorum: int = _key(
+        1,
+        _int_in(1, 15),
+        "nodes that hold each journal write group, this node's own disk included "
+        "(1 = no replication)",
+    )
+    ack_quorum: int = _key(
+        0,
+        _int_in(0, 15),
+        "copies synced before an append is acknowledged, this node's own included "
+        "(0 = a majority of write_quorum)",
+    )
+    ack_timeout: float = _key(
+        30.0,
+        _duration_in(0.1, 86400),
+        "a change not on ack_quorum copies within this is answered NoQuorum "
+        "(it may still become durable)",
+    )
+    peer_timeout: float = _key(
+        3.0,
+        _duration_in(0.1, 3600),
+        "a replica that leaves a write unanswered this long is out of the ensemble "
+        "until it catches up",
+    )
+    lag_bytes: int = _key(
+        64 * MiB,
+        _size_in(1 * MiB, 64 * GiB),
+        "a replica further behind than this catches up from the journal files, not memory",
+    )
+
+    @property
+    def acks(self) -> int:
+        """The ack quorum in force: ``ack_quorum``, or a majority of ``write_quorum``."""
+        return self.ack_quorum or self.write_quorum // 2 + 1
+
+
 #: The largest value of each stream policy (``StreamPolicy`` field -> bound),
 #: whether a ``[streams]`` default, a ``stream create|set`` option or a request.
 STREAM_POLICY_MAX = {

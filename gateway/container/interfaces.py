@@ -14,7 +14,7 @@ from typing import Protocol
 
 from gateway.buffers import Buffer
 from gateway.container.segment import Segment
-from gateway.errors import JournalError
+from gateway.errors import GatewayError, JournalError
 from gateway.journal import JournalStatistics
 from gateway.protocol.metadata_pb2 import AttributeIndexRecord, ChunkRecord
 
@@ -178,3 +178,14 @@ class LeaseGate(Protocol):
 
     def check(self) -> None:
         """Raise `gateway.errors.Unavailable` (a `LeaseLost`) saying why, unless held."""
+
+    @property
+    def ack_timeout(self) -> float:
+        """How long an acknowledgement may wait to be durable (0: without bound).
+
+        A replicated journal (`gateway.replication`) waits for an ack quorum
+        of copies; past this, the change is answered `not_acknowledged`.
+        """
+
+    def not_acknowledged(self) -> GatewayError:
+        """The error for a change not durable within `ack_timeout`."""

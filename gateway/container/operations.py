@@ -18,6 +18,7 @@ conditions under which nothing may change (closing, fenced, no lease).
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -101,8 +102,16 @@ class PendingOperation:
     async def wait(self) -> Any:
         """Wait until durable and applied; return the result or raise the error."""
         if self.ticket is not None:
-            with suppress(JournalError):  # settle maps it
-                await self.ticket.wait()
+            lease = self._queue.lease
+            timeout = lease.ack_timeout if lease is not None and not self.internal else 0.0
+            with trio.move_on_after(timeout or math.inf) as waited:
+                with suppress(JournalError):  # settle maps it
+                    await self.ticket.wait()
+            if waited.cancelled_caught:
+                # Replicated, and no ack quorum in time: not acknowledged. The
+                # operation stays queued and may still become durable.
+                assert lease is not None
+                raise lease.not_acknowledged()
             self._queue.settle()
         if self.error is not None:
             raise self.error

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 from dataclasses import dataclass
+from typing import Protocol
 
 import trio
 
@@ -11,7 +12,22 @@ from gateway.buffers import Buffer
 from gateway.errors import JournalError
 from gateway.journal.files import JournalFile
 
-__all__ = ["JournalStatistics", "Ticket", "WriteGroup"]
+__all__ = ["JournalStatistics", "ReplicationSink", "Ticket", "WriteGroup"]
+
+
+class ReplicationSink(Protocol):
+    """Where a replicated journal sends its write groups (`gateway.replication`).
+
+    The journal knows nothing of peers: it hands each written group's frames
+    over and, before a group counts as durable, waits until the sink says
+    enough copies are synced.
+    """
+
+    def written(self, first_sequence: int, end_sequence: int, frames: bytes | None) -> None:
+        """A group was written locally (``frames`` None: read it from the files)."""
+
+    async def wait_replicated(self, end_sequence: int) -> None:
+        """Return once every operation below ``end_sequence`` is on an ack quorum."""
 
 
 class WriteGroup:
@@ -19,7 +35,7 @@ class WriteGroup:
 
     __slots__ = (
         "count", "created", "data_at", "done", "ends", "error", "file", "first_sequence",
-        "nbytes", "parts", "path", "reserved", "roll", "sizes",
+        "frames", "nbytes", "parts", "path", "replicated", "reserved", "roll", "sizes",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -46,6 +62,10 @@ class WriteGroup:
         self.file: JournalFile | None = None
         self.path: pathlib.Path | None = None
         self.data_at: list[int] = []
+        #: Written while the journal is replicated: its frames, byte for byte,
+        #: for the peers, and the syncer waits for the ack quorum too.
+        self.replicated = False
+        self.frames: bytes | None = None
 
 
 class Ticket:

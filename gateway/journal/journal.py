@@ -55,7 +55,7 @@ from gateway.journal.files import (
     fsync_directory,
 )
 from gateway.journal.format import HEADER_SIZE, encode_group, last_part_offsets, operation_prefix
-from gateway.journal.groups import JournalStatistics, Ticket, WriteGroup
+from gateway.journal.groups import JournalStatistics, ReplicationSink, Ticket, WriteGroup
 from gateway.journal.reader import DataCallback, ReplayCallback, ReplayResult, replay_journal
 from gateway.journal.space import SpaceKeeper
 from gateway.protocol.journal_pb2 import Checkpoint, EpochStarted, Operation
@@ -122,6 +122,9 @@ class Journal:
         self.group_bytes = Histogram(SIZE_BUCKETS)
         self._frames_since_checkpoint = 0
         self._bytes_since_checkpoint = 0
+        #: Set once the node replicates its journal: every group written from
+        #: then on goes to it and is durable only once on an ack quorum.
+        self.replication: ReplicationSink | None = None
 
     # -- appending -----------------------------------------------------------
 
@@ -294,6 +297,10 @@ class Journal:
         self._pending_checkpoints.append(ticket)
         return ticket
 
+    def files(self) -> list[tuple[int, pathlib.Path]]:
+        """(first sequence, path) of every journal file, oldest first."""
+        return [(f.first_sequence, f.path) for f in self._files]
+
     def oldest_file(self) -> int:
         """First sequence number of the oldest journal file (0 if none)."""
         return self._files[0].first_sequence if self._files else 0
@@ -434,6 +441,16 @@ class Journal:
                     self._synced_one()
                     self._wake_committer()
                     return
+                if group.replicated and self.replication is not None:
+                    # Durable here; durable for the node once on an ack quorum.
+                    try:
+                        await self.replication.wait_replicated(group.first_sequence + group.count)
+                    except JournalError as e:
+                        # Replication stopped (the node is stopping): never
+                        # acknowledged; the next start replays it from here.
+                        self._settle(group, e)
+                        self._synced_one()
+                        continue
                 self._operations += group.count
                 self._operation_bytes += group.nbytes
                 if self._pending_checkpoints:
@@ -468,6 +485,7 @@ class Journal:
     async def _write(self, group: WriteGroup) -> bool:
         """Frame and write one group (not synced yet); False if it was refused or failed."""
         first = self._next_sequence
+        group.replicated = self.replication is not None
         try:
             await trio.to_thread.run_sync(self._write_group, group, first, limiter=self._limiter)
         except JournalRefused as e:
@@ -494,6 +512,9 @@ class Journal:
                 self._room.become_short()
         group.first_sequence = first
         self._next_sequence = first + group.count
+        if self.replication is not None:
+            self.replication.written(first, self._next_sequence, group.frames)
+            group.frames = None
         return True
 
     def _write_group(self, group: WriteGroup, first: int) -> None:
@@ -504,6 +525,8 @@ class Journal:
         f = self._allocate(group, first, total)
         base = f.size
         f.write(buffers)
+        if group.replicated:
+            group.frames = b"".join(buffers)
         group.file = f
         group.path = f.path
         group.data_at = [

@@ -23,11 +23,12 @@ past the frame before it. A group never spans files.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import mmap
 import os
 import pathlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -342,3 +343,56 @@ def _repair(
         path.unlink()
     if result.empty_files:
         fsync_directory(directory)
+
+
+def read_groups(
+    files: Sequence[tuple[int, pathlib.Path]], from_sequence: int, limit: int, max_bytes: int
+) -> tuple[bytes, int, bool]:
+    """Whole write groups of frames, byte for byte, from ``from_sequence`` (a group's first
+    sequence) up to ``limit``: (frames, the next sequence, whether ``limit`` was reached).
+
+    ``files`` are (first sequence, path) of a journal's files, oldest first.
+    At least one group is returned when there is one, even past
+    ``max_bytes``; frames past a bad one (a write in progress) are not read.
+    A file deleted meanwhile ends the read early.
+    """
+    out: list[bytes] = []
+    size = 0
+    seq = from_sequence
+    starts = [first for first, _ in files]
+    index = max(0, bisect.bisect_right(starts, from_sequence) - 1)
+    for _, path in files[index:]:
+        try:
+            with mapped(path) as data:
+                group: list[bytes] = []
+                group_seq = -1
+                group_end = seq
+                for item in read_frames(data, path):
+                    if isinstance(item, FileEnd):
+                        break
+                    h = item.header
+                    if h.end_sequence <= seq:
+                        continue
+                    if h.group_sequence != group_seq and group:
+                        if size and size + sum(map(len, group)) > max_bytes:
+                            return b"".join(out), seq, False
+                        out.extend(group)
+                        size += sum(map(len, group))
+                        seq = group_end
+                        group = []
+                    if h.first_sequence >= limit:
+                        break
+                    group_seq = h.group_sequence
+                    group.append(bytes(data[item.offset : item.end_offset]))
+                    group_end = h.end_sequence
+                if group:
+                    if size and size + sum(map(len, group)) > max_bytes:
+                        return b"".join(out), seq, False
+                    out.extend(group)
+                    size += sum(map(len, group))
+                    seq = group_end
+        except FileNotFoundError:
+            break
+        if seq >= limit:
+            break
+    return b"".join(out), seq, seq >= limit

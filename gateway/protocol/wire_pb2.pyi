@@ -68,6 +68,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRANSACTION_TIMED_OUT: _ClassVar[ErrorCode]
     TRANSACTION_ABORTED: _ClassVar[ErrorCode]
     TRANSACTION_COMMITTED: _ClassVar[ErrorCode]
+    REPLICA_FENCED: _ClassVar[ErrorCode]
+    REPLICA_GAP: _ClassVar[ErrorCode]
 PROTOCOL_VERSION_UNSPECIFIED: ProtocolVersion
 PROTOCOL_VERSION_1: ProtocolVersion
 STREAM_GET: StreamAction
@@ -111,9 +113,11 @@ NOT_A_TRANSACTION: ErrorCode
 TRANSACTION_TIMED_OUT: ErrorCode
 TRANSACTION_ABORTED: ErrorCode
 TRANSACTION_COMMITTED: ErrorCode
+REPLICA_FENCED: ErrorCode
+REPLICA_GAP: ErrorCode
 
 class Request(_message.Message):
-    __slots__ = ("request_id", "hello", "create", "append", "seal", "truncate", "delete", "update_attributes", "get_info", "list", "get_attributes", "read", "flush", "fsck", "export_metadata", "get_record", "cluster", "stream", "transaction")
+    __slots__ = ("request_id", "hello", "create", "append", "seal", "truncate", "delete", "update_attributes", "get_info", "list", "get_attributes", "read", "flush", "fsck", "export_metadata", "get_record", "cluster", "stream", "transaction", "replica_write", "replica_fence", "replica_read")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +137,9 @@ class Request(_message.Message):
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_WRITE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FENCE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_READ_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     hello: Hello
     create: CreateSegmentRequest
@@ -152,7 +159,88 @@ class Request(_message.Message):
     cluster: ClusterRequest
     stream: StreamRequest
     transaction: TransactionRequest
-    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., create: _Optional[_Union[CreateSegmentRequest, _Mapping]] = ..., append: _Optional[_Union[AppendRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., truncate: _Optional[_Union[TruncateRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteRequest, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributesRequest, _Mapping]] = ..., get_info: _Optional[_Union[GetInfoRequest, _Mapping]] = ..., list: _Optional[_Union[ListSegmentsRequest, _Mapping]] = ..., get_attributes: _Optional[_Union[GetAttributesRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ..., flush: _Optional[_Union[FlushRequest, _Mapping]] = ..., fsck: _Optional[_Union[FsckRequest, _Mapping]] = ..., export_metadata: _Optional[_Union[ExportMetadataRequest, _Mapping]] = ..., get_record: _Optional[_Union[GetRecordRequest, _Mapping]] = ..., cluster: _Optional[_Union[ClusterRequest, _Mapping]] = ..., stream: _Optional[_Union[StreamRequest, _Mapping]] = ..., transaction: _Optional[_Union[TransactionRequest, _Mapping]] = ...) -> None: ...
+    replica_write: ReplicaWriteRequest
+    replica_fence: ReplicaFenceRequest
+    replica_read: ReplicaReadRequest
+    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., create: _Optional[_Union[CreateSegmentRequest, _Mapping]] = ..., append: _Optional[_Union[AppendRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., truncate: _Optional[_Union[TruncateRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteRequest, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributesRequest, _Mapping]] = ..., get_info: _Optional[_Union[GetInfoRequest, _Mapping]] = ..., list: _Optional[_Union[ListSegmentsRequest, _Mapping]] = ..., get_attributes: _Optional[_Union[GetAttributesRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ..., flush: _Optional[_Union[FlushRequest, _Mapping]] = ..., fsck: _Optional[_Union[FsckRequest, _Mapping]] = ..., export_metadata: _Optional[_Union[ExportMetadataRequest, _Mapping]] = ..., get_record: _Optional[_Union[GetRecordRequest, _Mapping]] = ..., cluster: _Optional[_Union[ClusterRequest, _Mapping]] = ..., stream: _Optional[_Union[StreamRequest, _Mapping]] = ..., transaction: _Optional[_Union[TransactionRequest, _Mapping]] = ..., replica_write: _Optional[_Union[ReplicaWriteRequest, _Mapping]] = ..., replica_fence: _Optional[_Union[ReplicaFenceRequest, _Mapping]] = ..., replica_read: _Optional[_Union[ReplicaReadRequest, _Mapping]] = ...) -> None: ...
+
+class ReplicaWriteRequest(_message.Message):
+    __slots__ = ("source", "epoch", "first_sequence", "frames", "truncate_before", "start", "caught_up", "drop_epochs_before")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    CAUGHT_UP_FIELD_NUMBER: _ClassVar[int]
+    DROP_EPOCHS_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    epoch: int
+    first_sequence: int
+    frames: bytes
+    truncate_before: int
+    start: bool
+    caught_up: bool
+    drop_epochs_before: int
+    def __init__(self, source: _Optional[str] = ..., epoch: _Optional[int] = ..., first_sequence: _Optional[int] = ..., frames: _Optional[bytes] = ..., truncate_before: _Optional[int] = ..., start: _Optional[bool] = ..., caught_up: _Optional[bool] = ..., drop_epochs_before: _Optional[int] = ...) -> None: ...
+
+class ReplicaFenceRequest(_message.Message):
+    __slots__ = ("source", "epoch")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    epoch: int
+    def __init__(self, source: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class ReplicaReadRequest(_message.Message):
+    __slots__ = ("source", "epoch", "from_sequence", "max_bytes")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FROM_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    epoch: int
+    from_sequence: int
+    max_bytes: int
+    def __init__(self, source: _Optional[str] = ..., epoch: _Optional[int] = ..., from_sequence: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class ReplicaWriteResponse(_message.Message):
+    __slots__ = ("next_sequence",)
+    NEXT_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    next_sequence: int
+    def __init__(self, next_sequence: _Optional[int] = ...) -> None: ...
+
+class ReplicaLogInfo(_message.Message):
+    __slots__ = ("epoch", "start", "next", "caught_up")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
+    CAUGHT_UP_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    start: int
+    next: int
+    caught_up: bool
+    def __init__(self, epoch: _Optional[int] = ..., start: _Optional[int] = ..., next: _Optional[int] = ..., caught_up: _Optional[bool] = ...) -> None: ...
+
+class ReplicaHoldings(_message.Message):
+    __slots__ = ("node", "fenced_below", "logs")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    FENCED_BELOW_FIELD_NUMBER: _ClassVar[int]
+    LOGS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    fenced_below: int
+    logs: _containers.RepeatedCompositeFieldContainer[ReplicaLogInfo]
+    def __init__(self, node: _Optional[str] = ..., fenced_below: _Optional[int] = ..., logs: _Optional[_Iterable[_Union[ReplicaLogInfo, _Mapping]]] = ...) -> None: ...
+
+class ReplicaFrames(_message.Message):
+    __slots__ = ("frames", "next_sequence", "end")
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    frames: bytes
+    next_sequence: int
+    end: bool
+    def __init__(self, frames: _Optional[bytes] = ..., next_sequence: _Optional[int] = ..., end: _Optional[bool] = ...) -> None: ...
 
 class StreamPolicy(_message.Message):
     __slots__ = ("roll_size", "roll_age_ms", "retain_size", "retain_age_ms", "reset")
@@ -397,7 +485,7 @@ class ReadRequest(_message.Message):
     def __init__(self, segment: _Optional[str] = ..., offset: _Optional[int] = ..., max_length: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class Response(_message.Message):
-    __slots__ = ("request_id", "error", "hello", "append", "info", "list", "attributes", "done", "read", "fsck", "metadata", "record", "cluster", "stream", "streams", "transaction")
+    __slots__ = ("request_id", "error", "hello", "append", "info", "list", "attributes", "done", "read", "fsck", "metadata", "record", "cluster", "stream", "streams", "transaction", "replica_write", "replica_holdings", "replica_frames")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
@@ -414,6 +502,9 @@ class Response(_message.Message):
     STREAM_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_WRITE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_HOLDINGS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FRAMES_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     error: Error
     hello: HelloResponse
@@ -430,7 +521,10 @@ class Response(_message.Message):
     stream: StreamInfo
     streams: StreamList
     transaction: TransactionInfo
-    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., hello: _Optional[_Union[HelloResponse, _Mapping]] = ..., append: _Optional[_Union[AppendResponse, _Mapping]] = ..., info: _Optional[_Union[SegmentInfo, _Mapping]] = ..., list: _Optional[_Union[SegmentList, _Mapping]] = ..., attributes: _Optional[_Union[Attributes, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., read: _Optional[_Union[ReadResponse, _Mapping]] = ..., fsck: _Optional[_Union[FsckResponse, _Mapping]] = ..., metadata: _Optional[_Union[ExportMetadataResponse, _Mapping]] = ..., record: _Optional[_Union[_metadata_pb2.SegmentRecord, _Mapping]] = ..., cluster: _Optional[_Union[ClusterStatus, _Mapping]] = ..., stream: _Optional[_Union[StreamInfo, _Mapping]] = ..., streams: _Optional[_Union[StreamList, _Mapping]] = ..., transaction: _Optional[_Union[TransactionInfo, _Mapping]] = ...) -> None: ...
+    replica_write: ReplicaWriteResponse
+    replica_holdings: ReplicaHoldings
+    replica_frames: ReplicaFrames
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., hello: _Optional[_Union[HelloResponse, _Mapping]] = ..., append: _Optional[_Union[AppendResponse, _Mapping]] = ..., info: _Optional[_Union[SegmentInfo, _Mapping]] = ..., list: _Optional[_Union[SegmentList, _Mapping]] = ..., attributes: _Optional[_Union[Attributes, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., read: _Optional[_Union[ReadResponse, _Mapping]] = ..., fsck: _Optional[_Union[FsckResponse, _Mapping]] = ..., metadata: _Optional[_Union[ExportMetadataResponse, _Mapping]] = ..., record: _Optional[_Union[_metadata_pb2.SegmentRecord, _Mapping]] = ..., cluster: _Optional[_Union[ClusterStatus, _Mapping]] = ..., stream: _Optional[_Union[StreamInfo, _Mapping]] = ..., streams: _Optional[_Union[StreamList, _Mapping]] = ..., transaction: _Optional[_Union[TransactionInfo, _Mapping]] = ..., replica_write: _Optional[_Union[ReplicaWriteResponse, _Mapping]] = ..., replica_holdings: _Optional[_Union[ReplicaHoldings, _Mapping]] = ..., replica_frames: _Optional[_Union[ReplicaFrames, _Mapping]] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
     __slots__ = ("id", "advertise", "state", "epoch", "version", "segments", "unflushed_bytes", "heartbeat_age_ms", "started_at_ms", "self")

@@ -99,6 +99,8 @@ class Connection:
         self._space = trio.Event()
         self.reader_scope = trio.CancelScope()
         self.greeted = False
+        #: What the client called itself in Hello (another node: "segment-gateway-node/ID").
+        self.client_name = ""
         #: Creates whose names are being claimed (in a cluster).
         self.creates = ClaimedCreates()
 

@@ -8,7 +8,7 @@ listener over connection over handlers over routing, registry and answers.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from gateway.container.container import SegmentContainer
     from gateway.fsck.checks import Target
     from gateway.protocol.framing import MessageStream
+    from gateway.replication.replicator import Replicator
+    from gateway.replication.store import ReplicaStore
 
     from .budget import MemoryBudget
 
@@ -42,6 +44,13 @@ class ServerParts(Protocol):
     container_config_max_append: int
     #: Bytes held by requests in flight, across connections.
     memory: MemoryBudget
+    #: Other nodes' journals held here (None: this node keeps no replicas).
+    replicas: ReplicaStore | None
+    #: Whether a source node's epoch is still its current one in Tier 2
+    #: (checked before a replica log starts; None: not checked).
+    epoch_current: Callable[[str, int], Awaitable[bool]] | None
+    #: This node's journal's replication (None: not replicated).
+    replicator: Replicator | None
 
 
 class Peer(Protocol):
@@ -52,4 +61,6 @@ class Peer(Protocol):
     peer: str
     #: Whether the client has said Hello (with the token, if one is required).
     greeted: bool
+    #: What the client called itself in Hello.
+    client_name: str
     messages: MessageStream

@@ -87,6 +87,7 @@ def answer_hello(conn: Peer, rid: int, hello: wire.Hello) -> Item:
         log.warning("connection %s: bad or missing token; closing", conn.peer)
         return error_item(rid, Unauthorized("bad or missing token"), close=True)
     conn.greeted = True
+    conn.client_name = hello.client
     response = wire.Response(
         request_id=rid,
         hello=wire.HelloResponse(

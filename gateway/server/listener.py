@@ -20,7 +20,7 @@ import math
 import os
 import resource
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from gateway.cluster.claims import NameClaims
     from gateway.cluster.view import ClusterView
     from gateway.fsck.checks import Target
+    from gateway.replication.replicator import Replicator
+    from gateway.replication.store import ReplicaStore
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +110,16 @@ class Server:
         fsck_target: Callable[[], Target] | None = None,
         cluster: ClusterView | None = None,
         claims: NameClaims | None = None,
+        replicas: ReplicaStore | None = None,
+        epoch_current: Callable[[str, int], Awaitable[bool]] | None = None,
     ) -> None:
         self.container = container
+        #: Other nodes' journals held here (None: this node keeps no replicas).
+        self.replicas = replicas
+        #: Whether a source's epoch is its current one in Tier 2 (before a log starts).
+        self.epoch_current = epoch_current
+        #: This node's journal's replication (None: not replicated), for the status.
+        self.replicator: Replicator | None = None
         #: Other nodes and their segments (None: this node alone).
         self.cluster = cluster
         #: Cluster-wide name claims (None: names are this node's alone).

@@ -1,0 +1,434 @@
+"""The journal of replicas: other nodes' write groups, kept on this node's disk.
+
+A node that replicates its journal (``replication.write_quorum > 1``) sends
+each write group to its ensemble's peers; each peer keeps it here, in one
+*log* per source node and epoch, never mixed with its own journal::
+
+    <data_dir>/replicas/<source>/FENCE                      epochs below this are refused
+    <data_dir>/replicas/<source>/e<epoch, 20 digits>/<first sequence, 20 digits>.wal
+    <data_dir>/replicas/<source>/e<epoch, 20 digits>/CAUGHT_UP
+
+The files hold the source's frames byte for byte (docs/FORMATS.md,
+"Journal"), so a log is a journal directory `replay_journal` reads, and
+recovery installs one as the rebuilt node's journal. A log holds the frames
+of sequences ``[start, next)``, contiguous, fdatasync'd before a write is
+answered; writes are made durable by one committer task, which writes every
+queued write and then syncs each touched file once (group commit across
+sources, BookKeeper's journal).
+
+Fencing (BookKeeper's recovery read): `fence` records, durably, that the
+source's epochs below a number are refused from now on; a write from such an
+epoch gets `ReplicaFenced`, so a zombie cannot be acknowledged by this node.
+Truncation follows the source: it says where its oldest journal file
+starts, and files holding only earlier frames go. A full disk refuses the
+write (`Overloaded`); the node's own journal keeps its reserve.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pathlib
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+
+import trio
+
+from gateway.config import JournalConfig
+from gateway.errors import (
+    BadRequest,
+    GatewayError,
+    JournalCorrupt,
+    JournalRefused,
+    Overloaded,
+    ReplicaFenced,
+    ReplicaGap,
+)
+from gateway.journal.files import JournalFile, fsync_directory
+from gateway.journal.reader import FileEnd, read_frames, read_groups, replay_journal
+
+log = logging.getLogger(__name__)
+
+FENCE_NAME = "FENCE"
+CAUGHT_UP_NAME = "CAUGHT_UP"
+_EPOCH_DIR = re.compile(r"^e([0-9]{20})$")
+_SOURCE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+#: Frames per read answer unless the reader asks for less.
+READ_BYTES = 4 * 1024 * 1024
+
+
+def epoch_dir_name(epoch: int) -> str:
+    """The directory of one source epoch's log."""
+    return f"e{epoch:020d}"
+
+
+@dataclass
+class ReplicaLog:
+    """One source epoch's log on this node."""
+
+    source: str
+    epoch: int
+    directory: pathlib.Path
+    #: Durable frames: sequences [start, next).
+    start: int = 0
+    next: int = 0
+    caught_up: bool = False
+    #: (first sequence, path) of each file, oldest first.
+    files: list[tuple[int, pathlib.Path]] = field(default_factory=list)
+    active: JournalFile | None = None
+    disk_bytes: int = 0
+    #: The next sequence the queued writes will have reached (checked in order).
+    queued_next: int = 0
+
+
+@dataclass
+class _Write:
+    source: str
+    epoch: int
+    first_sequence: int
+    frames: bytes
+    start: bool
+    caught_up: bool
+    truncate_before: int
+    drop_before: int
+    done: trio.Event = field(default_factory=trio.Event)
+    error: GatewayError | None = None
+    log: ReplicaLog | None = None
+    result: int = 0
+
+
+@dataclass(frozen=True)
+class ReplicaStatistics:
+    """What this node holds for others (metrics, ``segment-gateway cluster``)."""
+
+    #: source -> (epochs held, bytes on disk, fenced below).
+    sources: dict[str, tuple[list[int], int, int]]
+    writes: int
+    write_bytes: int
+    refused: int
+
+
+class ReplicaStore:
+    """The replica logs under one directory; `run` is its committer."""
+
+    def __init__(self, node_id: str, directory: pathlib.Path, config: JournalConfig) -> None:
+        self.node_id = node_id
+        self.directory = directory
+        self._cfg = config
+        self._logs: dict[tuple[str, int], ReplicaLog] = {}
+        self._fences: dict[str, int] = {}
+        self._queue: list[_Write] = []
+        self._wake = trio.Event()
+        self._limiter = trio.CapacityLimiter(1)
+        self._writes = 0
+        self._write_bytes = 0
+        self._refused = 0
+        self._closed = False
+
+    # -- opening ---------------------------------------------------------------
+
+    def open(self) -> None:
+        """Find the logs on disk, cutting torn tails (blocking: call in a thread)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for source_dir in sorted(self.directory.iterdir()):
+            if not source_dir.is_dir() or not _SOURCE.match(source_dir.name):
+                continue
+            source = source_dir.name
+            with contextlib.suppress(OSError, ValueError):
+                self._fences[source] = int((source_dir / FENCE_NAME).read_text().strip())
+            for epoch_dir in sorted(source_dir.iterdir()):
+                m = _EPOCH_DIR.match(epoch_dir.name)
+                if m is None or not epoch_dir.is_dir():
+                    continue
+                epoch = int(m.group(1))
+                try:
+                    found = replay_journal(epoch_dir, repair=True)
+                except JournalCorrupt as e:
+                    # Not this node's data: a damaged copy is dropped, never served.
+                    log.error("replicas: dropping the log of node %s epoch %d: %s",
+                              source, epoch, e)  # fmt: skip
+                    shutil.rmtree(epoch_dir, ignore_errors=True)
+                    continue
+                if not found.files:
+                    continue
+                rl = ReplicaLog(source, epoch, epoch_dir)
+                rl.files = [(f.first_sequence, f.path) for f in found.files]
+                rl.start = rl.files[0][0]
+                rl.next = rl.queued_next = found.next_sequence
+                rl.disk_bytes = found.data_bytes
+                rl.caught_up = (epoch_dir / CAUGHT_UP_NAME).exists()
+                self._logs[(source, epoch)] = rl
+
+    # -- the requests ----------------------------------------------------------
+
+    def fenced_below(self, source: str) -> int:
+        """The source's epochs below this are refused (0: none)."""
+        return self._fences.get(source, 0)
+
+    def submit(
+        self,
+        source: str,
+        epoch: int,
+        first_sequence: int,
+        frames: bytes,
+        *,
+        start: bool = False,
+        caught_up: bool = False,
+        truncate_before: int = 0,
+        drop_before: int = 0,
+    ) -> _Write:
+        """Queue a write in arrival order; `wait` for it. Fenced epochs are refused at once."""
+        if not _SOURCE.match(source) or epoch <= 0:
+            raise BadRequest(f"replica write for a bad source {source!r} or epoch {epoch}")
+        self._check_fence(source, epoch)
+        w = _Write(source, epoch, first_sequence, frames, start, caught_up,
+                   truncate_before, drop_before)  # fmt: skip
+        self._queue.append(w)
+        self._wake.set()
+        return w
+
+    async def wait(self, w: _Write) -> int:
+        """The log's durable next sequence once ``w`` is written and synced."""
+        await w.done.wait()
+        if w.error is not None:
+            raise w.error
+        return w.result
+
+    async def fence(self, source: str, epoch: int) -> int:
+        """Refuse ``source``'s epochs below ``epoch`` from now on, durably; return the fence."""
+        if not _SOURCE.match(source):
+            raise BadRequest(f"replica fence for a bad source {source!r}")
+        current = self._fences.get(source, 0)
+        if epoch > current:
+            await trio.to_thread.run_sync(self._write_fence, source, epoch, limiter=self._limiter)
+            self._fences[source] = epoch
+            log.warning("replicas: node %s fenced below epoch %d here (a recovery)", source, epoch)
+        return max(current, epoch)
+
+    def holdings(self, source: str) -> list[ReplicaLog]:
+        """The logs held for ``source``, by epoch."""
+        return sorted(
+            (rl for (s, _), rl in self._logs.items() if s == source and rl.next > rl.start),
+            key=lambda rl: rl.epoch,
+        )
+
+    async def read(
+        self, source: str, epoch: int, from_sequence: int, max_bytes: int
+    ) -> tuple[bytes, int, bool]:
+        """Whole frames of a log from ``from_sequence``: (frames, next sequence, end)."""
+        rl = self._logs.get((source, epoch))
+        if rl is None or from_sequence >= rl.next:
+            return b"", from_sequence, True
+        if from_sequence < rl.start:
+            raise BadRequest(
+                f"replica log of node {source} epoch {epoch} starts at {rl.start}, "
+                f"not {from_sequence}"
+            )
+        return await trio.to_thread.run_sync(
+            read_groups, list(rl.files), from_sequence, rl.next, max_bytes or READ_BYTES
+        )
+
+    def statistics(self) -> ReplicaStatistics:
+        """Per source: the epochs held, bytes on disk, the fence."""
+        sources: dict[str, tuple[list[int], int, int]] = {}
+        for (source, epoch), rl in sorted(self._logs.items()):
+            epochs, nbytes, fence = sources.get(source, ([], 0, self.fenced_below(source)))
+            sources[source] = ([*epochs, epoch], nbytes + rl.disk_bytes, fence)
+        for source, fence in self._fences.items():
+            sources.setdefault(source, ([], 0, fence))
+        return ReplicaStatistics(sources, self._writes, self._write_bytes, self._refused)
+
+    # -- the committer ---------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Write and sync queued writes until cancelled."""
+        task_status.started()
+        try:
+            while True:
+                while not self._queue:
+                    self._wake = trio.Event()
+                    await self._wake.wait()
+                batch, self._queue = self._queue, []
+                for w in batch:
+                    try:
+                        self._check_fence(w.source, w.epoch)
+                    except GatewayError as e:
+                        w.error = e
+                await trio.to_thread.run_sync(self._commit, batch, limiter=self._limiter)
+                for w in batch:
+                    if w.error is not None:
+                        self._refused += 1
+                    w.done.set()
+        finally:
+            self._closed = True
+            for w in self._queue:
+                w.error = w.error or Overloaded("this node is stopping")
+                w.done.set()
+            for rl in self._logs.values():
+                if rl.active is not None:
+                    rl.active.close()
+                    rl.active = None
+
+    def _check_fence(self, source: str, epoch: int) -> None:
+        fence = self._fences.get(source, 0)
+        if epoch < fence:
+            raise ReplicaFenced(self.node_id, epoch, source, fence)
+
+    def _commit(self, batch: list[_Write]) -> None:
+        """Write every write of the batch, then sync each touched file once (worker thread)."""
+        touched: dict[int, JournalFile] = {}
+        written: list[_Write] = []
+        for w in batch:
+            if w.error is not None:
+                continue
+            try:
+                f = self._write(w)
+            except GatewayError as e:
+                w.error = e
+                continue
+            except OSError as e:
+                w.error = Overloaded(f"replica write failed: {e.strerror or e}")
+                log.error("replicas: writing node %s epoch %d: %s", w.source, w.epoch, e)
+                continue
+            if f is not None:
+                touched[id(f)] = f
+            written.append(w)
+        failed: set[int] = set()
+        for key, f in touched.items():
+            try:
+                f.sync()
+            except OSError as e:
+                log.critical("replicas: fdatasync of %s failed: %s", f.path, e)
+                failed.add(key)
+        for w in written:
+            rl = w.log
+            assert rl is not None
+            if rl.active is not None and id(rl.active) in failed:
+                w.error = Overloaded("replica fdatasync failed")
+                rl.active.close()
+                rl.active = None
+                continue
+            if w.frames:
+                rl.next = max(rl.next, w.result)
+            w.result = rl.next
+            self._after(w, rl)
+
+    def _write(self, w: _Write) -> JournalFile | None:
+        key = (w.source, w.epoch)
+        rl = self._logs.get(key)
+        if w.start or rl is None:
+            if not w.start and w.frames:
+                raise ReplicaGap(w.source, w.epoch, 0, w.first_sequence)
+            if rl is not None:
+                self._drop_log(rl)
+            directory = self.directory / w.source / epoch_dir_name(w.epoch)
+            if directory.exists():
+                shutil.rmtree(directory)
+            directory.mkdir(parents=True)
+            fsync_directory(directory.parent)
+            rl = ReplicaLog(w.source, w.epoch, directory, w.first_sequence, w.first_sequence)
+            rl.queued_next = w.first_sequence
+            self._logs[key] = rl
+        w.log = rl
+        if not w.frames:
+            w.result = rl.next
+            return None
+        if w.first_sequence != rl.next:
+            raise ReplicaGap(w.source, w.epoch, rl.next, w.first_sequence)
+        end = _check_frames(w.frames, w.epoch, w.first_sequence)
+        f = rl.active
+        if f is None or (f.size > 0 and f.size + len(w.frames) > self._cfg.file_size):
+            if f is not None:
+                f.seal()
+            try:
+                f = JournalFile.create(
+                    rl.directory, w.first_sequence, self._cfg.preallocate_step, len(w.frames)
+                )
+            except JournalRefused as e:
+                rl.active = None
+                raise Overloaded(f"replica disk full: {e}") from e
+            rl.active = f
+            rl.files.append((w.first_sequence, f.path))
+        try:
+            f.ensure_space(len(w.frames))
+        except JournalRefused as e:
+            raise Overloaded(f"replica disk full: {e}") from e
+        f.write((w.frames,))
+        rl.disk_bytes += len(w.frames)
+        self._writes += 1
+        self._write_bytes += len(w.frames)
+        w.result = end
+        return f
+
+    def _after(self, w: _Write, rl: ReplicaLog) -> None:
+        """Markers, truncation and dropped epochs once a write is durable (worker thread)."""
+        if w.caught_up and not rl.caught_up:
+            marker = rl.directory / CAUGHT_UP_NAME
+            marker.write_text(f"{rl.next}\n")
+            fsync_directory(rl.directory)
+            rl.caught_up = True
+        if w.truncate_before:
+            self._truncate(rl, w.truncate_before)
+        if w.drop_before:
+            for (source, epoch), other in list(self._logs.items()):
+                if source == w.source and epoch < w.drop_before:
+                    self._drop_log(other)
+                    shutil.rmtree(other.directory, ignore_errors=True)
+                    log.info("replicas: dropped node %s epoch %d (superseded)", source, epoch)
+
+    def _truncate(self, rl: ReplicaLog, before: int) -> None:
+        # A file may go when the next one starts at or before the limit.
+        doomed = []
+        while len(rl.files) >= 2 and rl.files[1][0] <= before:
+            doomed.append(rl.files.pop(0))
+        for _, path in doomed:
+            try:
+                rl.disk_bytes -= path.stat().st_size
+                path.unlink()
+            except FileNotFoundError:
+                pass
+        if doomed:
+            rl.start = rl.files[0][0]
+            fsync_directory(rl.directory)
+
+    def _drop_log(self, rl: ReplicaLog) -> None:
+        if rl.active is not None:
+            rl.active.close()
+            rl.active = None
+        self._logs.pop((rl.source, rl.epoch), None)
+
+    def _write_fence(self, source: str, epoch: int) -> None:
+        directory = self.directory / source
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".fence.")
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{epoch}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, directory / FENCE_NAME)
+        fsync_directory(directory)
+
+
+def _check_frames(frames: bytes, epoch: int, first_sequence: int) -> int:
+    """Validate whole frames of ``epoch`` from ``first_sequence``; return the next sequence."""
+    seq = first_sequence
+    where = pathlib.Path("<replica write>")
+    for item in read_frames(frames, where):
+        if isinstance(item, FileEnd):
+            if item.reason is not None:
+                raise BadRequest(f"replica write holds a bad frame at {item.offset}: {item.reason}")
+            break
+        h = item.header
+        # A catch-up carries the source's older epochs' frames too.
+        if h.epoch > epoch or h.first_sequence != seq:
+            raise BadRequest(
+                f"replica write frame at {item.offset} has epoch {h.epoch} sequence "
+                f"{h.first_sequence}, expected at most epoch {epoch} and sequence {seq}"
+            )
+        seq = h.end_sequence
+    if seq == first_sequence:
+        raise BadRequest("replica write holds no frame")
+    return seq
