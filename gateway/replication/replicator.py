@@ -203,7 +203,10 @@ class Replicator:
     def _replicated(self, end: int) -> bool:
         if self.acks_needed <= 0:
             return True
-        have = sum(1 for m in self.members if (p := self.peers.get(m)) and p.acked >= end)
+        # Only caught-up logs count: a recovery installs only such a log.
+        have = sum(
+            1 for m in self.members if (p := self.peers.get(m)) and p.caught_up and p.acked >= end
+        )
         return have >= self.acks_needed
 
     def _wake(self) -> None:
@@ -470,13 +473,18 @@ class Replicator:
                         frames=frames, truncate_before=oldest, start=start, caught_up=caught,
                         drop_epochs_before=self._dropped_before,
                     )  # fmt: skip
-                    start = False
                     told_truncate, told_drop = oldest, self._dropped_before
                     await self._wait_window(peer)
                     fut = await client.start(_request(req))
                     peer.unanswered.append((len(frames), end, trio.current_time()))
                     peer.sent = end
                     await answers.send((fut, end, caught))
+                    if start:
+                        # The replica checks a new log's epoch in Tier 2 before
+                        # taking it: nothing more until it has.
+                        start = False
+                        while peer.unanswered:
+                            await self._progress.wait()
                     continue
                 if oldest != told_truncate or self._dropped_before != told_drop:
                     req = wire.ReplicaWriteRequest(

@@ -305,7 +305,8 @@ class ReplicaStore:
                 failed.add(key)
         for w in written:
             rl = w.log
-            assert rl is not None
+            if rl is None:
+                continue  # nothing held, nothing to do
             if rl.active is not None and id(rl.active) in failed:
                 w.error = Overloaded("replica fdatasync failed")
                 rl.active.close()
@@ -319,9 +320,11 @@ class ReplicaStore:
     def _write(self, w: _Write) -> JournalFile | None:
         key = (w.source, w.epoch)
         rl = self._logs.get(key)
-        if w.start or rl is None:
-            if not w.start and w.frames:
+        if rl is None and not w.start:
+            if w.frames:
                 raise ReplicaGap(w.source, w.epoch, 0, w.first_sequence)
+            return None  # truncation of a log this node does not hold
+        if w.start or rl is None:
             if rl is not None:
                 self._drop_log(rl)
             directory = self.directory / w.source / epoch_dir_name(w.epoch)
