@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import pathlib
 import signal
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
+from gateway.client.sync import SyncClient
 from gateway.embedded import EmbeddedS3
 from gateway.errors import GatewayError, NoQuorum
-from tests.helpers.daemon import scrape
+from tests.helpers.daemon import free_port, scrape
 from tests.helpers.replicated import ReplicatedCluster
+from tests.helpers.s3proxy import S3FaultProxy
 from tests.helpers.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -99,3 +103,87 @@ def test_below_ack_quorum_nothing_is_acknowledged(cluster: ReplicatedCluster) ->
         data = c.read("q", 0, 100).data
         # "two" was not acknowledged; it may or may not have become durable.
         assert data in (b"one\nthree\n", b"one\ntwo\nthree\n")
+
+
+@pytest.fixture
+def proxy(seaweedfs: EmbeddedS3) -> Iterator[S3FaultProxy]:
+    with S3FaultProxy(seaweedfs.endpoint_url) as p:
+        yield p
+
+
+class _Appender:
+    """Appends lines to one segment in a thread, keeping what was acknowledged."""
+
+    def __init__(self, client: SyncClient, segment: str) -> None:
+        self.client = client
+        self.segment = segment
+        self.acked = bytearray()
+        self.errors: list[GatewayError] = []
+        self.acked_at: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            data = f"line {i:07d}\n".encode()
+            try:
+                self.client.append(self.segment, data)
+            except GatewayError as e:
+                self.errors.append(e)
+                time.sleep(0.05)
+                continue
+            self.acked += data
+            self.acked_at.append(time.monotonic())
+            i += 1
+
+    def __enter__(self) -> _Appender:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+@pytest.mark.expect_errors("cluster: .*", "replication: .*", "connection .*", "tier2.*", "lease.*")
+def test_a_zombie_cut_off_from_s3_keeps_acking_until_fenced_at_the_replicas(
+    tmp_path: pathlib.Path, seaweedfs: EmbeddedS3, proxy: S3FaultProxy
+) -> None:
+    """Cut off from S3 only, the owner keeps acknowledging (its replicas answer); once a
+    takeover fences it at the replicas it acknowledges nothing more, and every byte it
+    did acknowledge is on the new owner."""
+    c = ReplicatedCluster(tmp_path, seaweedfs, endpoints={"node-a": proxy.endpoint_url})
+    new = None
+    try:
+        c.start()
+        with c.client("node-a") as first:
+            first.create("z")
+        zombie = SyncClient(c.daemons["node-a"].address)
+        with zombie, _Appender(zombie, "z") as app:
+            wait_for(lambda: len(app.acked) > 2000, 30, "appends before the cut")
+            proxy.set_upstream(f"http://127.0.0.1:{free_port()}")
+            proxy.drop(None)
+            cut_at = time.monotonic()
+            # Past the lease (2 s): still acknowledging, the replicas answer.
+            wait_for(lambda: app.acked_at[-1] > cut_at + 3.0, 30, "acks after the cut")
+            new = c.replacement("node-a")
+            new.start(timeout=90, serve_args=("--recover-from-tier2",))
+            fenced_at = time.monotonic()
+            # The zombie learns at its next write; nothing is acknowledged after.
+            wait_for(lambda: app.errors and app.acked_at[-1] < time.monotonic() - 1, 30,
+                     "the zombie refused")  # fmt: skip
+            last_ack = app.acked_at[-1]
+            time.sleep(1.0)
+            assert app.acked_at[-1] == last_ack
+        assert any("fenced" in str(e) or "refuses" in str(e) or "taken over" in str(e)
+                   for e in app.errors), app.errors[-3:]  # fmt: skip
+        assert last_ack < fenced_at + 5
+        with SyncClient(new.address) as c2:
+            data = c2.read("z", 0, c2.info("z").length).data
+        # Every acknowledged byte is there, in order; at most writes never acked follow.
+        assert data[: len(app.acked)] == bytes(app.acked)
+    finally:
+        if new is not None:
+            new.stop(timeout=10)
+        c.teardown()

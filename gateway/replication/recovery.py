@@ -52,6 +52,8 @@ from gateway.storage.layer import ChunkLayer
 log = logging.getLogger(__name__)
 
 Connect = Callable[[str], AbstractAsyncContextManager[Client]]
+#: How long a recovery keeps asking members that do not answer.
+RETRY_FOR = 120.0
 
 
 @dataclass(frozen=True)
@@ -90,11 +92,26 @@ async def recover_from_replicas(
     status(f"fencing epoch {fence - 1} of node {node} at its replicas")
     addresses = {r.id: r.advertise for r in await read_registry(tier2) if r.id != node}
     answers = await _fence_all(connect, addresses, node, fence, patience)
-    for ensemble in ensembles:
-        chosen = _choose(ensemble, answers)
-        if chosen is None:
-            continue
-        member, info = chosen
+    # Members that do not answer may be restarting: ask again for a while
+    # before giving up (a recovery without them could miss an acknowledged write).
+    give_up = trio.current_time() + RETRY_FOR
+    while True:
+        try:
+            found = _first_usable(ensembles, answers)
+            break
+        except Unavailable as e:
+            if trio.current_time() >= give_up:
+                raise
+            status(f"{e}; asking again")
+            log.warning("recovery: %s; asking again", e)
+            await trio.sleep(1.0)
+            addresses.update(
+                {r.id: r.advertise for r in await read_registry(tier2) if r.id != node}
+            )
+            missing = {n: a for n, a in addresses.items() if n not in answers}
+            answers.update(await _fence_all(connect, missing, node, fence, patience))
+    if found is not None:
+        ensemble, member, info = found
         status(f"reading the journal of epoch {ensemble.epoch} from {member}")
         nbytes = await _install(config, connect, addresses[member], node, info, fence)
         result = ReplicaRecovery(
@@ -142,15 +159,9 @@ def _choose(
     ensemble: Ensemble, answers: dict[str, wire.ReplicaHoldings]
 ) -> tuple[str, wire.ReplicaLogInfo] | None:
     """The furthest caught-up log of this epoch among enough answering members."""
+    if not ensemble.members:
+        return None
     answered = [m for m in ensemble.members if m in answers]
-    logs = [
-        (m, info)
-        for m in answered
-        for info in answers[m].logs
-        if info.epoch == ensemble.epoch and info.caught_up and info.next > info.start
-    ]
-    if not logs:
-        return None  # this epoch acknowledged nothing: an older one has it all
     need = ensemble.needed_answers()
     if len(answered) < need:
         missing = [m for m in ensemble.members if m not in answers]
@@ -159,7 +170,26 @@ def _choose(
             f"answered, {need} are needed so that nothing acknowledged is missed "
             f"(not answering: {', '.join(missing)}); bring one back and retry"
         )
+    logs = [
+        (m, info)
+        for m in answered
+        for info in answers[m].logs
+        if info.epoch == ensemble.epoch and info.caught_up and info.next > info.start
+    ]
+    if not logs:
+        return None  # this epoch acknowledged nothing: an older one has it all
     return max(logs, key=lambda x: x[1].next)
+
+
+def _first_usable(
+    ensembles: list[Ensemble], answers: dict[str, wire.ReplicaHoldings]
+) -> tuple[Ensemble, str, wire.ReplicaLogInfo] | None:
+    """The newest epoch with a usable log, and that log (Unavailable: too few answers)."""
+    for ensemble in ensembles:
+        chosen = _choose(ensemble, answers)
+        if chosen is not None:
+            return ensemble, chosen[0], chosen[1]
+    return None
 
 
 async def _install(

@@ -44,6 +44,7 @@ class ReplicatedCluster:
         ack_quorum: int = 2,
         mounts: bool = False,
         extra: str = "",
+        endpoints: dict[str, str] | None = None,
     ) -> None:
         from gateway.storage.s3 import S3Storage
 
@@ -61,9 +62,8 @@ class ReplicatedCluster:
         self.env = {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key}
         self.daemons: dict[str, Daemon] = {}
         for n in nodes:
-            text = replicated_config(
-                n, self.bucket, s3.endpoint_url, write_quorum, ack_quorum, extra
-            )
+            endpoint = (endpoints or {}).get(n, s3.endpoint_url)
+            text = replicated_config(n, self.bucket, endpoint, write_quorum, ack_quorum, extra)
             if mounts:
                 self.daemons[n] = MountedDaemon(
                     root / n, root / f"{n}-mnt", config_text=text, env=self.env
@@ -91,6 +91,12 @@ class ReplicatedCluster:
             )
 
         wait_for(full, timeout, f"{node}'s ensemble of {want}")
+
+    def replacement(self, node: str) -> Daemon:
+        """Another host for ``node``: a fresh data dir and port, the real S3 endpoint."""
+        text = replicated_config(node, self.bucket, self.s3.endpoint_url)
+        d = Daemon(self.root / f"{node}-new", text, env=self.env)
+        return d
 
     def client(self, node: str) -> SyncClient:
         """A protocol client connected to ``node``."""
