@@ -302,6 +302,11 @@ class GatewayCollector(Collector):
                 "1 while the peer answers replica writes",
                 labels=["peer", "member"],
             )
+            caught = g(
+                f"{PREFIX}_replication_peer_caught_up",
+                "1 once the peer's log holds this node's whole journal (it counts for acks)",
+                labels=["peer", "member"],
+            )
             errors = counter(
                 f"{PREFIX}_replication_peer_errors",
                 "Replica connections that failed or timed out",
@@ -311,9 +316,11 @@ class GatewayCollector(Collector):
                 member = str(int(p.member))
                 lag.add_metric([p.node, member], p.lag)
                 live.add_metric([p.node, member], int(p.live))
+                caught.add_metric([p.node, member], int(p.caught_up))
                 errors.add_metric([p.node], p.errors)
             yield lag
             yield live
+            yield caught
             yield errors
         store = self.replicas
         if store is not None:

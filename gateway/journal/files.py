@@ -213,6 +213,11 @@ class JournalFile:
         os.ftruncate(self._fd, self.size)
         self.close()
 
+    @property
+    def closed(self) -> bool:
+        """Whether the descriptor is closed (sealed or closed)."""
+        return self._fd < 0
+
     def close(self) -> None:
         """Close the descriptor (idempotent)."""
         if self._fd >= 0:

@@ -163,6 +163,8 @@ class Replicator:
         self._written = trio.Event()
         self._progress = trio.Event()
         self.peers: dict[str, Peer] = {}
+        #: Nodes not tried as spares again until then (trio time): they hung.
+        self._cooldown: dict[str, float] = {}
         #: The recorded ensemble: peers whose logs count for acknowledgements.
         self.members: tuple[str, ...] = ()
         self._recorded = False
@@ -295,8 +297,21 @@ class Replicator:
 
     async def _membership_step(self) -> None:
         now = trio.current_time()
-        up = dict(self._candidates())
         timeout = self.config.peer_timeout
+        up = {n: a for n, a in self._candidates() if self._cooldown.get(n, 0.0) <= now}
+        # A joining peer that has not answered for peer_timeout (a hung or
+        # stopped node) makes room for another spare for a while.
+        for joiner in list(self.peers.values()):
+            if (
+                joiner.node not in self.members
+                and not joiner.live
+                and joiner.down_since is not None
+                and now - joiner.down_since >= timeout
+                and joiner.scope is not None
+            ):
+                joiner.scope.cancel()
+                self._cooldown[joiner.node] = now + max(5.0, 10 * timeout)
+                up.pop(joiner.node, None)
         failed = {
             m
             for m in self.members
@@ -311,7 +326,11 @@ class Replicator:
         spares = [n for n in sorted(up, key=self._rank) if n not in self.members]
         open_places = want - (len(self.members) - len(failed))
         for n in spares:
-            joining = [p for p in self.peers.values() if p.node not in self.members]
+            joining = [
+                p
+                for p in self.peers.values()
+                if p.node not in self.members and not (p.scope and p.scope.cancel_called)
+            ]
             if len(joining) >= open_places:
                 break
             if n not in self.peers:
@@ -382,8 +401,9 @@ class Replicator:
 
     def _start_peer(self, node: str, address: str) -> None:
         assert self._nursery is not None
-        peer = Peer(node, address)
+        peer = Peer(node, address, down_since=trio.current_time())
         self.peers[node] = peer
+        log.info("replication: sending this node's journal to %s at %s", node, address)
         self._nursery.start_soon(self._run_peer, peer)
 
     # -- one peer ---------------------------------------------------------------------

@@ -257,7 +257,12 @@ class ReplicaStore:
                         self._check_fence(w.source, w.epoch)
                     except GatewayError as e:
                         w.error = e
-                await trio.to_thread.run_sync(self._commit, batch, limiter=self._limiter)
+                try:
+                    await trio.to_thread.run_sync(self._commit, batch, limiter=self._limiter)
+                except Exception as e:  # never the daemon's end: refuse this batch
+                    log.exception("replicas: writing a batch failed")
+                    for w in batch:
+                        w.error = w.error or Overloaded(f"replica write failed: {e}")
                 for w in batch:
                     if w.error is not None:
                         self._refused += 1
@@ -298,6 +303,8 @@ class ReplicaStore:
             written.append(w)
         failed: set[int] = set()
         for key, f in touched.items():
+            if f.closed:
+                continue  # rolled within this batch: synced before it was sealed
             try:
                 f.sync()
             except OSError as e:
@@ -308,9 +315,14 @@ class ReplicaStore:
             if rl is None:
                 continue  # nothing held, nothing to do
             if rl.active is not None and id(rl.active) in failed:
+                # The file's state is unknown (as for the journal): the whole
+                # log goes, and the source starts it again.
                 w.error = Overloaded("replica fdatasync failed")
-                rl.active.close()
-                rl.active = None
+                self._drop_log(rl)
+                shutil.rmtree(rl.directory, ignore_errors=True)
+                continue
+            if (rl.source, rl.epoch) not in self._logs:
+                w.error = w.error or Overloaded("replica fdatasync failed")
                 continue
             if w.frames:
                 rl.next = max(rl.next, w.result)
@@ -339,12 +351,14 @@ class ReplicaStore:
         if not w.frames:
             w.result = rl.next
             return None
-        if w.first_sequence != rl.next:
-            raise ReplicaGap(w.source, w.epoch, rl.next, w.first_sequence)
+        # Checked against what this batch wrote already (synced together).
+        if w.first_sequence != rl.queued_next:
+            raise ReplicaGap(w.source, w.epoch, rl.queued_next, w.first_sequence)
         end = _check_frames(w.frames, w.epoch, w.first_sequence)
         f = rl.active
         if f is None or (f.size > 0 and f.size + len(w.frames) > self._cfg.file_size):
             if f is not None:
+                f.sync()  # its writes of this batch, before it is closed
                 f.seal()
             try:
                 f = JournalFile.create(
@@ -360,6 +374,7 @@ class ReplicaStore:
         except JournalRefused as e:
             raise Overloaded(f"replica disk full: {e}") from e
         f.write((w.frames,))
+        rl.queued_next = end
         rl.disk_bytes += len(w.frames)
         self._writes += 1
         self._write_bytes += len(w.frames)

@@ -26,6 +26,10 @@ each kind at least once, in a random order), now and then a second one:
   address accepts connections and never answers, holding a segment name;
   a change to that name through any node returns OWNER_DOWN in bounded
   time; it stays through the next round;
+- ``wipe_node`` (replicated mode only): SIGKILL a node, delete everything in
+  its data directory (a dead disk: its journal, cache and the replicas it
+  held for the others), restart it in place with ``--recover-from-tier2``:
+  rebuilt from its replicas, it must hold every event it acknowledged;
 - ``takeover``: a node's id is taken over with its old process alive: its
   writer is quiesced (flushed), the node flushed, a new daemon with an
   empty data directory runs ``serve --recover-from-tier2``; once it serves,
@@ -39,6 +43,10 @@ and in order, read from the owner over the protocol, and every node's view
 (over the protocol and through its mount) shows at least that, byte for
 byte, once the owner answers again; online ``fsck`` finds nothing on any
 node.
+
+In replicated mode (`test_torture_cluster_replicated`) every node sends its
+journal to the other two (``write_quorum = 3, ack_quorum = 2``), a takeover
+recovers from the replicas, and ``wipe_node`` joins the faults.
 
 The CI run lasts ``SEGMENT_GATEWAY_TORTURE_CLUSTER_SECONDS`` (else
 ``SEGMENT_GATEWAY_TORTURE_SECONDS``; default 40) of rounds after every kind
@@ -58,6 +66,7 @@ import logging
 import os
 import pathlib
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -77,7 +86,7 @@ from gateway.embedded import EmbeddedS3
 from gateway.errors import GatewayError
 from gateway.storage.s3 import S3Storage
 from tests.helpers.cluster import BlackHole, record
-from tests.helpers.daemon import ROOT, run_cli
+from tests.helpers.daemon import ROOT, run_cli, scrape
 from tests.helpers.mount import MountedDaemon, force_unmount, require_fuse
 from tests.helpers.wait import async_wait_for, wait_for
 from tests.torture import check_lines
@@ -102,6 +111,8 @@ FAULTS = (
     or ALL_FAULTS
 )
 assert set(FAULTS) <= set(ALL_FAULTS), FAULTS
+#: In replicated mode also: a node's disk lost (a round of its own).
+REPLICATED_FAULTS = (*FAULTS, "wipe_node")
 #: Faults that may come second in a round (a takeover is a round of its own).
 SECOND = ("kill_node", "stop_node", "kill_s3", "stop_s3")
 #: The bucket prefix of the nodes' tier2.url.
@@ -147,6 +158,13 @@ lease = "2s"
 [fuse]
 active_timeout = "0.2s"
 """
+REPLICATION = """
+[replication]
+write_quorum = 3
+ack_quorum = 2
+ack_timeout = "20s"
+peer_timeout = "1s"
+"""
 
 
 def segment(node: str) -> str:
@@ -172,8 +190,9 @@ def whole_lines(data: bytes) -> bytes:
 class ClusterTorture:
     """The cluster, its SeaweedFS, the writers' state and the fault injectors."""
 
-    def __init__(self, tmp: pathlib.Path, seed: int) -> None:
+    def __init__(self, tmp: pathlib.Path, seed: int, replicated: bool = False) -> None:
         self.tmp = tmp
+        self.replicated = replicated
         self.seed = seed
         self.rng = random.Random(seed)
         self.s3 = EmbeddedS3(tmp / "s3")
@@ -214,7 +233,7 @@ class ClusterTorture:
     def config(self, node: str) -> str:
         return CONFIG.format(
             node=node, bucket=self.bucket_name, prefix=PREFIX, endpoint=self.s3.endpoint_url
-        )
+        ) + (REPLICATION if self.replicated else "")
 
     def make_daemon(self, node: str) -> MountedDaemon:
         gen = self.generation[node]
@@ -305,6 +324,11 @@ class ClusterTorture:
             await trio.to_thread.run_sync(self.hung_peer)
             await trio.sleep(seconds)
             return "hung_peer"
+        if fault == "wipe_node":
+            node = rng.choice(NODES)
+            await trio.to_thread.run_sync(self.wipe_node, node)
+            await trio.sleep(seconds)
+            return f"wipe_node({node})"
         if fault == "takeover":
             node = rng.choice(NODES)
             await self.takeover(node)
@@ -317,6 +341,39 @@ class ClusterTorture:
         d.kill()
         time.sleep(pause)
         d.start(timeout=120)
+
+    def wipe_node(self, node: str) -> None:
+        """A dead disk: kill, delete the data directory's contents, rebuild from replicas."""
+        d = self.daemons[node]
+        d.kill()
+        force_unmount(d.mnt)
+        for entry in d.data_dir.iterdir():
+            if entry.name in ("gateway.toml", "daemon.log"):
+                continue
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        d.start(timeout=180, serve_args=("--recover-from-tier2",))
+        assert "recovered node " + node + " from replica" in d.log(), d.log()
+        # Every node's ensemble whole again (the wiped node's replicas of the
+        # others are caught up) before the next fault may take another copy.
+        for other in NODES:
+            port = self.daemons[other].metrics_port
+
+            def whole(port: int = port) -> bool:
+                m = scrape(port)
+                caught = [v for k, v in m.items()
+                          if k.startswith("segment_gateway_replication_peer_caught_up{")
+                          and 'member="1"' in k]  # fmt: skip
+                return (
+                    m.get("segment_gateway_replication_ensemble_size", 0) == 2
+                    and m.get("segment_gateway_replication_quorum", 0) == 1
+                    and len(caught) == 2
+                    and all(caught)
+                )
+
+            wait_for(whole, CATCH_UP, f"{other}'s ensemble whole after wiping {node}")
 
     async def pause(self, pid: int, seconds: float) -> None:
         os.kill(pid, signal.SIGSTOP)
@@ -757,7 +814,7 @@ async def fsck_is_clean(t: ClusterTorture) -> None:
 
 
 @contextlib.contextmanager
-def torture(tmp: pathlib.Path, seed: int) -> Iterator[ClusterTorture]:
+def torture(tmp: pathlib.Path, seed: int, replicated: bool) -> Iterator[ClusterTorture]:
     # The writers' and clients' own log (reconnects, redirects), beside the daemons'.
     handler = logging.FileHandler(tmp / "clients.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -766,7 +823,7 @@ def torture(tmp: pathlib.Path, seed: int) -> Iterator[ClusterTorture]:
     level = gateway_log.level
     gateway_log.addHandler(handler)
     gateway_log.setLevel(logging.INFO)
-    t = ClusterTorture(tmp, seed)
+    t = ClusterTorture(tmp, seed, replicated)
     try:
         t.start()
         yield t
@@ -789,12 +846,33 @@ def torture(tmp: pathlib.Path, seed: int) -> Iterator[ClusterTorture]:
     r"not answer",
 )
 async def test_torture_cluster(tmp_path: pathlib.Path) -> None:
+    await run_torture(tmp_path, FAULTS, replicated=False)
+
+
+@pytest.mark.timeout(SECONDS + 900)
+@pytest.mark.expect_errors(
+    r"node node-[abc] \(epoch \d+\) has been taken over by epoch \d+",
+    r"read of 'torture/node-[abc]' at offset \d+ \(\d+ bytes\) failed: segment "
+    r"'torture/node-[abc]': bytes from offset \d+ are only on node node-[abc], which does "
+    r"not answer",
+    # A zombie learns of the takeover from a replica first; while a node is
+    # stopped or SeaweedFS is down, the others may be below their ack quorum.
+    r"replica node-[abc] refuses epoch \d+ of node node-[abc]",
+    r"replication: no ack quorum",
+)
+async def test_torture_cluster_replicated(tmp_path: pathlib.Path) -> None:
+    """The same faults with every journal on three nodes, and a node's disk wiped."""
+    faults = REPLICATED_FAULTS if FAULTS == ALL_FAULTS else FAULTS
+    await run_torture(tmp_path, faults, replicated=True)
+
+
+async def run_torture(tmp_path: pathlib.Path, faults: tuple[str, ...], replicated: bool) -> None:
     require_fuse()
     seed = int(os.environ.get("SEGMENT_GATEWAY_TORTURE_SEED", "20261122"))
     began = time.monotonic()
     verified = 0
     kinds_run: list[str] = []
-    with torture(tmp_path, seed) as t:
+    with torture(tmp_path, seed, replicated) as t:
         for node in NODES:
             async with open_client(t.address(node)) as c:
                 await c.create(segment(node), codec="lines")
@@ -806,14 +884,14 @@ async def test_torture_cluster(tmp_path: pathlib.Path) -> None:
                     nursery.start_soon(protocol_reader, t, k, via, stop)
             for via in NODES:
                 nursery.start_soon(mount_reader, t, via, stop)
-            order = t.rng.sample(FAULTS, len(FAULTS))
+            order = t.rng.sample(faults, len(faults))
             deadline = trio.current_time() + SECONDS
-            while t.rounds < len(FAULTS) or trio.current_time() < deadline:
+            while t.rounds < len(faults) or trio.current_time() < deadline:
                 t.rounds += 1
                 round_began = time.strftime("%H:%M:%S")
                 kinds = [order[(t.rounds - 1) % len(order)]]
-                if kinds[0] != "takeover" and t.rng.random() < 1 / 3:
-                    second = [f for f in SECOND if f != kinds[0] and f in FAULTS]
+                if kinds[0] not in ("takeover", "wipe_node") and t.rng.random() < 1 / 3:
+                    second = [f for f in SECOND if f != kinds[0] and f in faults]
                     if second:
                         kinds.append(t.rng.choice(second))
                 done = [await t.inject(kind, t.rng.uniform(0.5, 2.0)) for kind in kinds]
@@ -852,7 +930,7 @@ async def test_torture_cluster(tmp_path: pathlib.Path) -> None:
             "elapsed_s": round(time.monotonic() - began),
         }
         print(f"torture cluster summary: {summary}")
-    assert t.rounds >= len(FAULTS) and set(t.faults) == set(FAULTS), t.faults
+    assert t.rounds >= len(faults) and set(t.faults) == set(faults), t.faults
     assert verified >= sum(t.acked) > 0
     assert all(a > 0 for a in t.acked), t.acked
     assert t.zombie_acks_after_ready == 0
