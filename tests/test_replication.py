@@ -11,17 +11,24 @@ import pathlib
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import trio
 
+from gateway.client.client import open_client
 from gateway.client.sync import SyncClient
+from gateway.client.writer import open_segment_writer
 from gateway.embedded import EmbeddedS3
 from gateway.errors import GatewayError, NoQuorum
 from tests.helpers.daemon import free_port, scrape
+from tests.helpers.mount import force_unmount, require_fuse
 from tests.helpers.replicated import ReplicatedCluster
 from tests.helpers.s3proxy import S3FaultProxy
 from tests.helpers.wait import wait_for
+from tests.torture import check_lines
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -187,3 +194,83 @@ def test_a_zombie_cut_off_from_s3_keeps_acking_until_fenced_at_the_replicas(
         if new is not None:
             new.stop(timeout=10)
         c.teardown()
+
+
+@pytest.mark.expect_errors(
+    "cluster: .*", "replication: .*", "connection .*",
+    r"read of 'events/a' at offset \d+ \(\d+ bytes\) failed",
+)  # fmt: skip
+async def test_a_wiped_owner_keeps_every_event_for_writers_mounts_and_spark(
+    tmp_path: pathlib.Path, seaweedfs: EmbeddedS3, spark: Any
+) -> None:
+    """An exactly-once writer appends through kill -9 of the owner and the loss of its
+    disk; rebuilt from the replicas, every event is there once and in order: over the
+    protocol from every node, through every node's mount, and in Spark."""
+    require_fuse()
+    c = ReplicatedCluster(tmp_path, seaweedfs, mounts=True)
+    a = c.daemons["node-a"]
+    events = 4000
+    try:
+        await trio.to_thread.run_sync(c.start)
+        async with open_client(a.address) as cl:
+            await cl.create("events/a", codec="lines")
+        half = trio.Event()
+        rebuilt = trio.Event()
+
+        async def lose_the_disk() -> None:
+            await half.wait()
+
+            def crash() -> None:
+                a.kill()
+                force_unmount(a.data_dir.parent / "node-a-mnt")
+                c.destroy_data("node-a")
+                a.start(timeout=120, serve_args=("--recover-from-tier2",))
+
+            await trio.to_thread.run_sync(crash)
+            rebuilt.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lose_the_disk)
+            async with open_segment_writer(
+                a.address, "events/a", codec="lines", writer_id=uuid.uuid4().bytes,
+                max_batch_bytes=2048, reconnect_timeout=300,
+            ) as w:  # fmt: skip
+                for i in range(events):
+                    await w.write(b"event-%08d" % i)
+                    if i == events // 2:
+                        await w.flush()  # acknowledged on two disks, then the disk dies
+                        half.set()
+                    if i % 50 == 0:
+                        await trio.sleep(0.01)
+                await w.flush()
+                assert w.acked_event == events
+                duplicates = w.duplicates
+        assert rebuilt.is_set()
+        assert "recovered node node-a from replica" in a.log_path.read_text()
+
+        def expected(i: int) -> bytes:
+            return b"event-%08d" % i
+
+        for node, d in c.daemons.items():
+            async with open_client(d.address) as cl:
+                info = await cl.info("events/a")
+                data = (await cl.read("events/a", 0, info.length)).data
+            check_lines(data, expected, events, f"over the protocol via {node}", "events/a")
+            assert data.count(b"\n") == events
+
+            def through_mount(d: Any = d, node: str = node) -> bool:
+                # Another node's view follows the rebuilt owner within its refresh.
+                data = (d.mnt / "events" / "a").read_bytes()
+                return check_lines(data, expected, 0, f"through {node}'s mount", "events/a") == (
+                    events
+                )
+
+            await trio.to_thread.run_sync(
+                lambda f=through_mount, n=node: wait_for(f, 30, f"{n}'s mount")
+            )
+        uri = f"file://{c.daemons['node-b'].mnt}/events/a"
+        rows = await trio.to_thread.run_sync(lambda: spark.read.text(uri).collect())
+        assert [r.value for r in rows] == [expected(i).decode() for i in range(events)]
+        del duplicates  # resends were recognised: none is stored twice (checked above)
+    finally:
+        await trio.to_thread.run_sync(c.teardown)
