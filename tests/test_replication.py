@@ -24,6 +24,7 @@ from gateway.client.writer import open_segment_writer
 from gateway.embedded import EmbeddedS3
 from gateway.errors import GatewayError, NoQuorum
 from tests.helpers.daemon import free_port, scrape
+from tests.helpers.disk import tmpfs
 from tests.helpers.mount import force_unmount, require_fuse
 from tests.helpers.replicated import ReplicatedCluster
 from tests.helpers.s3proxy import S3FaultProxy
@@ -274,3 +275,82 @@ async def test_a_wiped_owner_keeps_every_event_for_writers_mounts_and_spark(
         del duplicates  # resends were recognised: none is stored twice (checked above)
     finally:
         await trio.to_thread.run_sync(c.teardown)
+
+
+def _latencies(c: SyncClient, segment: str, seconds: float, size: int = 1024) -> list[float]:
+    out = []
+    data = b"x" * (size - 1) + b"\n"
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        began = time.monotonic()
+        c.append(segment, data)
+        out.append(time.monotonic() - began)
+    return out
+
+
+def _p99(xs: list[float]) -> float:
+    return sorted(xs)[int(len(xs) * 0.99)]
+
+
+@pytest.mark.expect_errors("cluster: .*", "replication: .*", "connection .*")
+def test_a_stopped_replica_does_not_stall_the_writer(cluster: ReplicatedCluster) -> None:
+    """SIGSTOP one replica: the other carries the acks; latency stays bounded, far below
+    the peer timeout, and the stopped one catches up after SIGCONT."""
+    stopped = cluster.daemons["node-c"]
+    assert stopped.proc is not None
+    with cluster.client("node-a") as c:
+        c.create("lat")
+        before = _latencies(c, "lat", 2.0)
+        stopped.proc.send_signal(signal.SIGSTOP)
+        try:
+            during = _latencies(c, "lat", 4.0)
+        finally:
+            stopped.proc.send_signal(signal.SIGCONT)
+        length = c.info("lat").length
+        assert length == 1024 * (len(before) + len(during))
+    print(f"p99 before {_p99(before) * 1000:.1f} ms ({len(before)} appends), "
+          f"during {_p99(during) * 1000:.1f} ms ({len(during)}), max {max(during) * 1000:.1f} ms")  # fmt: skip
+    # Bounded by the other replica, not by the stopped one (peer_timeout is 1 s).
+    assert _p99(during) < 0.5
+    assert len(during) >= len(before)  # twice as long: at least as many
+    cluster.wait_ensemble("node-a")  # node-c back in, caught up
+
+
+@pytest.mark.expect_errors("cluster: .*", "replication: .*", "connection .*", "replicas: .*")
+def test_a_full_replica_refuses_and_a_spare_takes_its_place(
+    tmp_path: pathlib.Path, seaweedfs: EmbeddedS3
+) -> None:
+    """Four nodes, node-b's replica disk tiny: it refuses, node-a's ensemble changes to the
+    spare, and no append waits for the full one."""
+    c = ReplicatedCluster(tmp_path, seaweedfs, nodes=("node-a", "node-b", "node-c", "node-d"))
+    with tmpfs(c.daemons["node-b"].data_dir / "replicas", "4m"):
+        try:
+            c.start()
+            metrics = c.daemons["node-a"].metrics_port
+            with c.client("node-a") as cl:
+                cl.create("big")
+                blob = bytes(range(256)) * 1024  # 256 KiB
+                slowest = 0.0
+                for _ in range(40):  # 10 MiB: more than node-b's replicas can hold
+                    began = time.monotonic()
+                    cl.append("big", blob)
+                    slowest = max(slowest, time.monotonic() - began)
+                assert cl.info("big").length == 40 * len(blob)
+            assert slowest < 3.0  # never the ack_timeout of a stalled quorum
+            members = {
+                k for k, v in scrape(metrics).items()
+                if k.startswith("segment_gateway_replication_peer_up{") and 'member="1"' in k
+            }  # fmt: skip
+
+            def without_b() -> bool:
+                m = scrape(metrics)
+                ins = {k.split('peer="')[1].split('"')[0] for k, v in m.items()
+                       if k.startswith("segment_gateway_replication_peer_caught_up{")
+                       and 'member="1"' in k and v == 1}  # fmt: skip
+                return len(ins) == 2 and "node-b" not in ins
+
+            wait_for(without_b, 30, "node-a's ensemble without the full node-b")
+            del members
+            assert "replica disk full" in c.daemons["node-a"].log_path.read_text()
+        finally:
+            c.teardown()
