@@ -23,15 +23,28 @@ import pytest
 import trio
 import trio.testing
 
+from gateway.client.client import Client, open_client
 from gateway.config import JournalConfig, KiB
-from gateway.errors import BadRequest, Overloaded, ReplicaFenced, ReplicaGap
+from gateway.errors import (
+    BadRequest,
+    Overloaded,
+    ReplicaFenced,
+    ReplicaGap,
+    Unauthorized,
+    Unavailable,
+)
 from gateway.journal import open_journal
 from gateway.journal.files import list_files
 from gateway.journal.format import HEADER_SIZE, encode_append, encode_group, operation_prefix
 from gateway.journal.reader import FrameRecord, mapped, read_frames, read_groups
+from gateway.node import open_node
+from gateway.protocol import wire_pb2 as wire
 from gateway.replication.ensemble import ENSEMBLE_FORMAT, Ensemble
 from gateway.replication.store import ReplicaStore, epoch_dir_name
+from gateway.server import Server
 from gateway.tier2.untrusted import BadRecord
+from tests.helpers.container import DirectContainer
+from tests.helpers.segments import make_config
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -898,3 +911,136 @@ def test_needed_answers(members: int, ack_quorum: int) -> None:
 def test_needed_answers_with_asynchronous_replicas_can_be_met(members: int) -> None:
     e = Ensemble("n0", 1, tuple(f"m{i}" for i in range(members)), members + 1, 1)
     assert e.needed_answers() <= members
+
+
+# -- the replica handlers' access rules (a real server in process) ----------------------
+
+
+@asynccontextmanager
+async def replica_server(
+    tmp_path: pathlib.Path, store: ReplicaStore | None, current_epochs: dict[str, int]
+) -> AsyncIterator[str]:
+    """Node n2's protocol server holding ``store``; its address.
+
+    A source's epoch is current (Tier 2's answer before a log starts) when it
+    is ``current_epochs[source]``.
+    """
+
+    async def epoch_current(source: str, epoch: int) -> bool:
+        return current_epochs.get(source) == epoch
+
+    config = make_config(tmp_path / "node")
+    async with open_node(config, container_type=DirectContainer) as node:
+        server = Server(
+            node.container, config.server, config.container.max_append_bytes, node="n2",
+            replicas=store, epoch_current=epoch_current,
+        )  # fmt: skip
+        async with trio.open_nursery() as nursery:
+            addresses = await nursery.start(server.serve)
+            host, port = addresses[0]
+            try:
+                yield f"{host}:{port}"
+            finally:
+                nursery.cancel_scope.cancel()
+
+
+def node_name(node: str) -> str:
+    return f"segment-gateway-node/{node}"
+
+
+async def replica_write(client: Client, first: int, frames: bytes, **kw: Any) -> int:
+    r = await client._call(
+        replica_write=wire.ReplicaWriteRequest(first_sequence=first, frames=frames, **kw)
+    )
+    return r.replica_write.next_sequence
+
+
+async def test_replica_requests_are_for_the_cluster_s_nodes_only(
+    tmp_path: pathlib.Path, journal_config: ConfigFactory
+) -> None:
+    async with (
+        opened(tmp_path / "replicas", journal_config()) as store,
+        replica_server(tmp_path, store, {SRC: 1}) as address,
+    ):
+        for name in ("segment-gateway-client/1.0", "segment-gateway-nodes/n1", "n1", ""):
+            async with open_client(address, client_name=name) as c:
+                with pytest.raises(Unauthorized):
+                    await replica_write(c, 1, group(1), source=SRC, epoch=1, start=True)
+                with pytest.raises(Unauthorized):
+                    await c._call(replica_fence=wire.ReplicaFenceRequest(source=SRC, epoch=5))
+                with pytest.raises(Unauthorized):
+                    await c._call(
+                        replica_read=wire.ReplicaReadRequest(source=SRC, epoch=1, from_sequence=1)
+                    )
+        assert held(store) == []
+        assert store.fenced_below(SRC) == 0
+        assert not (tmp_path / "replicas" / SRC).exists()
+
+
+async def test_a_node_writes_only_its_own_journal(
+    tmp_path: pathlib.Path, journal_config: ConfigFactory
+) -> None:
+    async with (
+        opened(tmp_path / "replicas", journal_config()) as store,
+        replica_server(tmp_path, store, {SRC: 1, "n2": 1, OTHER: 1}) as address,
+    ):
+        g1, g2 = group(1), group(5)
+        async with open_client(address, client_name=node_name(OTHER)) as c3:
+            with pytest.raises(Unauthorized, match="may not write"):
+                await replica_write(c3, 1, g1, source=SRC, epoch=1, start=True)
+            assert held(store) == []
+        async with open_client(address, client_name=node_name(SRC)) as c1:
+            assert await replica_write(c1, 1, g1, source=SRC, epoch=1, start=True) == 5
+            assert await replica_write(c1, 5, g2, source=SRC, epoch=1) == 9
+            with pytest.raises(ReplicaGap) as e:
+                await replica_write(c1, 13, group(13), source=SRC, epoch=1)
+            assert e.value.expected_offset == 9
+        async with open_client(address, client_name=node_name(OTHER)) as c3:
+            # Another node may not add to n1's log either, once it exists.
+            with pytest.raises(Unauthorized):
+                await replica_write(c3, 9, group(9), source=SRC, epoch=1)
+            # But any node of the cluster reads it (a recovery) and fences it.
+            r = await c3._call(
+                replica_read=wire.ReplicaReadRequest(source=SRC, epoch=1, from_sequence=1)
+            )
+            assert (r.replica_frames.frames, r.replica_frames.next_sequence) == (g1 + g2, 9)
+            assert r.replica_frames.end
+            h = await c3._call(replica_fence=wire.ReplicaFenceRequest(source=SRC, epoch=2))
+            assert h.replica_holdings.fenced_below == 2
+            assert [(i.epoch, i.start, i.next) for i in h.replica_holdings.logs] == [(1, 1, 9)]
+        async with open_client(address, client_name=node_name("n2")) as c2:
+            # This node's own journal is not kept among its replicas.
+            with pytest.raises(BadRequest):
+                await replica_write(c2, 1, g1, source="n2", epoch=1, start=True)
+        async with open_client(address, client_name=node_name(SRC)) as c1:
+            with pytest.raises(ReplicaFenced):
+                await replica_write(c1, 9, group(9), source=SRC, epoch=1)
+        assert held(store) == [(1, 1, 9)]
+        assert held(store, "n2") == []
+
+
+async def test_a_log_starts_only_for_the_source_s_current_epoch(
+    tmp_path: pathlib.Path, journal_config: ConfigFactory
+) -> None:
+    async with (
+        opened(tmp_path / "replicas", journal_config()) as store,
+        replica_server(tmp_path, store, {SRC: 4}) as address,
+        open_client(address, client_name=node_name(SRC)) as c1,
+    ):
+        # A process taken over (Tier 2 says epoch 4) cannot begin a log: it is fenced.
+        with pytest.raises(ReplicaFenced):
+            await replica_write(c1, 1, group(1, epoch=3), source=SRC, epoch=3, start=True)
+        assert store.fenced_below(SRC) == 4
+        assert held(store) == []
+        g = group(1, epoch=4)
+        assert await replica_write(c1, 1, g, source=SRC, epoch=4, start=True) == 5
+        assert await read_all(store, epoch=4) == (1, g)
+
+
+async def test_a_node_without_replicas_says_so(tmp_path: pathlib.Path) -> None:
+    async with (
+        replica_server(tmp_path, None, {}) as address,
+        open_client(address, client_name=node_name(SRC)) as c1,
+    ):
+        with pytest.raises(Unavailable, match="keeps no replicas"):
+            await replica_write(c1, 1, group(1), source=SRC, epoch=1, start=True)
