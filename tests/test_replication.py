@@ -308,8 +308,10 @@ def test_a_stopped_replica_does_not_stall_the_writer(cluster: ReplicatedCluster)
             stopped.proc.send_signal(signal.SIGCONT)
         length = c.info("lat").length
         assert length == 1024 * (len(before) + len(during))
-    print(f"p99 before {_p99(before) * 1000:.1f} ms ({len(before)} appends), "
-          f"during {_p99(during) * 1000:.1f} ms ({len(during)}), max {max(during) * 1000:.1f} ms")  # fmt: skip
+    print(
+        f"p99 before {_p99(before) * 1000:.1f} ms ({len(before)} appends), during "
+        f"{_p99(during) * 1000:.1f} ms ({len(during)}), max {max(during) * 1000:.1f} ms"
+    )
     # Bounded by the other replica, not by the stopped one (peer_timeout is 1 s).
     assert _p99(during) < 0.5
     assert len(during) >= len(before)  # twice as long: at least as many

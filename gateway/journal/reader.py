@@ -354,7 +354,9 @@ def read_groups(
     ``files`` are (first sequence, path) of a journal's files, oldest first.
     At least one group is returned when there is one, even past
     ``max_bytes``; frames past a bad one (a write in progress) are not read.
-    A file deleted meanwhile ends the read early.
+    A file deleted meanwhile ends the read early. Files are read with
+    ``pread``, never memory-mapped: a writer may cut a file down (sealing it)
+    while this reads, and a mapped page past the new end would be SIGBUS.
     """
     out: list[bytes] = []
     size = 0
@@ -363,36 +365,81 @@ def read_groups(
     index = max(0, bisect.bisect_right(starts, from_sequence) - 1)
     for _, path in files[index:]:
         try:
-            with mapped(path) as data:
-                group: list[bytes] = []
-                group_seq = -1
-                group_end = seq
-                for item in read_frames(data, path):
-                    if isinstance(item, FileEnd):
-                        break
-                    h = item.header
-                    if h.end_sequence <= seq:
-                        continue
-                    if h.group_sequence != group_seq and group:
-                        if size and size + sum(map(len, group)) > max_bytes:
-                            return b"".join(out), seq, False
-                        out.extend(group)
-                        size += sum(map(len, group))
-                        seq = group_end
-                        group = []
-                    if h.first_sequence >= limit:
-                        break
-                    group_seq = h.group_sequence
-                    group.append(bytes(data[item.offset : item.end_offset]))
-                    group_end = h.end_sequence
-                if group:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            break
+        try:
+            group: list[bytes] = []
+            group_seq = -1
+            group_end = seq
+            for header, frame, offset in _pread_frames(fd, path, seq):
+                if header.end_sequence <= seq:
+                    continue
+                if header.group_sequence != group_seq and group:
                     if size and size + sum(map(len, group)) > max_bytes:
+                        _remember(path, seq, offset)
                         return b"".join(out), seq, False
                     out.extend(group)
                     size += sum(map(len, group))
                     seq = group_end
-        except FileNotFoundError:
-            break
+                    group = []
+                if header.first_sequence >= limit:
+                    _remember(path, seq, offset)
+                    break
+                group_seq = header.group_sequence
+                group.append(frame)
+                group_end = header.end_sequence
+            if group:
+                if size and size + sum(map(len, group)) > max_bytes:
+                    return b"".join(out), seq, False
+                out.extend(group)
+                size += sum(map(len, group))
+                seq = group_end
+        finally:
+            os.close(fd)
         if seq >= limit:
             break
     return b"".join(out), seq, seq >= limit
+
+
+#: Where a read of a file stopped: (path, next sequence) -> that frame's offset,
+#: so that a reader going through a long file in pieces (a catch-up) does not
+#: walk it from the start every time.
+_RESUME: dict[tuple[pathlib.Path, int], int] = {}
+_RESUME_MAX = 256
+
+
+def _remember(path: pathlib.Path, sequence: int, offset: int) -> None:
+    if len(_RESUME) >= _RESUME_MAX:
+        _RESUME.clear()
+    _RESUME[(path, sequence)] = offset
+
+
+def _pread_frames(
+    fd: int, path: pathlib.Path, from_sequence: int
+) -> Iterator[tuple[FrameHeader, bytes, int]]:
+    """The valid frames of a file (header, whole frame, offset) until the first bad one,
+    starting where a read for ``from_sequence`` stopped before (if it is still there)."""
+    offset = _RESUME.pop((path, from_sequence), 0)
+    first = True
+    while True:
+        head = os.pread(fd, HEADER_SIZE, offset)
+        header = None
+        payload = b""
+        if len(head) == HEADER_SIZE:
+            try:
+                header = decode_header(head)
+            except FrameError:
+                header = None
+        if header is not None:
+            payload = os.pread(fd, header.payload_length, offset + HEADER_SIZE)
+            if len(payload) < header.payload_length or not frame_crc_ok(head, payload):
+                header = None
+        if first and offset and (header is None or header.first_sequence != from_sequence):
+            offset, first = 0, False  # the remembered place is gone: from the start
+            continue
+        first = False
+        if header is None:
+            return
+        yield header, head + payload, offset
+        offset += HEADER_SIZE + header.payload_length

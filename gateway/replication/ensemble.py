@@ -87,6 +87,8 @@ class Ensemble:
         for m in members:
             if not isinstance(m, str) or not 0 < len(m) <= 128 or m == node:
                 raise BadRecord(f"member {m!r} is not another node's id")
+        if len(set(members)) != len(members):
+            raise BadRecord("field 'members' names a node twice")
         write_quorum = want_int(doc, "write_quorum", low=1, high=64)
         ack_quorum = want_int(doc, "ack_quorum", low=1, high=write_quorum)
         return cls(node, epoch, tuple(members), write_quorum, ack_quorum,
@@ -94,7 +96,8 @@ class Ensemble:
 
     def needed_answers(self) -> int:
         """Members that must answer a recovery so that no acknowledged group is missed."""
-        return max(1, len(self.members) - (self.ack_quorum - 1) + 1)
+        # ack_quorum 1 (asynchronous replicas): every member, the best there is.
+        return max(1, min(len(self.members), len(self.members) - (self.ack_quorum - 1) + 1))
 
 
 async def write_ensemble(layer: ChunkLayer, ensemble: Ensemble, deadline: float) -> None:

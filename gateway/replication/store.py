@@ -55,7 +55,14 @@ log = logging.getLogger(__name__)
 FENCE_NAME = "FENCE"
 CAUGHT_UP_NAME = "CAUGHT_UP"
 _EPOCH_DIR = re.compile(r"^e([0-9]{20})$")
-_SOURCE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+_SOURCE = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+def valid_source(name: str) -> bool:
+    """Whether ``name`` can be a node id here (a directory name, never ``.`` or ``..``)."""
+    return _SOURCE.fullmatch(name) is not None and name not in (".", "..")
+
+
 #: Frames per read answer unless the reader asks for less.
 READ_BYTES = 4 * 1024 * 1024
 
@@ -127,6 +134,8 @@ class ReplicaStore:
         self._write_bytes = 0
         self._refused = 0
         self._closed = False
+        #: Logs whose file failed to sync in the batch being committed.
+        self._broken: set[tuple[str, int]] = set()
 
     # -- opening ---------------------------------------------------------------
 
@@ -134,7 +143,7 @@ class ReplicaStore:
         """Find the logs on disk, cutting torn tails (blocking: call in a thread)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         for source_dir in sorted(self.directory.iterdir()):
-            if not source_dir.is_dir() or not _SOURCE.match(source_dir.name):
+            if not source_dir.is_dir() or not valid_source(source_dir.name):
                 continue
             source = source_dir.name
             with contextlib.suppress(OSError, ValueError):
@@ -181,7 +190,7 @@ class ReplicaStore:
         drop_before: int = 0,
     ) -> _Write:
         """Queue a write in arrival order; `wait` for it. Fenced epochs are refused at once."""
-        if not _SOURCE.match(source) or epoch <= 0:
+        if not valid_source(source) or epoch <= 0:
             raise BadRequest(f"replica write for a bad source {source!r} or epoch {epoch}")
         self._check_fence(source, epoch)
         w = _Write(source, epoch, first_sequence, frames, start, caught_up,
@@ -199,14 +208,16 @@ class ReplicaStore:
 
     async def fence(self, source: str, epoch: int) -> int:
         """Refuse ``source``'s epochs below ``epoch`` from now on, durably; return the fence."""
-        if not _SOURCE.match(source):
+        if not valid_source(source):
             raise BadRequest(f"replica fence for a bad source {source!r}")
         current = self._fences.get(source, 0)
         if epoch > current:
-            await trio.to_thread.run_sync(self._write_fence, source, epoch, limiter=self._limiter)
+            # In force at once (a write checks it before it is written, under
+            # the same limiter as this), durable before the answer.
             self._fences[source] = epoch
+            await trio.to_thread.run_sync(self._write_fence, source, limiter=self._limiter)
             log.warning("replicas: node %s fenced below epoch %d here (a recovery)", source, epoch)
-        return max(current, epoch)
+        return self._fences[source]
 
     def holdings(self, source: str) -> list[ReplicaLog]:
         """The logs held for ``source``, by epoch."""
@@ -310,10 +321,17 @@ class ReplicaStore:
             except OSError as e:
                 log.critical("replicas: fdatasync of %s failed: %s", f.path, e)
                 failed.add(key)
+        for w in batch:
+            if w.log is not None and (w.log.source, w.log.epoch) in self._broken:
+                w.error = w.error or Overloaded("replica fdatasync failed")
+        for broken in [self._logs[k] for k in self._broken if k in self._logs]:
+            self._drop_log(broken)
+            shutil.rmtree(broken.directory, ignore_errors=True)
+        self._broken.clear()
         for w in written:
             rl = w.log
-            if rl is None:
-                continue  # nothing held, nothing to do
+            if rl is None or w.error is not None:
+                continue  # nothing held, nothing to do; or refused above
             if rl.active is not None and id(rl.active) in failed:
                 # The file's state is unknown (as for the journal): the whole
                 # log goes, and the source starts it again.
@@ -330,12 +348,16 @@ class ReplicaStore:
             self._after(w, rl)
 
     def _write(self, w: _Write) -> JournalFile | None:
+        # Again here, under the limiter a fence's write holds: nothing is
+        # written past a fence's answer.
+        self._check_fence(w.source, w.epoch)
         key = (w.source, w.epoch)
         rl = self._logs.get(key)
         if rl is None and not w.start:
             if w.frames:
                 raise ReplicaGap(w.source, w.epoch, 0, w.first_sequence)
             return None  # truncation of a log this node does not hold
+        end = _check_frames(w.frames, w.epoch, w.first_sequence) if w.frames else 0
         if w.start or rl is None:
             if rl is not None:
                 self._drop_log(rl)
@@ -354,11 +376,16 @@ class ReplicaStore:
         # Checked against what this batch wrote already (synced together).
         if w.first_sequence != rl.queued_next:
             raise ReplicaGap(w.source, w.epoch, rl.queued_next, w.first_sequence)
-        end = _check_frames(w.frames, w.epoch, w.first_sequence)
         f = rl.active
         if f is None or (f.size > 0 and f.size + len(w.frames) > self._cfg.file_size):
             if f is not None:
-                f.sync()  # its writes of this batch, before it is closed
+                try:
+                    f.sync()  # its writes of this batch, before it is closed
+                except OSError as e:
+                    # As in the batch's own sync: the log cannot be trusted.
+                    log.critical("replicas: fdatasync of %s failed: %s", f.path, e)
+                    self._broken.add((rl.source, rl.epoch))
+                    raise Overloaded(f"replica fdatasync failed: {e.strerror or e}") from e
                 f.seal()
             try:
                 f = JournalFile.create(
@@ -418,7 +445,8 @@ class ReplicaStore:
             rl.active = None
         self._logs.pop((rl.source, rl.epoch), None)
 
-    def _write_fence(self, source: str, epoch: int) -> None:
+    def _write_fence(self, source: str) -> None:
+        epoch = self._fences[source]  # the highest, whatever order fences came in
         directory = self.directory / source
         directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".fence.")
