@@ -96,6 +96,12 @@ class JournalFull(JournalRefused):
 free space and retry"""
 
 
+class JournalFenced(JournalError):
+    """not acknowledged: {} -- this process accepts no more changes; stop it"""
+
+    exit_code = 46
+
+
 class JournalClosed(JournalError):
     """journal is closed"""
 

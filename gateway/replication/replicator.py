@@ -47,6 +47,7 @@ from gateway.config import ReplicationConfig
 from gateway.errors import (
     GatewayError,
     JournalClosed,
+    JournalFenced,
     NoQuorum,
     ReplicaFenced,
     ReplicaGap,
@@ -196,6 +197,9 @@ class Replicator:
     async def wait_replicated(self, end_sequence: int) -> None:
         """Return once operations below ``end_sequence`` are on ack_quorum - 1 members."""
         while not self._replicated(end_sequence):
+            if self.fenced is not None:
+                # Taken over: never acknowledged, and nobody will keep it.
+                raise JournalFenced(str(self.fenced))
             if self._closed:
                 raise JournalClosed()
             await self._progress.wait()
