@@ -7,6 +7,7 @@ others', and an append is acknowledged once two copies are synced.
 
 from __future__ import annotations
 
+import json
 import pathlib
 import signal
 import threading
@@ -23,7 +24,7 @@ from gateway.client.sync import SyncClient
 from gateway.client.writer import open_segment_writer
 from gateway.embedded import EmbeddedS3
 from gateway.errors import GatewayError, NoQuorum
-from tests.helpers.daemon import free_port, scrape
+from tests.helpers.daemon import free_port, run_cli, scrape
 from tests.helpers.disk import tmpfs
 from tests.helpers.mount import force_unmount, require_fuse
 from tests.helpers.replicated import ReplicatedCluster
@@ -77,7 +78,17 @@ def test_dead_disk_loses_nothing(cluster: ReplicatedCluster) -> None:
             assert c.read(name, 0, len(data)).data == bytes(data)
         # And it goes on taking appends, replicated again.
         c.append("logs/b", b"after\n")
-    cluster.wait_ensemble("node-a")
+    for node in cluster.daemons:
+        cluster.wait_ensemble(node)
+    # Who replicates whom, as an operator sees it.
+    r = run_cli("cluster", "--json", "--connect", a.address)
+    rows = {row["id"]: row for row in map(json.loads, r.stdout.splitlines())}
+    assert sorted(rows["node-a"]["ensemble"]) == ["node-b", "node-c"]
+    assert rows["node-a"]["quorum"] is True
+    assert sorted(rows["node-a"]["replicas_of"]) == ["node-b", "node-c"], r.stdout
+    assert sorted(rows["node-b"]["ensemble"]) == ["node-a", "node-c"]
+    text = run_cli("cluster", "--connect", a.address).stdout
+    assert "REPLICATED TO" in text and "node-a holds replicas of: node-b, node-c" in text
 
 
 @pytest.mark.expect_errors("cluster: .*", "replication: .*", "connection .*")

@@ -20,15 +20,23 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
                     "unflushed_bytes": n.unflushed_bytes,
                     "heartbeat_age_s": n.heartbeat_age_ms / 1000,
                     "started_at_ms": n.started_at_ms, "self": n.self,
+                    "ensemble": list(n.ensemble),
+                    **({"quorum": n.quorum, "replicas_of": list(n.replicas_of)} if n.self else {}),
                 }))  # fmt: skip
             return 0
         print(f"{'NODE':<20} {'STATE':<8} {'ADDRESS':<22} {'SEGMENTS':>9} "
-              f"{'UNFLUSHED':>12} {'HEARTBEAT':>10}  EPOCH")  # fmt: skip
+              f"{'UNFLUSHED':>12} {'HEARTBEAT':>10} {'EPOCH':>6}  REPLICATED TO")  # fmt: skip
         for n in nodes:
             me = " *" if n.self else ""
             age = n.heartbeat_age_ms / 1000
+            replicas = ",".join(n.ensemble) or "-"
+            if n.self and n.ensemble and not n.quorum:
+                replicas += " (NO QUORUM)"
             print(f"{n.id + me:<20} {n.state:<8} {n.advertise:<22} {n.segments:>9} "
-                  f"{n.unflushed_bytes:>12} {age:>9.1f}s  {n.epoch}")  # fmt: skip
+                  f"{n.unflushed_bytes:>12} {age:>9.1f}s {n.epoch:>6}  {replicas}")  # fmt: skip
+        for n in nodes:
+            if n.self and n.replicas_of:
+                print(f"{n.id} holds replicas of: {', '.join(n.replicas_of)}")
         down = [n.id for n in nodes if n.state == "down"]
         return 1 if down else 0
 

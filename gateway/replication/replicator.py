@@ -68,6 +68,8 @@ WINDOW_BYTES = 16 * 1024 * 1024
 #: How often an idle sender tells its peer about truncation, and the
 #: membership is reconsidered.
 IDLE_INTERVAL = 0.5
+#: An idle connection to a replica carries an empty write this often.
+KEEPALIVE_INTERVAL = 1.0
 
 Connect = Callable[[str], AbstractAsyncContextManager[Client]]
 #: Other nodes that are up now: (node id, address).
@@ -482,6 +484,7 @@ class Replicator:
             nursery.start_soon(self._watch_answers, peer)
             told_truncate = 0
             told_drop = 0
+            last_sent = trio.current_time()
             while True:
                 oldest = self.journal.oldest_file()
                 if peer.sent < self.written_end:
@@ -500,6 +503,7 @@ class Replicator:
                     told_truncate, told_drop = oldest, self._dropped_before
                     await self._wait_window(peer)
                     fut = await client.start(_request(req))
+                    last_sent = trio.current_time()
                     peer.unanswered.append((len(frames), end, trio.current_time()))
                     peer.sent = end
                     await answers.send((fut, end, caught))
@@ -510,7 +514,11 @@ class Replicator:
                         while peer.unanswered:
                             await self._progress.wait()
                     continue
-                if oldest != told_truncate or self._dropped_before != told_drop:
+                idle = trio.current_time() - last_sent >= KEEPALIVE_INTERVAL
+                if oldest != told_truncate or self._dropped_before != told_drop or idle:
+                    # Also a keepalive: an idle replica that restarted (and may
+                    # have lost its log) is noticed, not trusted for ever.
+                    last_sent = trio.current_time()
                     req = wire.ReplicaWriteRequest(
                         source=self.node_id, epoch=self.epoch, truncate_before=oldest,
                         drop_epochs_before=self._dropped_before,
@@ -567,7 +575,14 @@ class Replicator:
                 raise GatewayError(f"replica {peer.node} lost its place ({e}): catching up") from e
             if peer.unanswered:
                 peer.unanswered.popleft()
-            peer.acked = max(peer.acked, response.replica_write.next_sequence, end)
+            held = response.replica_write.next_sequence
+            if held < end:
+                # It no longer holds what it acknowledged (a wiped disk): start over.
+                peer.caught_up = False
+                peer.acked = 0
+                raise GatewayError(f"replica {peer.node} holds less than it acknowledged "
+                                   f"({held} < {end}): catching up from the start")  # fmt: skip
+            peer.acked = max(peer.acked, held, end)
             if caught:
                 peer.caught_up = True
             peer.live = True

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from gateway.errors import BadRequest
+import trio
+
+from gateway.errors import BadRequest, GatewayError
 from gateway.protocol import wire_pb2 as wire
 
 from ..answers import Item, Producer, ready
@@ -13,6 +15,8 @@ from ..budget import LIST_ENTRY_BYTES
 from ..registry import handles, streams
 
 if TYPE_CHECKING:
+    from gateway.storage.layer import ChunkLayer
+
     from ..context import Peer
 
 #: The longest wait a flush request may ask for (FlushRequest.timeout_ms).
@@ -74,10 +78,42 @@ def export_metadata(conn: Peer, req: wire.Request) -> Producer:
 
 @handles("cluster")
 def cluster(conn: Peer, req: wire.Request) -> Producer:
-    """Every node's status as this node sees it (none without a cluster)."""
+    """Every node's status as this node sees it (none without a cluster), with who
+    replicates whom."""
     view = conn.server.cluster
-    nodes = view.status() if view is not None else []
-    return ready(wire.Response(request_id=req.request_id, cluster=wire.ClusterStatus(nodes=nodes)))
+    server = conn.server
+    rid = req.request_id
+    if view is None:
+        return ready(wire.Response(request_id=rid, cluster=wire.ClusterStatus()))
+
+    async def produce() -> wire.Response:
+        nodes = view.status()
+        for n in nodes:
+            if n.self:
+                r = server.replicator
+                if r is not None:
+                    n.ensemble.extend(r.members)
+                    n.quorum = r.has_quorum()
+                if server.replicas is not None:
+                    n.replicas_of.extend(sorted(server.replicas.statistics().sources))
+            else:
+                n.ensemble.extend(await _recorded_ensemble(view.layer, n.id))
+        return wire.Response(request_id=rid, cluster=wire.ClusterStatus(nodes=nodes))
+
+    return produce
+
+
+async def _recorded_ensemble(layer: ChunkLayer, node: str) -> tuple[str, ...]:
+    """A node's newest ensemble record in Tier 2 (nothing if none, or unreadable now)."""
+    from gateway.replication.ensemble import read_ensembles
+
+    with trio.move_on_after(5):
+        try:
+            found = await read_ensembles(layer, node)
+        except GatewayError:
+            return ()
+        return found[0].members if found else ()
+    return ()
 
 
 def _fsck_bytes(conn: Peer, req: wire.Request) -> int:
