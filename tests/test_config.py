@@ -129,6 +129,14 @@ checkpoint_every_frames = 100
         ("[server]\nsend_timeout = 'soon'\n", "server.send_timeout: cannot read 'soon'"),
         ("[server]\nmemory_timeout = -1\n", "server.memory_timeout: duration must not be"),
         ("[node\n", "file: not valid TOML"),
+        (
+            "[tier2]\nurl = 's3://bucket/p'\n[replication]\nwrite_quorum = 3\nack_quorum = 4\n",
+            "replication.ack_quorum: 4 is above replication.write_quorum (3)",
+        ),
+        ("[replication]\nwrite_quorum = 3\n", "replication.write_quorum: 3 needs other nodes"),
+        ("[replication]\nwrite_quorum = 0\n", "replication.write_quorum: must be between"),
+        ("[replication]\nack_timeout = 'never'\n", "replication.ack_timeout: cannot read"),
+        ("[replication]\nquorum = 2\n", "replication.quorum: unknown key"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: pathlib.Path, toml: str, expected: str) -> None:

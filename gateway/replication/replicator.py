@@ -179,6 +179,8 @@ class Replicator:
         self.ensemble_changes = 0
         self.quorum_failures = 0
         self._said_no_quorum = False
+        #: Other nodes up in the registry, at the last look.
+        self._others_up = 0
 
     # -- the journal's side (ReplicationSink) -------------------------------------
 
@@ -259,10 +261,17 @@ class Replicator:
             for p in self.peers.values()
             if not p.live
         ]
+        short = ""
+        if self._others_up < self.acks_needed:
+            short = (
+                f"; replication.ack_quorum = {self.config.acks} needs {self.acks_needed} other "
+                f"node(s) up, the registry has {self._others_up}"
+            )
         return (
             f"{len(live)} of the {self.acks_needed} replica(s) needed answer "
             f"(ensemble: {', '.join(self.members) or 'none yet'}"
             + (f"; down: {', '.join(down)}" if down else "")
+            + short
             + ")"
         )
 
@@ -304,7 +313,9 @@ class Replicator:
     async def _membership_step(self) -> None:
         now = trio.current_time()
         timeout = self.config.peer_timeout
-        up = {n: a for n, a in self._candidates() if self._cooldown.get(n, 0.0) <= now}
+        candidates = self._candidates()
+        self._others_up = len(candidates)
+        up = {n: a for n, a in candidates if self._cooldown.get(n, 0.0) <= now}
         # A joining peer that has not answered for peer_timeout (a hung or
         # stopped node) makes room for another spare for a while.
         for joiner in list(self.peers.values()):
