@@ -111,15 +111,18 @@ async def write_ensemble(layer: ChunkLayer, ensemble: Ensemble, deadline: float)
 
 
 async def read_ensembles(
-    layer: ChunkLayer, node: str, rejections: Rejections | None = None
+    layer: ChunkLayer,
+    node: str,
+    rejections: Rejections | None = None,
+    deadline: float | None = None,
 ) -> list[Ensemble]:
     """Every usable ensemble record of ``node``, newest epoch first."""
     prefix = ensemble_prefix(node)
     out = []
-    for obj in await layer.list(prefix):
+    for obj in await layer.list(prefix, deadline=deadline):
         try:
             epoch = decimal(obj.key[len(prefix) :], "ensemble epoch", low=1)
-            data = await layer.read(obj.key, 0, MAX_RECORD_BYTES)
+            data = await layer.read(obj.key, 0, MAX_RECORD_BYTES, deadline=deadline)
             out.append(Ensemble.decode(data, node, epoch))
         except ChunkNotFound:
             continue

@@ -88,6 +88,7 @@ def cluster(conn: Peer, req: wire.Request) -> Producer:
 
     async def produce() -> wire.Response:
         nodes = view.status()
+        others = {}
         for n in nodes:
             if n.self:
                 r = server.replicator
@@ -97,23 +98,32 @@ def cluster(conn: Peer, req: wire.Request) -> Producer:
                 if server.replicas is not None:
                     n.replicas_of.extend(sorted(server.replicas.statistics().sources))
             else:
-                n.ensemble.extend(await _recorded_ensemble(view.layer, n.id))
+                others[n.id] = n
+        # Other nodes' ensembles from Tier 2, together and briefly (a Tier 2
+        # that does not answer leaves them out rather than holding the answer).
+        with trio.move_on_after(ENSEMBLE_READ_TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                for node_id, n in others.items():
+                    nursery.start_soon(_recorded_ensemble, view.layer, node_id, n)
         return wire.Response(request_id=rid, cluster=wire.ClusterStatus(nodes=nodes))
 
     return produce
 
 
-async def _recorded_ensemble(layer: ChunkLayer, node: str) -> tuple[str, ...]:
-    """A node's newest ensemble record in Tier 2 (nothing if none, or unreadable now)."""
+#: How long a cluster answer waits for the other nodes' ensemble records.
+ENSEMBLE_READ_TIMEOUT = 2.0
+
+
+async def _recorded_ensemble(layer: ChunkLayer, node: str, status: wire.NodeStatus) -> None:
+    """A node's newest ensemble record in Tier 2 into ``status`` (nothing if none or unreadable)."""
     from gateway.replication.ensemble import read_ensembles
 
-    with trio.move_on_after(5):
-        try:
-            found = await read_ensembles(layer, node)
-        except GatewayError:
-            return ()
-        return found[0].members if found else ()
-    return ()
+    try:
+        found = await read_ensembles(layer, node, deadline=ENSEMBLE_READ_TIMEOUT)
+    except GatewayError:
+        return
+    if found:
+        status.ensemble.extend(found[0].members)
 
 
 def _fsck_bytes(conn: Peer, req: wire.Request) -> int:
