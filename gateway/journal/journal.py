@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import pathlib
 import time
 from collections import deque
@@ -125,6 +126,8 @@ class Journal:
         #: Set once the node replicates its journal: every group written from
         #: then on goes to it and is durable only once on an ack quorum.
         self.replication: ReplicationSink | None = None
+        #: Groups synced here and waiting for their ack quorum (settled in order).
+        self._awaiting_quorum = 0
 
     # -- appending -----------------------------------------------------------
 
@@ -425,38 +428,62 @@ class Journal:
         return self._queue.popleft()
 
     async def _run_syncs(self, receive: trio.MemoryReceiveChannel[WriteGroup]) -> None:
+        # Replicated groups wait for their ack quorum in a task of their own,
+        # in order, so that the next group's fdatasync need not wait for the
+        # replicas too: many groups may be on their way to the peers at once.
+        quorum_send, quorum_receive = trio.open_memory_channel[WriteGroup](math.inf)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._run_quorum_waits, quorum_receive)
+            async with receive, quorum_send:
+                async for group in receive:
+                    try:
+                        await trio.to_thread.run_sync(
+                            self._sync_group, group, limiter=self._sync_limiter
+                        )
+                    except OSError as e:
+                        # Fatal: no retry on the same descriptor (the page cache's
+                        # state is unknown); the writer sees the error and stops.
+                        if self._error is None:
+                            self._error = JournalFailed(f"{e.strerror or e} syncing {group.path}")
+                            log.critical("journal: %s", self._error)
+                        self._settle(group, self._error)
+                        self._synced_one()
+                        self._wake_committer()
+                        return
+                    self._synced_one()
+                    if self._awaiting_quorum or (group.replicated and self.replication is not None):
+                        # Behind earlier groups still waiting: groups settle in order.
+                        self._awaiting_quorum += 1
+                        quorum_send.send_nowait(group)
+                        continue
+                    self._durable(group)
+
+    async def _run_quorum_waits(self, receive: trio.MemoryReceiveChannel[WriteGroup]) -> None:
+        """Settle locally synced groups once on an ack quorum too, in order."""
         async with receive:
             async for group in receive:
-                try:
-                    await trio.to_thread.run_sync(
-                        self._sync_group, group, limiter=self._sync_limiter
-                    )
-                except OSError as e:
-                    # Fatal: no retry on the same descriptor (the page cache's
-                    # state is unknown); the writer sees the error and stops.
-                    if self._error is None:
-                        self._error = JournalFailed(f"{e.strerror or e} syncing {group.path}")
-                        log.critical("journal: %s", self._error)
-                    self._settle(group, self._error)
-                    self._synced_one()
-                    self._wake_committer()
-                    return
+                error: JournalError | None = None
                 if group.replicated and self.replication is not None:
                     # Durable here; durable for the node once on an ack quorum.
                     try:
                         await self.replication.wait_replicated(group.first_sequence + group.count)
                     except JournalError as e:
-                        # Replication stopped (the node is stopping): never
-                        # acknowledged; the next start replays it from here.
-                        self._settle(group, e)
-                        self._synced_one()
-                        continue
-                self._operations += group.count
-                self._operation_bytes += group.nbytes
-                if self._pending_checkpoints:
-                    self._note_checkpoints(group)
-                self._settle(group, None)
-                self._synced_one()
+                        # Replication stopped (the node is stopping, or fenced):
+                        # never acknowledged; a restart replays it from here.
+                        error = e
+                self._awaiting_quorum -= 1
+                if error is not None:
+                    self._settle(group, error)
+                else:
+                    self._durable(group)
+
+    def _durable(self, group: WriteGroup) -> None:
+        """A synced (and, if replicated, quorum-held) group: count it and release its waiters."""
+        self._operations += group.count
+        self._operation_bytes += group.nbytes
+        if self._pending_checkpoints:
+            self._note_checkpoints(group)
+        self._settle(group, None)
 
     def _settle(self, group: WriteGroup, error: JournalError | None) -> None:
         """A group is durable (``error`` None) or failed: release its waiters."""

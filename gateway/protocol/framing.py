@@ -19,7 +19,13 @@ from google.protobuf.message import DecodeError, Message
 
 from gateway.errors import ProtocolError
 from gateway.protocol.encoding import encode_trailing_bytes, varint
-from gateway.protocol.wire_pb2 import AppendRequest, ReadResponse, Request, Response
+from gateway.protocol.wire_pb2 import (
+    AppendRequest,
+    ReadResponse,
+    ReplicaWriteRequest,
+    Request,
+    Response,
+)
 
 LENGTH = struct.Struct(">I")
 #: Bigger receives make fewer syscalls; small messages are parsed from one read.
@@ -329,3 +335,21 @@ def encode_append_request(request_id: int, append: AppendRequest, data: bytes) -
     head = Request(request_id=request_id).SerializeToString()
     head += _APPEND_FIELD_TAG + varint(len(inner) + len(data)) + inner
     return [head, data] if data else [head]
+
+
+_REPLICA_WRITE_FIELD_TAG = varint(
+    (Request.DESCRIPTOR.fields_by_name["replica_write"].number << 3) | 2
+)
+_FRAMES_FIELD = ReplicaWriteRequest.DESCRIPTOR.fields_by_name["frames"].number
+
+
+def encode_replica_write_request(
+    request_id: int, write: ReplicaWriteRequest, frames: bytes
+) -> list[bytes]:
+    """A serialized ``Request(request_id, replica_write=write with frames)`` as buffers,
+    the frames last and not copied (``write`` itself holds none; protobuf reads a
+    field wherever it comes)."""
+    inner = encode_trailing_bytes(write.SerializeToString(), _FRAMES_FIELD, frames)
+    head = Request(request_id=request_id).SerializeToString()
+    head += _REPLICA_WRITE_FIELD_TAG + varint(len(inner) + len(frames)) + inner
+    return [head, frames] if len(frames) else [head]
