@@ -1,0 +1,566 @@
+#!/usr/bin/env python3
+"""Replicated journal benchmark: appends acknowledged by 2 of 3 copies against local only.
+
+One SeaweedFS (`gateway.embedded.EmbeddedS3`) and, running side by side for
+the whole run, gateway daemons that differ only in ``[replication]``:
+
+- *local only*: one daemon (``write_quorum = 1``) alone on a bucket of its own;
+- *replicated*: three daemons on loopback sharing another bucket, each with
+  ``write_quorum = 3, ack_quorum = 2`` (other replication keys at their
+  defaults: ``peer_timeout = "3s"``); the load goes to node-a, whose journal
+  is also written by node-b and node-c, and an append is acknowledged once
+  node-a's copy and one replica are fdatasync'd.
+
+Tier 2 never flushes during a run (``flush_interval = "24h"``, 5 GiB chunks),
+so the figures are the journal's and the replicas'. The cases, all from this
+process over the wire protocol:
+
+- **1 KiB x 64 writers**: 64 connections, one writer each, one append in
+  flight per connection (each awaits its acknowledgement before the next),
+  each writer on a segment of its own, for --seconds: appends/s, MB/s and
+  the latency of every append (sent -> acknowledged), p50 and p99.
+- **1 MiB appends**: --total MiB on one connection with 16 appends in
+  flight: MB/s.
+- **1 KiB x 64 with a replica stopped**: node-c gets SIGSTOP right before the
+  case starts and SIGCONT after it (then the run waits until it has caught up
+  and is back in node-a's ensemble); the window includes the
+  ``peer_timeout`` it takes to get it out of the way.
+
+The physical reference for 1 MiB, measured in the same directory in every
+repetition: fio writing the same --total bytes three times at once (three
+jobs, sequential 1 MiB writes with an fdatasync after each, like three
+journals on the one disk the three nodes share here); its reference rate is
+the jobs' aggregate bandwidth ÷ 3, the rate of user bytes three copies
+allow. fio writing them once is the local-only reference.
+
+Targets: p99 (replicated) ≤ 3x p99 (local only) for 1 KiB x 64; 1 MiB
+replicated ≥ 0.8x the three-copy fio reference; with a replica stopped,
+1 KiB x 64 throughput ≥ 0.9x the healthy replicated one (the noise allowed
+on this shared machine), p99 within the same 3x of local only.
+
+Medians of --repeat repetitions (the configurations alternate which goes
+first). Prints one JSON document (progress on stderr); --write-table
+rewrites the section of docs/PERFORMANCE.md. --quick: one repetition of
+1 s cases and 16 MiB, a smoke test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import trio
+
+BENCH = pathlib.Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(BENCH))
+
+from common import (  # noqa: E402
+    READY_TIMEOUT,
+    STOP_TIMEOUT,
+    argument_parser,
+    ensure_fio,
+    log,
+    median_of,
+    met,
+    print_result,
+    replace_table,
+    result_header,
+    run_fio,
+    stop_on_signals,
+    work_directory,
+)
+
+from gateway.client.client import ResponseFuture, open_client  # noqa: E402
+
+KIB = 1024
+MIB = 1024 * KIB
+WRITERS = 64
+INFLIGHT = 16
+TARGET_P99_RATIO = 3.0
+TARGET_MIB_VS_FIO = 0.8
+TARGET_STOPPED_RATIO = 0.9
+SETTLE_TIMEOUT = 90.0
+TABLE_START = "<!-- bench/replication.py:start -->"
+TABLE_END = "<!-- bench/replication.py:end -->"
+CLUSTER = ("node-a", "node-b", "node-c")
+
+
+# -- the daemons --------------------------------------------------------------------
+
+
+def node_config(node: str, bucket: str, endpoint: str, replication: str) -> str:
+    """A node on ``bucket``; Tier 2 never flushes during a run; ``replication`` as given."""
+    return f"""
+[node]
+id = "{node}"
+[container]
+max_append_bytes = "8 MiB"
+[cache]
+budget = "8 GiB"
+[tier2]
+url = "s3://{bucket}/gw"
+endpoint_url = "{endpoint}"
+flush_interval = "24h"
+flush_size = "5 GiB"
+max_chunk_size = "5 GiB"
+[replication]
+{replication}
+"""
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Node:
+    """One daemon on fixed loopback ports (its peers and its metrics are found there)."""
+
+    def __init__(self, root: pathlib.Path, name: str, config: str, env: dict[str, str]) -> None:
+        self.name = name
+        self.dir = root / name
+        self.dir.mkdir(parents=True)
+        self.config = self.dir / "gateway.toml"
+        self.config.write_text(config)
+        self.env = env
+        self.address = f"127.0.0.1:{free_port()}"
+        self.metrics_port = free_port()
+        self.ready = self.dir / "ready"
+        self.log_path = self.dir / "daemon.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the process (`wait_ready` waits for it)."""
+        command = [
+            sys.executable, "-m", "gateway.cli", "--config", str(self.config),
+            "serve", "--data-dir", str(self.dir / "data"), "--listen", self.address,
+            "--ready-file", str(self.ready), "--mountpoint", "",
+            "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
+        ]  # fmt: skip
+        with open(self.log_path, "wb") as out:
+            self.proc = subprocess.Popen(
+                command, cwd=ROOT, env={**os.environ, **self.env}, stdin=subprocess.DEVNULL,
+                stdout=out, stderr=out, start_new_session=True,
+            )  # fmt: skip
+
+    def wait_ready(self) -> None:
+        """Until its ready file appears (an error if it exits or takes too long)."""
+        assert self.proc is not None
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not self.ready.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode}:\n{self.tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} not ready in {READY_TIMEOUT:.0f}s:\n{self.tail()}")
+            time.sleep(0.05)
+
+    def metrics(self) -> dict[str, float]:
+        """Its /metrics samples by name and labels as printed (``x{a="1",b="2"}``)."""
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+        samples = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                samples[key] = float(value)
+        return samples
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the daemon (SIGSTOP, SIGCONT)."""
+        assert self.proc is not None
+        self.proc.send_signal(signum)
+
+    def stop(self) -> None:
+        """SIGCONT (it may be stopped), SIGTERM; SIGKILL if it does not exit in time."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            log(f"{self.name} did not stop in time; killing it")
+            self.proc.kill()
+            self.proc.wait()
+
+    def tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def replication_settled(node: Node, peers: int) -> bool:
+    """Whether ``node`` has ``peers`` ensemble members, all answering, none behind."""
+    m = node.metrics()
+    if m.get("segment_gateway_replication_quorum") != 1:
+        return False
+    if m.get("segment_gateway_replication_ensemble_size", 0) < peers:
+        return False
+    up = [v for k, v in m.items() if k.startswith("segment_gateway_replication_peer_up{")]
+    lag = [
+        v for k, v in m.items() if k.startswith("segment_gateway_replication_peer_lag_operations{")
+    ]
+    return len(up) >= peers and all(v == 1 for v in up) and all(v == 0 for v in lag)
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = SETTLE_TIMEOUT) -> None:
+    """Poll ``predicate`` every 0.1 s until true; an error after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not {what} within {timeout:.0f}s")
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def running_nodes(work: pathlib.Path) -> Iterator[tuple[Node, dict[str, Node]]]:
+    """SeaweedFS, the local-only daemon and the three replicating ones, all ready."""
+    from gateway.embedded import EmbeddedS3
+    from gateway.storage.s3 import S3Storage
+
+    s3 = EmbeddedS3(work / "s3")
+    s3.start()
+    nodes: list[Node] = []
+    try:
+        env = {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key}
+        buckets = [f"bench-rep-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+        for b in buckets:
+            storage = S3Storage(b, endpoint_url=s3.endpoint_url, access_key=s3.access_key,
+                                secret_key=s3.secret_key)  # fmt: skip
+            storage.create_bucket_if_missing()
+            storage.close()
+        local = Node(work, "local", node_config("local", buckets[0], s3.endpoint_url,
+                                                "write_quorum = 1"), env)  # fmt: skip
+        replicated = "write_quorum = 3\nack_quorum = 2"
+        cluster = {
+            n: Node(work, n, node_config(n, buckets[1], s3.endpoint_url, replicated), env)
+            for n in CLUSTER
+        }
+        nodes = [local, *cluster.values()]
+        for n in nodes:
+            n.start()
+        for n in nodes:
+            n.wait_ready()
+        wait_until(lambda: replication_settled(cluster["node-a"], 2), "node-a's ensemble full")
+        yield local, cluster
+    finally:
+        for n in nodes:
+            n.stop()
+        s3.stop()
+
+
+# -- the cases ----------------------------------------------------------------------
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))]
+
+
+async def run_small(address: str, tag: str, seconds: float) -> dict[str, float]:
+    """64 connections, each appending 1 KiB to its own segment, one append in flight."""
+    names = [f"bench/{tag}/w{k}" for k in range(WRITERS)]
+    payload = b"x" * (KIB - 1) + b"\n"
+    perf = time.perf_counter
+    latencies: list[float] = []
+    counts: list[int] = []
+    finished: list[float] = []
+    ready, go = trio.Event(), trio.Event()
+    connected = 0
+    started = stop_at = 0.0
+
+    async def writer(name: str) -> None:
+        nonlocal connected
+        async with open_client(address) as c:
+            await c.create(name)
+            await c.append(name, payload)  # the segment exists everywhere it will
+            connected += 1
+            if connected == WRITERS:
+                ready.set()
+            await go.wait()
+            n = 0
+            mine: list[float] = []
+            while (sent := perf()) < stop_at:
+                await c.append(name, payload)
+                mine.append(perf() - sent)
+                n += 1
+            finished.append(perf())
+            latencies.extend(mine)
+            counts.append(n)
+            if (await c.info(name)).length != (n + 1) * KIB:
+                raise RuntimeError(f"{name}: not every acknowledged append reads back")
+
+    with trio.fail_after(seconds + 180):
+        async with trio.open_nursery() as nursery:
+            for name in names:
+                nursery.start_soon(writer, name)
+            await ready.wait()
+            started = perf()
+            stop_at = started + seconds
+            go.set()
+    elapsed = max(finished) - started
+    latencies.sort()
+    total = sum(counts)
+    return {
+        "appends_per_s": total / elapsed,
+        "MBps": total * KIB / elapsed / 1e6,
+        "p50_ms": _percentile(latencies, 0.5) * 1e3,
+        "p99_ms": _percentile(latencies, 0.99) * 1e3,
+        "max_ms": latencies[-1] * 1e3 if latencies else float("nan"),
+    }
+
+
+async def run_large(address: str, tag: str, total: int) -> dict[str, float]:
+    """``total`` bytes of 1 MiB appends on one connection, 16 in flight."""
+    segment = f"bench/{tag}/large"
+    data = os.urandom(MIB)
+    perf = time.perf_counter
+    latencies: list[float] = []
+    slots = trio.Semaphore(INFLIGHT)
+    send, receive = trio.open_memory_channel[tuple[ResponseFuture, float]](INFLIGHT)
+
+    async def acknowledgements() -> None:
+        async with receive:
+            async for fut, sent in receive:
+                await fut.wait()
+                latencies.append(perf() - sent)
+                slots.release()
+
+    with trio.fail_after(600):
+        async with open_client(address) as client:
+            await client.create(segment)
+            started = perf()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(acknowledgements)
+                async with send:
+                    for _ in range(total // MIB):
+                        await slots.acquire()
+                        await send.send((await client.start_append(segment, data), perf()))
+            elapsed = perf() - started
+            if (await client.info(segment)).length != total:
+                raise RuntimeError(f"{segment}: not every acknowledged append reads back")
+    latencies.sort()
+    return {
+        "MBps": total / elapsed / 1e6,
+        "p50_ms": _percentile(latencies, 0.5) * 1e3,
+        "p99_ms": _percentile(latencies, 0.99) * 1e3,
+    }
+
+
+def run_fio_copies(fio: str, directory: pathlib.Path, size_mib: int, jobs: int) -> float:
+    """MB/s of user bytes when ``jobs`` fio jobs each write ``size_mib`` (aggregate ÷ jobs)."""
+    if jobs == 1:
+        return run_fio(fio, directory, "1M", f"{size_mib}M")["MBps"]
+    import json
+    import shutil
+    import tempfile
+
+    work = pathlib.Path(tempfile.mkdtemp(dir=directory, prefix="fio-"))
+    try:
+        out = subprocess.run(
+            [
+                fio, "--name=copies", f"--directory={work}", "--rw=write", "--bs=1M",
+                f"--size={size_mib}M", f"--numjobs={jobs}", "--group_reporting",
+                "--fdatasync=1", "--ioengine=psync", "--output-format=json",
+            ],
+            check=True, capture_output=True, text=True, timeout=600,
+        ).stdout  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return float(json.loads(out)["jobs"][0]["write"]["bw_bytes"]) / 1e6 / jobs
+
+
+# -- one repetition -----------------------------------------------------------------
+
+
+def measure(
+    local: Node, cluster: dict[str, Node], rep: int, seconds: float, total: int
+) -> dict[str, dict[str, float]]:
+    """Every case once; the two configurations in an order alternating with ``rep``."""
+    out: dict[str, dict[str, float]] = {}
+    order = [("local", local), ("replicated", cluster["node-a"])]
+    if rep % 2:
+        order.reverse()
+    for label, node in order:
+        out[f"{label}_1KiB"] = trio.run(run_small, node.address, f"r{rep}-{label}", seconds)
+        log(f"rep {rep} {label} 1 KiB x {WRITERS}: {_brief(out[f'{label}_1KiB'])}")
+        out[f"{label}_1MiB"] = trio.run(run_large, node.address, f"r{rep}-{label}", total)
+        log(f"rep {rep} {label} 1 MiB: {_brief(out[f'{label}_1MiB'])}")
+        if label == "replicated":
+            wait_until(lambda: replication_settled(cluster["node-a"], 2), "replicas caught up")
+    a, c = cluster["node-a"], cluster["node-c"]
+    before = a.metrics().get("segment_gateway_replication_ensemble_changes", 0)
+    c.signal(signal.SIGSTOP)
+    try:
+        stopped = trio.run(run_small, a.address, f"r{rep}-stopped", seconds)
+    finally:
+        c.signal(signal.SIGCONT)
+    stopped["ensemble_changes"] = a.metrics().get(
+        "segment_gateway_replication_ensemble_changes", 0) - before  # fmt: skip
+    out["stopped_1KiB"] = stopped
+    log(f"rep {rep} replicated, node-c stopped, 1 KiB x {WRITERS}: {_brief(stopped)}")
+    resumed = time.monotonic()
+    wait_until(lambda: replication_settled(a, 2), "node-c back in node-a's ensemble")
+    log(f"rep {rep} node-c caught up and back in {time.monotonic() - resumed:.1f} s")
+    return out
+
+
+def _brief(r: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:,.1f}" for k, v in r.items())
+
+
+# -- the report ---------------------------------------------------------------------
+
+
+def summarize(runs: list[dict[str, dict[str, float]]], fio1: list[float],
+              fio3: list[float]) -> dict[str, Any]:  # fmt: skip
+    """Medians of the repetitions, the ratios and the targets."""
+    med = {case: median_of([r[case] for r in runs]) for case in runs[0]}
+    ref1, ref3 = statistics.median(fio1), statistics.median(fio3)
+    lo, rep, st = med["local_1KiB"], med["replicated_1KiB"], med["stopped_1KiB"]
+    ratios = {
+        "p99_replicated_vs_local": rep["p99_ms"] / lo["p99_ms"],
+        "throughput_1KiB_replicated_vs_local": rep["appends_per_s"] / lo["appends_per_s"],
+        "MiB_local_vs_fio_1_copy": med["local_1MiB"]["MBps"] / ref1,
+        "MiB_replicated_vs_fio_3_copies": med["replicated_1MiB"]["MBps"] / ref3,
+        "MiB_replicated_vs_local": med["replicated_1MiB"]["MBps"] / med["local_1MiB"]["MBps"],
+        "stopped_vs_replicated_throughput": st["appends_per_s"] / rep["appends_per_s"],
+        "stopped_vs_replicated_p99": st["p99_ms"] / rep["p99_ms"],
+        "p99_stopped_vs_local": st["p99_ms"] / lo["p99_ms"],
+    }
+    targets = {
+        "p99_1KiB": {
+            "target": f"1 KiB × {WRITERS} writers: p99 (3/2) ≤ {TARGET_P99_RATIO:g}× local only",
+            "ratio": ratios["p99_replicated_vs_local"],
+            "met": ratios["p99_replicated_vs_local"] <= TARGET_P99_RATIO,
+        },
+        "throughput_1MiB": {
+            "target": f"1 MiB (3/2) ≥ {TARGET_MIB_VS_FIO:g}× fio writing the bytes three times",
+            "ratio": ratios["MiB_replicated_vs_fio_3_copies"],
+            "met": ratios["MiB_replicated_vs_fio_3_copies"] >= TARGET_MIB_VS_FIO,
+        },
+        "replica_stopped": {
+            "target": f"a replica SIGSTOPped: 1 KiB throughput ≥ {TARGET_STOPPED_RATIO:g}× "
+            f"healthy (3/2), p99 ≤ {TARGET_P99_RATIO:g}× local only",
+            "ratio": ratios["stopped_vs_replicated_throughput"],
+            "met": ratios["stopped_vs_replicated_throughput"] >= TARGET_STOPPED_RATIO
+            and ratios["p99_stopped_vs_local"] <= TARGET_P99_RATIO,
+        },
+    }
+    return {
+        "baseline": {
+            "fio_1MiB_fdatasync_1_copy_MBps": ref1,
+            "fio_1MiB_fdatasync_3_copies_MBps": ref3,
+            "runs_1_copy": fio1,
+            "runs_3_copies": fio3,
+        },
+        "cases": med,
+        "runs": runs,
+        "ratios": ratios,
+        "targets": targets,
+    }
+
+
+def table(result: dict[str, Any]) -> list[str]:
+    c, r, t, b = result["cases"], result["ratios"], result["targets"], result["baseline"]
+
+    def small(label: str, row: dict[str, float]) -> str:
+        return (f"| {label} | {row['appends_per_s']:,.0f} | {row['MBps']:.1f} "
+                f"| {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | {row['max_ms']:.0f} |")  # fmt: skip
+
+    return [
+        TABLE_START,
+        f"Run {result['when']} on {result['machine']}, software {result['version']}; medians of "
+        f"{result['repeat']} repetitions, 1 KiB cases {result['seconds']:g} s each, 1 MiB "
+        f"cases {result['total_mib']} MiB each (bench/replication.py).",
+        "",
+        f"Baseline, same directory, same run: fio sequential 1 MiB writes + fdatasync, the "
+        f"bytes once: {b['fio_1MiB_fdatasync_1_copy_MBps']:.0f} MB/s; three jobs at once "
+        f"(three copies): {b['fio_1MiB_fdatasync_3_copies_MBps']:.0f} MB/s of user bytes "
+        f"(aggregate ÷ 3).",
+        "",
+        f"1 KiB appends, {WRITERS} writers (one connection each, one append in flight):",
+        "",
+        "| configuration | appends/s | MB/s | p50 ack ms | p99 ack ms | max ack ms |",
+        "|---|---|---|---|---|---|",
+        small("local only (`write_quorum = 1`)", c["local_1KiB"]),
+        small("replicated (`write_quorum = 3, ack_quorum = 2`)", c["replicated_1KiB"]),
+        small("replicated, node-c SIGSTOPped", c["stopped_1KiB"]),
+        "",
+        f"1 MiB appends ({INFLIGHT} in flight on one connection):",
+        "",
+        "| configuration | MB/s | × fio reference | p50 ack ms | p99 ack ms |",
+        "|---|---|---|---|---|",
+        f"| local only | {c['local_1MiB']['MBps']:.0f} | {r['MiB_local_vs_fio_1_copy']:.2f}× "
+        f"(once) | {c['local_1MiB']['p50_ms']:.0f} | {c['local_1MiB']['p99_ms']:.0f} |",
+        f"| replicated | {c['replicated_1MiB']['MBps']:.0f} "
+        f"| {r['MiB_replicated_vs_fio_3_copies']:.2f}× (three copies) "
+        f"| {c['replicated_1MiB']['p50_ms']:.0f} | {c['replicated_1MiB']['p99_ms']:.0f} |",
+        "",
+        "Targets: "
+        + "; ".join(f"{v['target']} — {v['ratio']:.2f}× ({met(v['met'])})" for v in t.values())
+        + ".",
+        TABLE_END,
+    ]
+
+
+def main() -> int:
+    parser = argument_parser(
+        __doc__,
+        work_dir_help="where the daemons, SeaweedFS and fio write (default: .bench-tmp)",
+        quick_help="smoke test: one repetition, 1 s cases, 16 MiB",
+    )
+    parser.add_argument("--seconds", type=float, default=4.0, help="per 1 KiB case (default 4)")
+    parser.add_argument("--total", type=int, default=256, help="MiB per 1 MiB case (default 256)")
+    args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.total, args.repeat = 1.0, 16, 1
+    stop_on_signals()
+    fio = ensure_fio()
+    runs: list[dict[str, dict[str, float]]] = []
+    fio1: list[float] = []
+    fio3: list[float] = []
+    with work_directory(args.dir, "replication-") as work:
+        started = time.monotonic()
+        with running_nodes(work) as (local, cluster):
+            log(f"four daemons ready, node-a's ensemble full in {time.monotonic() - started:.1f} s")
+            for rep in range(args.repeat):
+                fio1.append(run_fio_copies(fio, work, args.total, 1))
+                fio3.append(run_fio_copies(fio, work, args.total, 3))
+                log(f"rep {rep} fio: once {fio1[-1]:.0f} MB/s, three copies {fio3[-1]:.0f} MB/s")
+                runs.append(measure(local, cluster, rep, args.seconds, args.total * MIB))
+    result = {
+        **result_header("replication"),
+        "seconds": args.seconds,
+        "total_mib": args.total,
+        "repeat": args.repeat,
+        "writers_1KiB": WRITERS,
+        "inflight_1MiB": INFLIGHT,
+        **summarize(runs, fio1, fio3),
+    }
+    print_result(result)
+    if args.write_table:
+        replace_table(args.write_table, TABLE_START, TABLE_END, table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
