@@ -307,6 +307,7 @@ async def run_small(address: str, tag: str, seconds: float) -> dict[str, float]:
             counts.append(n)
             if (await c.info(name)).length != (n + 1) * KIB:
                 raise RuntimeError(f"{name}: not every acknowledged append reads back")
+            await c.delete(name)  # nothing left to flush when the daemons stop
 
     with trio.fail_after(seconds + 180):
         async with trio.open_nursery() as nursery:
@@ -357,6 +358,7 @@ async def run_large(address: str, tag: str, total: int) -> dict[str, float]:
             elapsed = perf() - started
             if (await client.info(segment)).length != total:
                 raise RuntimeError(f"{segment}: not every acknowledged append reads back")
+            await client.delete(segment)
     latencies.sort()
     return {
         "MBps": total / elapsed / 1e6,
@@ -526,6 +528,8 @@ def main() -> int:
     parser = argument_parser(
         __doc__,
         work_dir_help="where the daemons, SeaweedFS and fio write (default: .bench-tmp)",
+        repeat=5,
+        repeat_help="repetitions of every case (default 5)",
         quick_help="smoke test: one repetition, 1 s cases, 16 MiB",
     )
     parser.add_argument("--seconds", type=float, default=4.0, help="per 1 KiB case (default 4)")
