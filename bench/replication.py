@@ -20,28 +20,32 @@ process over the wire protocol:
   each writer on a segment of its own, for --seconds: appends/s, MB/s and
   the latency of every append (sent -> acknowledged), p50 and p99.
 - **1 MiB appends**: --total MiB on one connection with 16 appends in
-  flight: MB/s.
+  flight: MB/s, and the CPU time the daemons used per MiB (/proc: the one
+  daemon, or node-a, b and c together) with how busy the whole machine was.
 - **1 KiB x 64 with a replica stopped**: node-c gets SIGSTOP right before the
   case starts and SIGCONT after it (then the run waits until it has caught up
   and is back in node-a's ensemble); the window includes the
   ``peer_timeout`` it takes to get it out of the way.
 
-The physical reference for 1 MiB, measured in the same directory in every
-repetition: fio writing the same --total bytes three times at once (three
-jobs, sequential 1 MiB writes with an fdatasync after each, like three
-journals on the one disk the three nodes share here); its reference rate is
-the jobs' aggregate bandwidth ÷ 3, the rate of user bytes three copies
-allow. fio writing them once is the local-only reference.
+The physical reference for 1 MiB, measured in the same directory right
+before each 1 MiB case: fio writing the same --total bytes three times at
+once (three jobs, sequential 1 MiB writes with an fdatasync after each, like
+three journals on the one disk the three nodes share here); its reference
+rate is the jobs' aggregate bandwidth ÷ 3, the rate of user bytes three
+copies allow. fio writing them once is the local-only reference.
 
 Targets: p99 (replicated) ≤ 3x p99 (local only) for 1 KiB x 64; 1 MiB
 replicated ≥ 0.8x the three-copy fio reference; with a replica stopped,
 1 KiB x 64 throughput ≥ 0.9x the healthy replicated one (the noise allowed
 on this shared machine), p99 within the same 3x of local only.
 
-Medians of --repeat repetitions (the configurations alternate which goes
-first). Prints one JSON document (progress on stderr); --write-table
-rewrites the section of docs/PERFORMANCE.md. --quick: one repetition of
-1 s cases and 16 MiB, a smoke test.
+The machine is shared and noisy, so each ratio is taken between two cases
+run back to back (local only and replicated 1 KiB; healthy and stopped;
+fio and its 1 MiB case) in every repetition, the order alternating, and
+the medians of --repeat repetitions are reported. Prints one JSON document
+(progress on stderr); --write-table rewrites the section of
+docs/PERFORMANCE.md. --quick: one repetition of 1 s cases and 16 MiB, a
+smoke test (about 20 s).
 """
 
 from __future__ import annotations
@@ -51,7 +55,6 @@ import os
 import pathlib
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -393,35 +396,74 @@ def run_fio_copies(fio: str, directory: pathlib.Path, size_mib: int, jobs: int) 
 # -- one repetition -----------------------------------------------------------------
 
 
+def cpu_seconds(node: Node) -> float:
+    """CPU time (user + system) the daemon has used so far."""
+    assert node.proc is not None
+    fields = pathlib.Path(f"/proc/{node.proc.pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine so far (/proc/stat)."""
+    values = [int(v) for v in pathlib.Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    return sum(values) - values[3] - values[4], sum(values)
+
+
 def measure(
-    local: Node, cluster: dict[str, Node], rep: int, seconds: float, total: int
-) -> dict[str, dict[str, float]]:
-    """Every case once; the two configurations in an order alternating with ``rep``."""
+    local: Node, cluster: dict[str, Node], fio: str, work: pathlib.Path, rep: int,
+    seconds: float, total_mib: int,
+) -> dict[str, dict[str, float]]:  # fmt: skip
+    """Every case once, each ratio's two sides back to back, the order alternating with ``rep``."""
+    a, c = cluster["node-a"], cluster["node-c"]
     out: dict[str, dict[str, float]] = {}
-    order = [("local", local), ("replicated", cluster["node-a"])]
-    if rep % 2:
-        order.reverse()
-    for label, node in order:
+
+    def small(label: str, node: Node) -> None:
         out[f"{label}_1KiB"] = trio.run(run_small, node.address, f"r{rep}-{label}", seconds)
         log(f"rep {rep} {label} 1 KiB x {WRITERS}: {_brief(out[f'{label}_1KiB'])}")
-        out[f"{label}_1MiB"] = trio.run(run_large, node.address, f"r{rep}-{label}", total)
-        log(f"rep {rep} {label} 1 MiB: {_brief(out[f'{label}_1MiB'])}")
+
+    def stopped() -> None:
+        changes = "segment_gateway_replication_ensemble_changes_total"
+        before = a.metrics().get(changes, 0)
+        c.signal(signal.SIGSTOP)
+        try:
+            r = trio.run(run_small, a.address, f"r{rep}-stopped", seconds)
+        finally:
+            c.signal(signal.SIGCONT)
+        r["ensemble_changes"] = a.metrics().get(changes, 0) - before
+        out["stopped_1KiB"] = r
+        log(f"rep {rep} replicated, node-c stopped, 1 KiB x {WRITERS}: {_brief(r)}")
+        resumed = time.monotonic()
+        wait_until(lambda: replication_settled(a, 2), "node-c back in node-a's ensemble")
+        log(f"rep {rep} node-c caught up and back in {time.monotonic() - resumed:.1f} s")
+
+    def large(label: str, nodes: list[Node], copies: int) -> None:
+        out[f"fio_{copies}"] = {"MBps": run_fio_copies(fio, work, total_mib, copies)}
+        cpu = [cpu_seconds(n) for n in nodes]
+        busy, jiffies = machine_busy()
+        r = trio.run(run_large, nodes[0].address, f"r{rep}-{label}", total_mib * MIB)
+        busy2, jiffies2 = machine_busy()
+        used = [cpu_seconds(n) - before for n, before in zip(nodes, cpu, strict=True)]
+        r["cpu_ms_per_MiB"] = sum(used) / total_mib * 1e3
+        r["source_cpu_ms_per_MiB"] = used[0] / total_mib * 1e3
+        r["machine_busy"] = (busy2 - busy) / max(1, jiffies2 - jiffies)
+        out[f"{label}_1MiB"] = r
+        log(f"rep {rep} fio x{copies} {out[f'fio_{copies}']['MBps']:.0f} MB/s; "
+            f"{label} 1 MiB: {_brief(r)}")  # fmt: skip
         if label == "replicated":
-            wait_until(lambda: replication_settled(cluster["node-a"], 2), "replicas caught up")
-    a, c = cluster["node-a"], cluster["node-c"]
-    before = a.metrics().get("segment_gateway_replication_ensemble_changes", 0)
-    c.signal(signal.SIGSTOP)
-    try:
-        stopped = trio.run(run_small, a.address, f"r{rep}-stopped", seconds)
-    finally:
-        c.signal(signal.SIGCONT)
-    stopped["ensemble_changes"] = a.metrics().get(
-        "segment_gateway_replication_ensemble_changes", 0) - before  # fmt: skip
-    out["stopped_1KiB"] = stopped
-    log(f"rep {rep} replicated, node-c stopped, 1 KiB x {WRITERS}: {_brief(stopped)}")
-    resumed = time.monotonic()
-    wait_until(lambda: replication_settled(a, 2), "node-c back in node-a's ensemble")
-    log(f"rep {rep} node-c caught up and back in {time.monotonic() - resumed:.1f} s")
+            wait_until(lambda: replication_settled(a, 2), "replicas caught up")
+
+    if rep % 2 == 0:
+        small("local", local)
+        small("replicated", a)
+        stopped()
+        large("local", [local], 1)
+        large("replicated", [a, cluster["node-b"], c], 3)
+    else:
+        small("replicated", a)
+        stopped()
+        small("local", local)
+        large("replicated", [a, cluster["node-b"], c], 3)
+        large("local", [local], 1)
     return out
 
 
@@ -432,22 +474,26 @@ def _brief(r: dict[str, float]) -> str:
 # -- the report ---------------------------------------------------------------------
 
 
-def summarize(runs: list[dict[str, dict[str, float]]], fio1: list[float],
-              fio3: list[float]) -> dict[str, Any]:  # fmt: skip
-    """Medians of the repetitions, the ratios and the targets."""
-    med = {case: median_of([r[case] for r in runs]) for case in runs[0]}
-    ref1, ref3 = statistics.median(fio1), statistics.median(fio3)
-    lo, rep, st = med["local_1KiB"], med["replicated_1KiB"], med["stopped_1KiB"]
-    ratios = {
+def run_ratios(run: dict[str, dict[str, float]]) -> dict[str, float]:
+    """One repetition's ratios, each between two cases measured back to back."""
+    lo, rep, st = run["local_1KiB"], run["replicated_1KiB"], run["stopped_1KiB"]
+    return {
         "p99_replicated_vs_local": rep["p99_ms"] / lo["p99_ms"],
         "throughput_1KiB_replicated_vs_local": rep["appends_per_s"] / lo["appends_per_s"],
-        "MiB_local_vs_fio_1_copy": med["local_1MiB"]["MBps"] / ref1,
-        "MiB_replicated_vs_fio_3_copies": med["replicated_1MiB"]["MBps"] / ref3,
-        "MiB_replicated_vs_local": med["replicated_1MiB"]["MBps"] / med["local_1MiB"]["MBps"],
+        "MiB_local_vs_fio_1_copy": run["local_1MiB"]["MBps"] / run["fio_1"]["MBps"],
+        "MiB_replicated_vs_fio_3_copies": run["replicated_1MiB"]["MBps"] / run["fio_3"]["MBps"],
+        "MiB_replicated_vs_local": run["replicated_1MiB"]["MBps"] / run["local_1MiB"]["MBps"],
         "stopped_vs_replicated_throughput": st["appends_per_s"] / rep["appends_per_s"],
         "stopped_vs_replicated_p99": st["p99_ms"] / rep["p99_ms"],
         "p99_stopped_vs_local": st["p99_ms"] / lo["p99_ms"],
     }
+
+
+def summarize(runs: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
+    """Medians of the repetitions' figures and of their ratios; the targets."""
+    med = {case: median_of([r[case] for r in runs]) for case in runs[0]}
+    per_run = [run_ratios(r) for r in runs]
+    ratios = median_of(per_run)
     targets = {
         "p99_1KiB": {
             "target": f"1 KiB × {WRITERS} writers: p99 (3/2) ≤ {TARGET_P99_RATIO:g}× local only",
@@ -468,36 +514,32 @@ def summarize(runs: list[dict[str, dict[str, float]]], fio1: list[float],
         },
     }
     return {
-        "baseline": {
-            "fio_1MiB_fdatasync_1_copy_MBps": ref1,
-            "fio_1MiB_fdatasync_3_copies_MBps": ref3,
-            "runs_1_copy": fio1,
-            "runs_3_copies": fio3,
-        },
         "cases": med,
-        "runs": runs,
         "ratios": ratios,
         "targets": targets,
+        "runs": runs,
+        "run_ratios": per_run,
     }
 
 
 def table(result: dict[str, Any]) -> list[str]:
-    c, r, t, b = result["cases"], result["ratios"], result["targets"], result["baseline"]
+    c, r, t = result["cases"], result["ratios"], result["targets"]
 
     def small(label: str, row: dict[str, float]) -> str:
         return (f"| {label} | {row['appends_per_s']:,.0f} | {row['MBps']:.1f} "
                 f"| {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | {row['max_ms']:.0f} |")  # fmt: skip
 
+    def large(label: str, row: dict[str, float], vs: str) -> str:
+        return (f"| {label} | {row['MBps']:.0f} | {vs} | {row['p50_ms']:.0f} "
+                f"| {row['p99_ms']:.0f} | {row['cpu_ms_per_MiB']:.1f} "
+                f"| {row['machine_busy']:.0%} |")  # fmt: skip
+
     return [
         TABLE_START,
         f"Run {result['when']} on {result['machine']}, software {result['version']}; medians of "
         f"{result['repeat']} repetitions, 1 KiB cases {result['seconds']:g} s each, 1 MiB "
-        f"cases {result['total_mib']} MiB each (bench/replication.py).",
-        "",
-        f"Baseline, same directory, same run: fio sequential 1 MiB writes + fdatasync, the "
-        f"bytes once: {b['fio_1MiB_fdatasync_1_copy_MBps']:.0f} MB/s; three jobs at once "
-        f"(three copies): {b['fio_1MiB_fdatasync_3_copies_MBps']:.0f} MB/s of user bytes "
-        f"(aggregate ÷ 3).",
+        f"cases {result['total_mib']} MiB each; ratios are medians of each repetition's "
+        "ratio between two cases run back to back.",
         "",
         f"1 KiB appends, {WRITERS} writers (one connection each, one append in flight):",
         "",
@@ -507,15 +549,26 @@ def table(result: dict[str, Any]) -> list[str]:
         small("replicated (`write_quorum = 3, ack_quorum = 2`)", c["replicated_1KiB"]),
         small("replicated, node-c SIGSTOPped", c["stopped_1KiB"]),
         "",
-        f"1 MiB appends ({INFLIGHT} in flight on one connection):",
+        f"p99 replicated ÷ local only: {r['p99_replicated_vs_local']:.2f}×; throughput "
+        f"{r['throughput_1KiB_replicated_vs_local']:.2f}×. With node-c stopped ÷ healthy: "
+        f"throughput {r['stopped_vs_replicated_throughput']:.2f}×, p99 "
+        f"{r['stopped_vs_replicated_p99']:.2f}× ({r['p99_stopped_vs_local']:.2f}× local only).",
         "",
-        "| configuration | MB/s | × fio reference | p50 ack ms | p99 ack ms |",
-        "|---|---|---|---|---|",
-        f"| local only | {c['local_1MiB']['MBps']:.0f} | {r['MiB_local_vs_fio_1_copy']:.2f}× "
-        f"(once) | {c['local_1MiB']['p50_ms']:.0f} | {c['local_1MiB']['p99_ms']:.0f} |",
-        f"| replicated | {c['replicated_1MiB']['MBps']:.0f} "
-        f"| {r['MiB_replicated_vs_fio_3_copies']:.2f}× (three copies) "
-        f"| {c['replicated_1MiB']['p50_ms']:.0f} | {c['replicated_1MiB']['p99_ms']:.0f} |",
+        f"1 MiB appends ({INFLIGHT} in flight on one connection) and fio 1 MiB writes + "
+        "fdatasync on the same directory just before each:",
+        "",
+        "| configuration | MB/s | × fio | p50 ack ms | p99 ack ms | daemons' CPU ms per MiB "
+        "| machine busy |",
+        "|---|---|---|---|---|---|---|",
+        f"| fio, the bytes once | {c['fio_1']['MBps']:.0f} | | | | | |",
+        f"| fio, three jobs at once (user bytes: aggregate ÷ 3) | {c['fio_3']['MBps']:.0f} "
+        "| | | | | |",
+        large("local only", c["local_1MiB"], f"{r['MiB_local_vs_fio_1_copy']:.2f}× (once)"),
+        large(
+            "replicated (node-a, b and c)",
+            c["replicated_1MiB"],
+            f"{r['MiB_replicated_vs_fio_3_copies']:.2f}× (three)",
+        ),
         "",
         "Targets: "
         + "; ".join(f"{v['target']} — {v['ratio']:.2f}× ({met(v['met'])})" for v in t.values())
@@ -540,17 +593,12 @@ def main() -> int:
     stop_on_signals()
     fio = ensure_fio()
     runs: list[dict[str, dict[str, float]]] = []
-    fio1: list[float] = []
-    fio3: list[float] = []
     with work_directory(args.dir, "replication-") as work:
         started = time.monotonic()
         with running_nodes(work) as (local, cluster):
             log(f"four daemons ready, node-a's ensemble full in {time.monotonic() - started:.1f} s")
             for rep in range(args.repeat):
-                fio1.append(run_fio_copies(fio, work, args.total, 1))
-                fio3.append(run_fio_copies(fio, work, args.total, 3))
-                log(f"rep {rep} fio: once {fio1[-1]:.0f} MB/s, three copies {fio3[-1]:.0f} MB/s")
-                runs.append(measure(local, cluster, rep, args.seconds, args.total * MIB))
+                runs.append(measure(local, cluster, fio, work, rep, args.seconds, args.total))
     result = {
         **result_header("replication"),
         "seconds": args.seconds,
@@ -558,7 +606,7 @@ def main() -> int:
         "repeat": args.repeat,
         "writers_1KiB": WRITERS,
         "inflight_1MiB": INFLIGHT,
-        **summarize(runs, fio1, fio3),
+        **summarize(runs),
     }
     print_result(result)
     if args.write_table:
