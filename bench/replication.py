@@ -23,9 +23,9 @@ process over the wire protocol:
   flight: MB/s, and the CPU time the daemons used per MiB (/proc: the one
   daemon, or node-a, b and c together) with how busy the whole machine was.
 - **1 KiB x 64 with a replica stopped**: node-c gets SIGSTOP right before the
-  case starts and SIGCONT after it (then the run waits until it has caught up
-  and is back in node-a's ensemble); the window includes the
-  ``peer_timeout`` it takes to get it out of the way.
+  case starts and SIGCONT after it, --stopped-seconds later (long enough for
+  ``peer_timeout`` to take it out of node-a's ensemble: an ensemble change);
+  then the run waits until it has caught up and is back in the ensemble.
 
 The physical reference for 1 MiB, measured in the same directory right
 before each 1 MiB case: fio writing the same --total bytes three times at
@@ -411,7 +411,7 @@ def machine_busy() -> tuple[int, int]:
 
 def measure(
     local: Node, cluster: dict[str, Node], fio: str, work: pathlib.Path, rep: int,
-    seconds: float, total_mib: int,
+    seconds: float, stopped_seconds: float, total_mib: int,
 ) -> dict[str, dict[str, float]]:  # fmt: skip
     """Every case once, each ratio's two sides back to back, the order alternating with ``rep``."""
     a, c = cluster["node-a"], cluster["node-c"]
@@ -426,7 +426,7 @@ def measure(
         before = a.metrics().get(changes, 0)
         c.signal(signal.SIGSTOP)
         try:
-            r = trio.run(run_small, a.address, f"r{rep}-stopped", seconds)
+            r = trio.run(run_small, a.address, f"r{rep}-stopped", stopped_seconds)
         finally:
             c.signal(signal.SIGCONT)
         r["ensemble_changes"] = a.metrics().get(changes, 0) - before
@@ -434,7 +434,8 @@ def measure(
         log(f"rep {rep} replicated, node-c stopped, 1 KiB x {WRITERS}: {_brief(r)}")
         resumed = time.monotonic()
         wait_until(lambda: replication_settled(a, 2), "node-c back in node-a's ensemble")
-        log(f"rep {rep} node-c caught up and back in {time.monotonic() - resumed:.1f} s")
+        r["back_s"] = time.monotonic() - resumed
+        log(f"rep {rep} node-c caught up and back in {r['back_s']:.1f} s")
 
     def large(label: str, nodes: list[Node], copies: int) -> None:
         out[f"fio_{copies}"] = {"MBps": run_fio_copies(fio, work, total_mib, copies)}
@@ -537,7 +538,8 @@ def table(result: dict[str, Any]) -> list[str]:
     return [
         TABLE_START,
         f"Run {result['when']} on {result['machine']}, software {result['version']}; medians of "
-        f"{result['repeat']} repetitions, 1 KiB cases {result['seconds']:g} s each, 1 MiB "
+        f"{result['repeat']} repetitions, 1 KiB cases {result['seconds']:g} s each (stopped: "
+        f"{result['stopped_seconds']:g} s), 1 MiB "
         f"cases {result['total_mib']} MiB each; ratios are medians of each repetition's "
         "ratio between two cases run back to back.",
         "",
@@ -552,7 +554,10 @@ def table(result: dict[str, Any]) -> list[str]:
         f"p99 replicated ÷ local only: {r['p99_replicated_vs_local']:.2f}×; throughput "
         f"{r['throughput_1KiB_replicated_vs_local']:.2f}×. With node-c stopped ÷ healthy: "
         f"throughput {r['stopped_vs_replicated_throughput']:.2f}×, p99 "
-        f"{r['stopped_vs_replicated_p99']:.2f}× ({r['p99_stopped_vs_local']:.2f}× local only).",
+        f"{r['stopped_vs_replicated_p99']:.2f}× ({r['p99_stopped_vs_local']:.2f}× local only); "
+        f"node-a's ensemble changes while node-c was stopped: "
+        f"{c['stopped_1KiB']['ensemble_changes']:g}; node-c back in the ensemble "
+        f"{c['stopped_1KiB']['back_s']:.0f} s after SIGCONT.",
         "",
         f"1 MiB appends ({INFLIGHT} in flight on one connection) and fio 1 MiB writes + "
         "fdatasync on the same directory just before each:",
@@ -581,15 +586,18 @@ def main() -> int:
     parser = argument_parser(
         __doc__,
         work_dir_help="where the daemons, SeaweedFS and fio write (default: .bench-tmp)",
-        repeat=5,
-        repeat_help="repetitions of every case (default 5)",
+        repeat=4,
+        repeat_help="repetitions of every case (default 4)",
         quick_help="smoke test: one repetition, 1 s cases, 16 MiB",
     )
     parser.add_argument("--seconds", type=float, default=4.0, help="per 1 KiB case (default 4)")
     parser.add_argument("--total", type=int, default=256, help="MiB per 1 MiB case (default 256)")
+    parser.add_argument("--stopped-seconds", type=float, default=8.0,
+                        help="the case with a replica stopped (default 8: peer_timeout, 3 s, "
+                        "and the ensemble change happen within it)")  # fmt: skip
     args = parser.parse_args()
     if args.quick:
-        args.seconds, args.total, args.repeat = 1.0, 16, 1
+        args.seconds, args.stopped_seconds, args.total, args.repeat = 1.0, 1.0, 16, 1
     stop_on_signals()
     fio = ensure_fio()
     runs: list[dict[str, dict[str, float]]] = []
@@ -598,10 +606,12 @@ def main() -> int:
         with running_nodes(work) as (local, cluster):
             log(f"four daemons ready, node-a's ensemble full in {time.monotonic() - started:.1f} s")
             for rep in range(args.repeat):
-                runs.append(measure(local, cluster, fio, work, rep, args.seconds, args.total))
+                runs.append(measure(local, cluster, fio, work, rep, args.seconds,
+                                    args.stopped_seconds, args.total))  # fmt: skip
     result = {
         **result_header("replication"),
         "seconds": args.seconds,
+        "stopped_seconds": args.stopped_seconds,
         "total_mib": args.total,
         "repeat": args.repeat,
         "writers_1KiB": WRITERS,
