@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 # attr: getfattr/setfattr, which the mount's tests (and users) read xattrs with.
 # systemd: systemd-analyze, -sysusers and -tmpfiles check the unit files
 # offline (containers often lack it; it need not be running).
-packages=(fuse3 libfuse3-dev pkg-config gcc python3-dev attr systemd "$@")
+# nftables: nft, which the network partition tests drop packets with.
+packages=(fuse3 libfuse3-dev pkg-config gcc python3-dev attr systemd nftables "$@")
 PYTHON=${PYTHON:-python3}
 # Debian's own python3 needs python3-venv for `-m venv`; other builds ship ensurepip.
 if ! "$PYTHON" -c 'import ensurepip' 2>/dev/null; then packages+=(python3-venv); fi

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from tests.helpers.wait import wait_for
 
@@ -38,8 +38,15 @@ class Daemon:
         env: dict[str, str] | None = None,
         mountpoint: pathlib.Path | None = None,
         preexec_fn: Callable[[], None] | None = None,
+        host: str = "127.0.0.1",
+        command_prefix: Sequence[str] = (),
     ) -> None:
         self.data_dir = data_dir
+        #: The address it serves the protocol and its metrics on.
+        self.host = host
+        #: Put before the command line, e.g. ``("ip", "netns", "exec", NAME)``
+        #: to run it in a network namespace.
+        self.command_prefix = tuple(command_prefix)
         #: Run in the child before exec (e.g. to lower its resource limits).
         self.preexec_fn = preexec_fn
         #: Where it mounts the segments (None: no mount).
@@ -52,7 +59,7 @@ class Daemon:
         self.config_path.write_text(config_text)
         self.env = env or {}
         self.port = port or free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.address = f"{host}:{self.port}"
         self.metrics_port = free_port()
         self.ready_file = data_dir / "ready"
         self.log_path = data_dir / "daemon.log"
@@ -73,11 +80,12 @@ class Daemon:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [
+                *self.command_prefix,
                 sys.executable, "-m", "gateway.cli", "--config", str(self.config_path),
                 "serve", "--data-dir", str(self.data_dir), "--listen", self.address,
                 "--ready-file", str(self.ready_file),
                 "--mountpoint", str(self.mountpoint or ""),
-                "--metrics-listen", f"127.0.0.1:{self.metrics_port}", *serve_args,
+                "--metrics-listen", f"{self.host}:{self.metrics_port}", *serve_args,
             ],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT), **self.env},
@@ -140,11 +148,11 @@ class Daemon:
             return ""
 
 
-def scrape(port: int) -> dict[str, float]:
+def scrape(port: int, host: str = "127.0.0.1") -> dict[str, float]:
     """Every sample of a daemon's /metrics by name and labels, e.g. ``x{state="up"}``."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as r:
         assert r.headers["Content-Type"].startswith("text/plain")
         text = r.read().decode()
     samples = {}
