@@ -341,6 +341,7 @@ durable once enough replicas answer -- retry, an exactly-once writer resends onl
 is missing"""
 
     exit_code = 47
+    wire_code = "NO_QUORUM"
 
 
 class SegmentExistsElsewhere(SegmentExists):
@@ -415,7 +416,7 @@ BY_WIRE_CODE: dict[str, type[GatewayError]] = {
     for cls in (
         GatewayError, TooLarge, SegmentNotFound, SegmentExists, SegmentSealed, BadOffset,
         ConditionalCheckFailed, BadAttributeUpdate, InvalidName, Overloaded, Unauthorized,
-        SegmentTruncated, NotOwner, OwnerDown, ReplicaFenced, ReplicaGap,
+        SegmentTruncated, NotOwner, OwnerDown, ReplicaFenced, ReplicaGap, NoQuorum,
         LimitExceeded, Unavailable, BadRequest, ProtocolError, Unsupported, Tier2Error,
         NotATransaction, TransactionTimedOut, TransactionAborted, TransactionCommitted,
     )

@@ -277,12 +277,6 @@ def _fenced(e: GatewayError) -> bool:
     return "fenced" in text or "refuses" in text or "taken over" in text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a replicated group whose replication detached at stop is settled as durable "
-    "(gateway/journal/journal.py, _run_syncs): the group before it failed, so the container "
-    "applies an append past the segment's length and the stop ends in ContainerCorrupt",
-)
 @pytest.mark.expect_errors(*EXPECTED)
 def test_an_owner_stopped_while_cut_off_stops_cleanly_and_keeps_every_ack(
     cluster: PartitionedCluster,

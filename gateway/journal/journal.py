@@ -451,7 +451,7 @@ class Journal:
                         self._wake_committer()
                         return
                     self._synced_one()
-                    if self._awaiting_quorum or (group.replicated and self.replication is not None):
+                    if self._awaiting_quorum or group.replicated:
                         # Behind earlier groups still waiting: groups settle in order.
                         self._awaiting_quorum += 1
                         quorum_send.send_nowait(group)
@@ -463,17 +463,34 @@ class Journal:
         async with receive:
             async for group in receive:
                 error: JournalError | None = None
-                if group.replicated and self.replication is not None:
+                if group.replicated:
                     # Durable here; durable for the node once on an ack quorum.
+                    # Replication stopped meanwhile (the node is stopping, or
+                    # fenced): never acknowledged -- and so neither is any group
+                    # after it that was written to be replicated; a restart
+                    # replays them from here.
                     try:
+                        if self.replication is None:
+                            raise JournalClosed()
                         await self.replication.wait_replicated(group.first_sequence + group.count)
                     except JournalError as e:
-                        # Replication stopped (the node is stopping, or fenced):
-                        # never acknowledged; a restart replays it from here.
                         error = e
                 self._awaiting_quorum -= 1
                 if error is not None:
+                    # The group is on this disk and will be replayed at the next
+                    # start: nothing may be journaled after it that assumes it
+                    # is not (a checkpoint of the state without it), so the
+                    # journal takes nothing more.
+                    if self._error is None:
+                        self._error = error
+                        log.warning(
+                            "journal: replication stopped with groups not on an ack quorum "
+                            "(%s); the journal takes nothing more",
+                            error,
+                        )
                     self._settle(group, error)
+                    self._fail_waiting(error)
+                    self._wake_committer()
                 else:
                     self._durable(group)
 

@@ -70,6 +70,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRANSACTION_COMMITTED: _ClassVar[ErrorCode]
     REPLICA_FENCED: _ClassVar[ErrorCode]
     REPLICA_GAP: _ClassVar[ErrorCode]
+    NO_QUORUM: _ClassVar[ErrorCode]
 PROTOCOL_VERSION_UNSPECIFIED: ProtocolVersion
 PROTOCOL_VERSION_1: ProtocolVersion
 STREAM_GET: StreamAction
@@ -115,6 +116,7 @@ TRANSACTION_ABORTED: ErrorCode
 TRANSACTION_COMMITTED: ErrorCode
 REPLICA_FENCED: ErrorCode
 REPLICA_GAP: ErrorCode
+NO_QUORUM: ErrorCode
 
 class Request(_message.Message):
     __slots__ = ("request_id", "hello", "create", "append", "seal", "truncate", "delete", "update_attributes", "get_info", "list", "get_attributes", "read", "flush", "fsck", "export_metadata", "get_record", "cluster", "stream", "transaction", "replica_write", "replica_fence", "replica_read")

@@ -317,6 +317,8 @@ class Replicator:
             await trio.sleep(IDLE_INTERVAL)
 
     async def _membership_step(self) -> None:
+        if self.fenced is not None:
+            return  # taken over: nothing more is written anywhere
         now = trio.current_time()
         timeout = self.config.peer_timeout
         candidates = self._candidates()
