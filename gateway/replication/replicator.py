@@ -325,10 +325,13 @@ class Replicator:
         self._others_up = len(candidates)
         up = {n: a for n, a in candidates if self._cooldown.get(n, 0.0) <= now}
         # A joining peer that has not answered for peer_timeout (a hung or
-        # stopped node) makes room for another spare for a while.
+        # stopped node) makes room for another spare for a while -- if there
+        # is one: else it keeps trying, and rejoins as soon as it answers.
+        waiting = [n for n in up if n not in self.members and n not in self.peers]
         for joiner in list(self.peers.values()):
             if (
-                joiner.node not in self.members
+                waiting
+                and joiner.node not in self.members
                 and not joiner.live
                 and joiner.down_since is not None
                 and now - joiner.down_since >= timeout
