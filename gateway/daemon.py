@@ -545,6 +545,13 @@ async def _stop(life: _Lifecycle, server: Server, node: Node) -> None:
     life.notifier.stopping("stopping: unmounting")
     await life.unmount()
     timeout = config.tier2.stop_flush_timeout
+    replicator = server.replicator
+    if timeout > 0 and replicator is not None and not replicator.has_quorum():
+        # A flush is recorded in the journal, and nothing is recorded without
+        # an ack quorum: waiting would only use up the timeout.
+        log.warning("stop: no ack quorum of replicas (%s): not flushing to Tier 2; the "
+                    "journal keeps the data", replicator.describe_quorum())  # fmt: skip
+        timeout = 0
     if timeout > 0 and container.storage is not None:
         life.notifier.stopping("stopping: flushing to Tier 2")
         with trio.move_on_after(timeout) as scope:

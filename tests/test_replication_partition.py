@@ -304,6 +304,9 @@ def test_an_owner_stopped_while_cut_off_stops_cleanly_and_keeps_every_ack(
     with cluster.client_a() as c:
         check_read_back(c.read("s", 0, c.info("s").length).data, w.acked, w.attempted,
                         "node-a restarted")  # fmt: skip
-    assert took < 45, took  # tier2.stop_flush_timeout (30 s) bounds it
+    # Without an ack quorum the stop does not wait to flush (it could not be
+    # recorded): it takes the drain and the checkpoint, not stop_flush_timeout.
+    assert took < 15, took
+    assert "not flushing to Tier 2" in stop_log
     assert code == 0, stop_log[-2000:]
     assert "inconsistent" not in stop_log, stop_log[-2000:]
