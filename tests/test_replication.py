@@ -367,3 +367,50 @@ def test_a_full_replica_refuses_and_a_spare_takes_its_place(
             assert "replica disk full" in c.daemons["node-a"].log_path.read_text()
         finally:
             c.teardown()
+
+
+@pytest.mark.expect_errors("cluster: .*", "replication: .*", "connection .*")
+def test_replicas_are_truncated_with_the_source_journal(
+    tmp_path: pathlib.Path, seaweedfs: EmbeddedS3
+) -> None:
+    """A replica costs disk only for the unflushed backlog: once the source's data is in
+    Tier 2 and its journal truncated, the replicas' copies of it go too."""
+    small = """
+[journal]
+file_size = "1 MiB"
+preallocate_step = "256 KiB"
+max_pending_bytes = "1 MiB"
+max_group_bytes = "512 KiB"
+max_frame_bytes = "256 KiB"
+max_operation_bytes = "512 KiB"
+checkpoint_every_frames = 5
+[container]
+max_append_bytes = "256 KiB"
+[server]
+max_message_bytes = "1 MiB"
+"""
+    c = ReplicatedCluster(tmp_path, seaweedfs, extra=small)
+    try:
+        c.start()
+        held = 'segment_gateway_replicas_bytes{source="node-a"}'
+        with c.client("node-a") as cl:
+            cl.create("t")
+            blob = b"y" * (64 * 1024 - 1) + b"\n"
+            for _ in range(96):  # 6 MiB: six journal files and more
+                cl.append("t", blob)
+            peak = min(scrape(c.daemons[n].metrics_port)[held] for n in ("node-b", "node-c"))
+            assert peak > 5 * 1024 * 1024
+            cl.flush("t")
+            for _ in range(8):  # checkpoints come with more frames; the files then go
+                cl.append("t", b"z\n")
+                cl.flush("t")
+
+        def truncated() -> bool:
+            return all(
+                scrape(c.daemons[n].metrics_port)[held] < 2 * 1024 * 1024
+                for n in ("node-b", "node-c")
+            )
+
+        wait_for(truncated, 60, "the replicas of node-a's journal truncated")
+    finally:
+        c.teardown()
