@@ -462,6 +462,7 @@ async def run_daemon(
                         config.journal,
                     )  # fmt: skip
                     await trio.to_thread.run_sync(replicas.open)
+                cluster.replicas = replicas
                 server = Server(
                     container,
                     config.server,

@@ -26,7 +26,7 @@ from gateway.embedded import EmbeddedS3
 from gateway.errors import GatewayError, NoQuorum
 from tests.helpers.daemon import free_port, run_cli, scrape
 from tests.helpers.disk import tmpfs
-from tests.helpers.mount import force_unmount, require_fuse
+from tests.helpers.mount import MountedDaemon, force_unmount, require_fuse
 from tests.helpers.replicated import ReplicatedCluster
 from tests.helpers.s3proxy import S3FaultProxy
 from tests.helpers.wait import async_wait_for, wait_for
@@ -427,3 +427,43 @@ max_message_bytes = "1 MiB"
         wait_for(truncated, 60, "the replicas of node-a's journal truncated")
     finally:
         c.teardown()
+
+
+@pytest.mark.expect_errors("cluster: .*", "replication: .*", "connection .*")
+def test_a_dead_owners_unflushed_tail_is_read_from_the_replicas(
+    tmp_path: pathlib.Path, seaweedfs: EmbeddedS3
+) -> None:
+    """Read once, always readable: kill -9 the owner of an unflushed segment; another
+    node's mount and protocol reads keep its whole length, served from that node's
+    replica of the owner's journal, byte for byte."""
+    require_fuse()
+    c = ReplicatedCluster(tmp_path, seaweedfs, mounts=True)
+    try:
+        c.start()
+        data = b"".join(b"tail line %06d\n" % i for i in range(3000))
+        with c.client("node-a") as cl:
+            cl.create("tail/a")
+            cl.append("tail/a", data[:20000])
+            cl.flush("tail/a")  # part in Tier 2, the rest only in journals
+            cl.append("tail/a", data[20000:])
+        b = c.daemons["node-b"]
+        assert isinstance(b, MountedDaemon)
+        path = b.mnt / "tail" / "a"
+        wait_for(lambda: path.stat().st_size == len(data), 30, "node-b's view of tail/a")
+        assert path.read_bytes() == data
+        c.daemons["node-a"].kill()
+        wait_for(lambda: "node-a" not in {n for n, _ in _up_nodes(b.address)}, 30, "node-a down")
+        # Down: still the whole length, and the bytes, from the replica.
+        assert path.stat().st_size == len(data)
+        assert path.read_bytes() == data
+        with SyncClient(b.address) as cl:
+            assert cl.info("tail/a").length == len(data)
+            assert cl.read("tail/a", 0, len(data)).data == data
+    finally:
+        c.teardown()
+
+
+def _up_nodes(address: str) -> list[tuple[str, str]]:
+    r = run_cli("cluster", "--json", "--connect", address)
+    return [(row["id"], row["state"]) for row in map(json.loads, r.stdout.splitlines())
+            if row["state"] == "up"]  # fmt: skip

@@ -30,7 +30,7 @@ never reused while the daemon runs), so their inodes never meet local ones.
 from __future__ import annotations
 
 import logging
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 import trio
 
@@ -113,6 +113,17 @@ def _same(seg: Segment, info: SegmentInfo) -> bool:
     )
 
 
+class ReplicaTails(Protocol):
+    """This node's replicas of other nodes' journals, as the reads of a down owner's
+    tail use them (`gateway.replication.store.ReplicaStore`)."""
+
+    def holds(self, source: str) -> bool:
+        """Whether a caught-up log of ``source``'s journal is here."""
+
+    async def read_tail(self, source: str, segment_id: int, offset: int, size: int) -> bytes:
+        """Up to ``size`` appended bytes of the owner's segment from ``offset``."""
+
+
 class RemoteNode:
     """One other node's segments (committed view), its state, and reads of them."""
 
@@ -123,8 +134,13 @@ class RemoteNode:
         reader: ChunkReader | None,
         ids: MountIds,
         rejections: Rejections | None = None,
+        replicas: ReplicaTails | None = None,
     ) -> None:
         self.node_id = node_id
+        #: This node's replicas of the owner's journal: while the owner does
+        #: not answer, the unflushed bytes its files showed are read from them,
+        #: so no file gets shorter (None: not replicated here).
+        self.replicas = replicas
         self.layer = layer
         self.reader = reader
         self.ids = ids
@@ -173,8 +189,14 @@ class RemoteNode:
         self._live_scope = None
         self._cut_to_flushed()
 
+    def _tails_here(self) -> bool:
+        return self.replicas is not None and self.replicas.holds(self.node_id)
+
     def _cut_to_flushed(self) -> None:
-        """Every segment ends where its known chunks end (no I/O)."""
+        """Every segment ends where its known chunks end (no I/O) -- unless this node
+        holds a replica of the owner's journal: then the files keep their length."""
+        if self._tails_here():
+            return
         for seg in list(self.segments.values()):
             if seg.length > max(seg.start_offset, _covered(seg)):
                 record = seg.committed_record()
@@ -213,8 +235,12 @@ class RemoteNode:
         seg.id = self.ids.get(self.node_id, record.id)
         old = self.segments.get(seg.id)
         if proven_only:
-            # Without the owner only the flushed bytes can be read.
-            seg.length = max(seg.start_offset, min(seg.length, _covered(seg)))
+            # Without the owner only the flushed bytes can be read -- and, where
+            # this node holds a replica of its journal, what the view showed.
+            shown = _covered(seg)
+            if old is not None and self._tails_here():
+                shown = max(shown, old.length)
+            seg.length = max(seg.start_offset, min(seg.length, shown))
             seg.storage_length = min(seg.storage_length, seg.length)
             if seg.length < record.length:
                 seg.sealed = False  # its end is not readable: not the sealed file
@@ -323,13 +349,20 @@ class RemoteNode:
         await self._pick_snapshot(fence_epoch, deadline)
         records: dict[str, SegmentRecord] = dict(self._snapshot)
         own: set[str] = set()
+        # With a replica of the owner's journal here, the view as the owner last
+        # showed it stands (its unflushed bytes are readable): a snapshot is older.
+        tails = self._tails_here()
         for seg in self.segments.values():
             known = seg.committed_record()
             known.id = self._remote_ids[seg.id]
             theirs = records.get(seg.name)
-            if theirs is None or (
-                theirs.id == known.id
-                and sum(c.length for c in known.chunks) > sum(c.length for c in theirs.chunks)
+            if (
+                theirs is None
+                or (tails and theirs.id == known.id)
+                or (
+                    theirs.id == known.id
+                    and sum(c.length for c in known.chunks) > sum(c.length for c in theirs.chunks)
+                )
             ):
                 records[seg.name] = known
                 own.add(seg.name)
@@ -461,7 +494,7 @@ class RemoteNode:
             )
         client = self.client
         if client is None:
-            raise TailUnavailable(view.name, offset, self.node_id)
+            return await self._replica_piece(view, offset, end)
         with trio.move_on_after(TAIL_READ_TIMEOUT):
             try:
                 result = await client.read(view.name, offset, end - offset)
@@ -470,6 +503,16 @@ class RemoteNode:
             return result.data
         self.lost(f"a read of {view.name!r} got no answer within {TAIL_READ_TIMEOUT:g}s")
         raise TailUnavailable(view.name, offset, self.node_id)
+
+    async def _replica_piece(self, view: SegmentView, offset: int, end: int) -> Buffer:
+        """Unflushed bytes of a down owner, from this node's replica of its journal."""
+        owner_id = self._remote_ids.get(view.id)
+        if self.replicas is None or owner_id is None or not self.replicas.holds(self.node_id):
+            raise TailUnavailable(view.name, offset, self.node_id)
+        data = await self.replicas.read_tail(self.node_id, owner_id, offset, end - offset)
+        if not data:
+            raise TailUnavailable(view.name, offset, self.node_id)
+        return data
 
     def _gone(self, name: str, offset: int, e: ConnectionLost) -> NoReturn:
         """A read's connection to the owner broke (the owner died, or the following

@@ -44,7 +44,7 @@ from gateway.cluster.registry import (
     run_heartbeat,
     write_stopped,
 )
-from gateway.cluster.remote import REMOTE_ID_BASE, MountIds, RemoteNode
+from gateway.cluster.remote import REMOTE_ID_BASE, MountIds, RemoteNode, ReplicaTails
 from gateway.config import Config
 from gateway.container.interfaces import NamespaceWatcher
 from gateway.container.segment import Segment
@@ -95,6 +95,9 @@ class ClusterView:
         self.liveness = Liveness(config.cluster.down_after)
         #: Tier-2 records skipped as unusable (node records, fences, snapshots).
         self.rejections = Rejections()
+        #: This node's replicas of other nodes' journals: a down owner's
+        #: unflushed bytes are read from them (None: none held here).
+        self.replicas: ReplicaTails | None = None
         #: Every other node seen in the registry.
         self.nodes: dict[str, RemoteNode] = {}
         self.own: NodeRecord | None = None
@@ -317,7 +320,9 @@ class ClusterView:
         self.records = fresh
         for record in fresh.values():
             if record.id != self.node_id and record.id not in self.nodes:
-                node = RemoteNode(record.id, self.layer, self.reader, self.ids, self.rejections)
+                node = RemoteNode(
+                    record.id, self.layer, self.reader, self.ids, self.rejections, self.replicas
+                )
                 node.watchers.extend(self.watchers)
                 self.nodes[record.id] = node
                 assert self._nursery is not None

@@ -443,3 +443,25 @@ def _pread_frames(
             return
         yield header, head + payload, offset
         offset += HEADER_SIZE + header.payload_length
+
+
+def frames_from(path: pathlib.Path, offset: int) -> Iterator[tuple[FrameHeader, bytes, int]]:
+    """The valid frames of a file from ``offset`` (header, payload, the frame's offset),
+    read with ``pread``, until the first bad one or the end."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        while True:
+            head = os.pread(fd, HEADER_SIZE, offset)
+            if len(head) < HEADER_SIZE:
+                return
+            try:
+                header = decode_header(head)
+            except FrameError:
+                return
+            payload = os.pread(fd, header.payload_length, offset + HEADER_SIZE)
+            if len(payload) < header.payload_length or not frame_crc_ok(head, payload):
+                return
+            yield header, payload, offset
+            offset += HEADER_SIZE + header.payload_length
+    finally:
+        os.close(fd)

@@ -48,7 +48,15 @@ from gateway.errors import (
     ReplicaGap,
 )
 from gateway.journal.files import JournalFile, fsync_directory
-from gateway.journal.reader import FileEnd, read_frames, read_groups, replay_journal
+from gateway.journal.format import HEADER_SIZE, operation_ends
+from gateway.journal.reader import (
+    FileEnd,
+    frames_from,
+    read_frames,
+    read_groups,
+    replay_journal,
+)
+from gateway.protocol.journal_pb2 import Frame
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +97,19 @@ class ReplicaLog:
     disk_bytes: int = 0
     #: The next sequence the queued writes will have reached (checked in order).
     queued_next: int = 0
+
+
+@dataclass
+class _Tails:
+    """Where one log holds each segment's appended bytes (built on demand, for reads of a
+    down owner's unflushed tail)."""
+
+    start: int
+    #: The next file (index in the log's files) and offset to scan from.
+    file_index: int = 0
+    offset: int = 0
+    #: segment id -> (segment offset, length, file, file offset of the data), in order.
+    appends: dict[int, list[tuple[int, int, pathlib.Path, int]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -136,6 +157,8 @@ class ReplicaStore:
         self._closed = False
         #: Logs whose file failed to sync in the batch being committed.
         self._broken: set[tuple[str, int]] = set()
+        #: Per log, where its appends are (`read_tail`).
+        self._tails: dict[tuple[str, int], _Tails] = {}
 
     # -- opening ---------------------------------------------------------------
 
@@ -241,6 +264,56 @@ class ReplicaStore:
         return await trio.to_thread.run_sync(
             read_groups, list(rl.files), from_sequence, rl.next, max_bytes or READ_BYTES
         )
+
+    def holds(self, source: str) -> bool:
+        """Whether a caught-up log of ``source`` is here (its unflushed bytes can be read)."""
+        return any(rl.caught_up for rl in self.holdings(source))
+
+    async def read_tail(self, source: str, segment_id: int, offset: int, size: int) -> bytes:
+        """Up to ``size`` of a segment's appended bytes from ``offset``, from the newest
+        caught-up log of ``source`` (shorter, or empty, where the log does not have them).
+
+        For reads of a down owner's unflushed tail: the log holds every write
+        group this node acknowledged for it, so what another node showed of
+        the owner's segment is here (unless this replica was the one lagging).
+        """
+        logs = [rl for rl in self.holdings(source) if rl.caught_up]
+        if not logs:
+            return b""
+        rl = logs[-1]
+        return await trio.to_thread.run_sync(
+            self._read_tail, rl, segment_id, offset, size, limiter=self._limiter
+        )
+
+    def _read_tail(self, rl: ReplicaLog, segment_id: int, offset: int, size: int) -> bytes:
+        key = (rl.source, rl.epoch)
+        tails = self._tails.get(key)
+        if tails is None or tails.start != rl.start:
+            tails = self._tails[key] = _Tails(rl.start)
+        _scan_appends(rl, tails)
+        out = []
+        at = offset
+        end = offset + size
+        for seg_offset, length, path, pos in tails.appends.get(segment_id, ()):
+            if seg_offset + length <= at:
+                continue
+            if seg_offset > at or at >= end:
+                break
+            skip = at - seg_offset
+            n = min(length - skip, end - at)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                break  # truncated: those bytes are in Tier 2 now
+            try:
+                data = os.pread(fd, n, pos + skip)
+            finally:
+                os.close(fd)
+            out.append(data)
+            at += len(data)
+            if len(data) < n:
+                break
+        return b"".join(out)
 
     def statistics(self) -> ReplicaStatistics:
         """Per source: the epochs held, bytes on disk, the fence."""
@@ -440,6 +513,7 @@ class ReplicaStore:
             fsync_directory(rl.directory)
 
     def _drop_log(self, rl: ReplicaLog) -> None:
+        self._tails.pop((rl.source, rl.epoch), None)
         if rl.active is not None:
             rl.active.close()
             rl.active = None
@@ -456,6 +530,33 @@ class ReplicaStore:
             os.fsync(f.fileno())
         os.replace(tmp, directory / FENCE_NAME)
         fsync_directory(directory)
+
+
+def _scan_appends(rl: ReplicaLog, tails: _Tails) -> None:
+    """Index the appends of the log's durable frames not scanned yet (worker thread)."""
+    files = rl.files
+    while tails.file_index < len(files):
+        path = files[tails.file_index][1]
+        last = tails.file_index == len(files) - 1
+        try:
+            for header, payload, at in frames_from(path, tails.offset):
+                if header.end_sequence > rl.next:
+                    return  # not durable yet: scanned later
+                ends = operation_ends(payload) or []
+                for k, op in enumerate(Frame.FromString(payload).operations):
+                    if op.WhichOneof("kind") != "append" or k >= len(ends):
+                        continue
+                    a = op.append
+                    n = len(a.data)
+                    data_at = at + HEADER_SIZE + ends[k] - n
+                    tails.appends.setdefault(a.segment_id, []).append((a.offset, n, path, data_at))
+                tails.offset = at + HEADER_SIZE + header.payload_length
+        except FileNotFoundError:
+            pass
+        if last:
+            return
+        tails.file_index += 1
+        tails.offset = 0
 
 
 def _check_frames(frames: bytes, epoch: int, first_sequence: int) -> int:
