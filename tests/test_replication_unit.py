@@ -492,7 +492,11 @@ async def test_drop_before_drops_older_epochs_of_that_source_only(
         _, newest = await fill(store, 17, 1, epoch=3)
         _, others = await fill_other(store)
         assert [e for e, _, _ in held(store)] == [1, 2, 3]
+        # Not while this node's own epoch-3 log is not caught up: the older
+        # ones are what it could serve a down owner's tail from.
         assert await write(store, 21, b"", epoch=3, drop_before=3) == 21
+        assert [e for e, _, _ in held(store)] == [1, 2, 3]
+        assert await write(store, 21, b"", epoch=3, drop_before=3, caught_up=True) == 21
         assert held(store) == [(3, 17, 21)]
         assert not log_dir(tmp_path, epoch=1).exists()
         assert not log_dir(tmp_path, epoch=2).exists()

@@ -490,7 +490,9 @@ class ReplicaStore:
             rl.caught_up = True
         if w.truncate_before:
             self._truncate(rl, w.truncate_before)
-        if w.drop_before:
+        if w.drop_before and rl.caught_up:
+            # Only once this node's own newer log is caught up: until then the
+            # older one is what it can serve a down owner's tail from.
             for (source, epoch), other in list(self._logs.items()):
                 if source == w.source and epoch < w.drop_before:
                     self._drop_log(other)
