@@ -394,21 +394,21 @@ def test_replicas_are_truncated_with_the_source_journal(
 ) -> None:
     """A replica costs disk only for the unflushed backlog: once the source's data is in
     Tier 2 and its journal truncated, the replicas' copies of it go too."""
-    small = """
-[journal]
-file_size = "1 MiB"
+    small_journal = """file_size = "1 MiB"
 preallocate_step = "256 KiB"
 max_pending_bytes = "1 MiB"
 max_group_bytes = "512 KiB"
 max_frame_bytes = "256 KiB"
 max_operation_bytes = "512 KiB"
 checkpoint_every_frames = 5
+"""
+    small = """
 [container]
 max_append_bytes = "256 KiB"
 [server]
 max_message_bytes = "1 MiB"
 """
-    c = ReplicatedCluster(tmp_path, seaweedfs, extra=small)
+    c = ReplicatedCluster(tmp_path, seaweedfs, extra=small, journal=small_journal)
     try:
         c.start()
         held = 'segment_gateway_replicas_bytes{source="node-a"}'

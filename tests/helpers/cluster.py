@@ -16,8 +16,16 @@ KiB = 1024
 MiB = 1024 * KiB
 
 
-def node_config(node: str, bucket: str, endpoint: str) -> str:
-    """A node of the test cluster: short heartbeats and refreshes, flushes only when asked."""
+SMALL_PREALLOCATION = 'preallocate_step = "1 MiB"\n'
+
+
+def node_config(node: str, bucket: str, endpoint: str, journal: str = SMALL_PREALLOCATION) -> str:
+    """A node of the test cluster: short heartbeats and refreshes, flushes only when asked.
+
+    ``journal`` is the body of its ``[journal]`` table. By default journal files
+    (and replica logs) grow in small steps: a test session keeps hundreds of
+    killed nodes' directories on disk at once.
+    """
     return f"""
 [node]
 id = "{node}"
@@ -34,7 +42,8 @@ refresh_interval = "0.25s"
 lease = "2s"
 [fuse]
 active_timeout = "0.2s"
-"""
+[journal]
+{journal}"""
 
 
 class Cluster:

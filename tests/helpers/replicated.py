@@ -8,7 +8,7 @@ import uuid
 
 from gateway.client.sync import SyncClient
 from gateway.embedded import EmbeddedS3
-from tests.helpers.cluster import node_config
+from tests.helpers.cluster import SMALL_PREALLOCATION, node_config
 from tests.helpers.daemon import Daemon, scrape
 from tests.helpers.mount import MountedDaemon
 from tests.helpers.wait import wait_for
@@ -16,11 +16,14 @@ from tests.helpers.wait import wait_for
 
 def replicated_config(
     node: str, bucket: str, endpoint: str, write_quorum: int = 3, ack_quorum: int = 2,
-    extra: str = "",
+    extra: str = "", journal: str = SMALL_PREALLOCATION,
 ) -> str:  # fmt: skip
-    """A node of the test cluster replicating its journal (short timeouts)."""
+    """A node of the test cluster replicating its journal (short timeouts).
+
+    ``extra`` is appended TOML; ``journal`` the body of the ``[journal]`` table.
+    """
     return (
-        node_config(node, bucket, endpoint)
+        node_config(node, bucket, endpoint, journal)
         + f"""
 [replication]
 write_quorum = {write_quorum}
@@ -45,6 +48,7 @@ class ReplicatedCluster:
         mounts: bool = False,
         extra: str = "",
         endpoints: dict[str, str] | None = None,
+        journal: str = SMALL_PREALLOCATION,
     ) -> None:
         from gateway.storage.s3 import S3Storage
 
@@ -63,7 +67,9 @@ class ReplicatedCluster:
         self.daemons: dict[str, Daemon] = {}
         for n in nodes:
             endpoint = (endpoints or {}).get(n, s3.endpoint_url)
-            text = replicated_config(n, self.bucket, endpoint, write_quorum, ack_quorum, extra)
+            text = replicated_config(
+                n, self.bucket, endpoint, write_quorum, ack_quorum, extra, journal
+            )
             if mounts:
                 self.daemons[n] = MountedDaemon(
                     root / n, root / f"{n}-mnt", config_text=text, env=self.env
