@@ -168,6 +168,16 @@ def _connect_node(
     )
 
 
+def takes_over(config: Config) -> bool:
+    """Whether this node runs down nodes' containers: only where nothing acknowledged is
+    lost by it (a replicated journal) and a lease bounds the old process."""
+    return (
+        config.cluster.takeover
+        and config.replication.write_quorum > 1
+        and lease_duration(config) > 0
+    )
+
+
 def lease_duration(config: Config) -> float:
     """The node's lease: none with an embedded Tier 2 (no other node can reach it)."""
     return 0.0 if config.tier2.url == "embedded" else config.cluster.lease
@@ -188,9 +198,28 @@ async def _claim(config: Config, tier2: ChunkLayer, notifier: Notifier, epoch: i
     )
 
 
-async def _recover(config: Config, tier2: ChunkLayer, notifier: Notifier) -> None:
+@dataclasses.dataclass(frozen=True)
+class Hosting:
+    """This process runs another node's container on ``host``'s host.
+
+    See `gateway.cluster.failover`.
+    """
+
+    #: The node whose host runs this process.
+    host: str
+    #: The host other nodes reach it at ("": the address listened on).
+    advertise_host: str = ""
+    #: A takeover: the epoch that died (the recovery refuses if it is no
+    #: longer current). None: restarted from its own journal.
+    takeover_of: int | None = None
+
+
+async def _recover(
+    config: Config, tier2: ChunkLayer, notifier: Notifier, expect_epoch: int | None = None
+) -> None:
     """``--recover-from-tier2``: the journal from the replicas if the node replicated,
-    else the metadata rebuilt from Tier 2."""
+    else the metadata rebuilt from Tier 2. ``expect_epoch``: refuse unless it is
+    the node's current epoch (a takeover of that epoch)."""
     from gateway.recovery.metadata_io import rebuild_node
 
     if config.replication.write_quorum > 1:
@@ -203,11 +232,18 @@ async def _recover(config: Config, tier2: ChunkLayer, notifier: Notifier) -> Non
             partial(_connect_node, config, node_ssl_context(config)),
             patience=max(5.0, 2 * config.replication.peer_timeout),
             status=notifier.status,
+            expect_epoch=expect_epoch,
         )
         if found is not None:
             return
         log.warning("recovery: no ensemble record of node %s in Tier 2 (it never replicated); "
                     "rebuilding from Tier 2", config.node.id)  # fmt: skip
+    if expect_epoch is not None:
+        from gateway.cluster.fence import NodeFenced, current_epoch
+
+        current = await current_epoch(tier2, config.node.id)
+        if current != expect_epoch:
+            raise NodeFenced(config.node.id, expect_epoch, current)
     notifier.status("recovering the metadata from Tier 2")
     await rebuild_node(config, tier2, status=notifier.status)
 
@@ -225,11 +261,20 @@ def _replicator(config: Config, tier2: ChunkLayer, node: Node) -> Replicator:
 
 
 def _up_peers(cluster: ClusterView) -> list[tuple[str, str]]:
-    """Other nodes that are up, and where they listen: the ensemble's candidates."""
+    """Other nodes that are up, and where they listen: the ensemble's candidates.
+
+    Not those on this node's own host (a container hosted here, or this
+    container's host): a copy there dies with the copy on this disk.
+    """
+    mine = cluster.hosted_by or cluster.node_id
     return [
         (n, r.advertise)
         for n, r in cluster.records.items()
-        if n != cluster.node_id and cluster.state_of(n) == UP and r.advertise
+        if n != cluster.node_id
+        and cluster.state_of(n) == UP
+        and r.advertise
+        and r.domain != mine
+        and not r.hosted_by  # its host's disk: already counted, or this one
     ]
 
 
@@ -397,6 +442,7 @@ async def run_daemon(
     load: Callable[[], Config] | None = None,
     notifier: Notifier | None = None,
     recover_from_tier2: bool = False,
+    hosting: Hosting | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT, then shut down in order.
 
@@ -404,7 +450,8 @@ async def run_daemon(
     logs that there is nothing to reload). ``recover_from_tier2``: this node
     has lost its journal; rebuild its metadata from Tier 2 first
     (`gateway.recovery.metadata_io.rebuild_node`; refused unless the journal
-    directory is empty).
+    directory is empty). ``hosting``: this process runs another node's
+    container on a surviving node's host (`gateway.cluster.failover`).
     """
     notifier = notifier or Notifier()
     life = _Lifecycle(config, notifier)
@@ -417,7 +464,8 @@ async def run_daemon(
         async with open_tier2(config) as tier2:
             await check_tier2(tier2, config)
             if recover_from_tier2:
-                await _recover(config, tier2, notifier)
+                expect = hosting.takeover_of if hosting is not None else None
+                await _recover(config, tier2, notifier, expect)
             # Refused if this node id was taken over (a higher epoch), if its
             # epoch is another process's (a copied data directory), or while
             # another process of it still runs; waits out a previous lease.
@@ -455,14 +503,16 @@ async def run_daemon(
                         deadline=min(config.tier2.retry_deadline, 10.0),
                     )
                 replicas = None
-                if config.tier2.url != "embedded":
-                    # Every node of a cluster may hold others' journals.
+                if config.tier2.url != "embedded" and hosting is None:
+                    # Every node of a cluster may hold others' journals (not a
+                    # container hosted on another node's host: that host's disk).
                     replicas = ReplicaStore(
                         config.node.id, pathlib.Path(config.node.data_dir) / "replicas",
                         config.journal,
                     )  # fmt: skip
                     await trio.to_thread.run_sync(replicas.open)
                 cluster.replicas = replicas
+                cluster.hosted_by = hosting.host if hosting is not None else ""
                 server = Server(
                     container,
                     config.server,
@@ -494,9 +544,22 @@ async def run_daemon(
                             collector.fs = fs
                     addresses = await nursery.start(server.serve)
                     host, port = addresses[0]
-                    await nursery.start(
-                        cluster.run, advertise_address(config, host, port), node.journal.epoch
-                    )
+                    advertise = advertise_address(config, host, port)
+                    if hosting is not None and hosting.advertise_host:
+                        advertise = f"{hosting.advertise_host}:{port}"
+                    await nursery.start(cluster.run, advertise, node.journal.epoch)
+                    containers = None
+                    if hosting is None and takes_over(config):
+                        from gateway.cluster.failover import ContainerHost
+
+                        containers = ContainerHost(
+                            config, tier2, lambda: cluster.records, cluster.state_of,
+                            cluster.liveness.age,
+                        )  # fmt: skip
+                        await nursery.start(containers.run)
+                        server.containers = containers
+                        if collector is not None:
+                            collector.containers = containers
                     if replicator is not None:
                         replicator.attach_candidates(partial(_up_peers, cluster))
                         await nursery.start(replicator.run)
@@ -523,6 +586,11 @@ async def run_daemon(
                         else:
                             life.reload(load, node)
                     notifier.stopping("stopping: draining connections")
+                    if containers is not None and containers.hosted:
+                        # Each flushes and says "stopped"; another node takes
+                        # it over if this one is not back within down_after.
+                        notifier.stopping("stopping: the containers hosted here")
+                        await containers.stop()
                     await _stop(life, server, node)
                     nursery.cancel_scope.cancel()
     notifier.close()

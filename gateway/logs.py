@@ -90,13 +90,18 @@ class RedactSecrets(logging.Filter):
 REDACT = RedactSecrets()
 
 
-def setup(level: int | str = logging.INFO) -> None:
-    """Configure the root logger for the console script."""
+def setup(level: int | str = logging.INFO, prefix: str = "") -> None:
+    """Configure the root logger for the console script.
+
+    ``prefix`` starts every message (a hosted container's process says whose
+    container it is, in its host's log).
+    """
     handler = logging.StreamHandler(sys.stderr)
+    named = prefix + "%(name)s"
     if under_journald():
-        handler.setFormatter(JournalFormatter(JOURNAL_FORMAT))
+        handler.setFormatter(JournalFormatter(JOURNAL_FORMAT.replace("%(name)s", named)))
     else:
-        handler.setFormatter(logging.Formatter(FORMAT))
+        handler.setFormatter(logging.Formatter(FORMAT.replace("%(name)s", named)))
     for name in SECRET_ENV:
         REDACT.add(os.environ.get(name, ""))
     handler.addFilter(REDACT)

@@ -30,6 +30,7 @@ from gateway.stats import Histogram
 if TYPE_CHECKING:
     from fs.operations import SegmentFS
     from gateway.cluster.claims import NameClaims
+    from gateway.cluster.failover import ContainerHost
     from gateway.cluster.view import ClusterView
     from gateway.node import Node
     from gateway.replication.replicator import Replicator
@@ -61,6 +62,8 @@ class GatewayCollector(Collector):
         #: This node's journal's replication, and the replicas it holds (None: none).
         self.replicator: Replicator | None = None
         self.replicas: ReplicaStore | None = None
+        #: Other nodes' containers run here after a takeover (None: takes none over).
+        self.containers: ContainerHost | None = None
 
     def collect(self) -> Iterator[Metric]:
         """One scrape."""
@@ -151,6 +154,7 @@ class GatewayCollector(Collector):
         yield from self._fuse()
         yield from self._cluster()
         yield from self._replication()
+        yield from self._failover()
 
     def _tier2(self) -> Iterator[Metric]:
         writer = self.node.storage_writer
@@ -266,6 +270,37 @@ class GatewayCollector(Collector):
                 "Status of its last unasked-for exit (negative: killed by that signal)",
                 value=s.last_exit_status,
             )
+
+    def _failover(self) -> Iterator[Metric]:
+        g, counter = GaugeMetricFamily, CounterMetricFamily
+        h = self.containers
+        if h is None:
+            return
+        st = h.statistics()
+        hosted = g(
+            f"{PREFIX}_hosted_container",
+            "1 for each other node's container run on this host, by its state",
+            labels=["node", "state"],
+        )
+        took = g(
+            f"{PREFIX}_takeover_seconds",
+            "How long the takeover of a container hosted here took (decision to serving)",
+            labels=["node"],
+        )
+        for node, hs in sorted(st.hosted.items()):
+            hosted.add_metric([node, hs.state], 1)
+            if hs.takeover_seconds is not None:
+                took.add_metric([node], hs.takeover_seconds)
+        yield hosted
+        yield took
+        yield counter(
+            f"{PREFIX}_takeovers", "Containers of down nodes taken over here", value=st.takeovers
+        )
+        yield counter(
+            f"{PREFIX}_takeover_failures",
+            "Takeovers here whose recovery failed (tried again)",
+            value=st.takeover_failures,
+        )
 
     def _replication(self) -> Iterator[Metric]:
         g, counter = GaugeMetricFamily, CounterMetricFamily

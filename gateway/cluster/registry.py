@@ -66,6 +66,10 @@ class NodeRecord:
     unflushed_bytes: int = 0
     host: str = ""
     pid: int = 0
+    #: The node whose host runs this node's container after a takeover or a
+    #: drain ("": it runs on its own host). Such a container shares its host's
+    #: disk, so it holds no replicas and is not in another node's ensemble.
+    hosted_by: str = ""
 
     def encode(self) -> bytes:
         """The JSON object stored in Tier 2."""
@@ -110,7 +114,13 @@ class NodeRecord:
             unflushed_bytes=want_int(doc, "unflushed_bytes") if "unflushed_bytes" in doc else 0,
             host=want_str(doc, "host", default="", max_len=1024),
             pid=want_int(doc, "pid", high=1 << 32) if "pid" in doc else 0,
+            hosted_by=want_str(doc, "hosted_by", default="", max_len=255),
         )
+
+    @property
+    def domain(self) -> str:
+        """The host this node's container runs on, by node id: what fails together."""
+        return self.hosted_by or self.id
 
 
 def now_ms() -> int:

@@ -98,6 +98,8 @@ class ClusterView:
         #: This node's replicas of other nodes' journals: a down owner's
         #: unflushed bytes are read from them (None: none held here).
         self.replicas: ReplicaTails | None = None
+        #: The node whose host runs this container ("": its own host).
+        self.hosted_by = ""
         #: Every other node seen in the registry.
         self.nodes: dict[str, RemoteNode] = {}
         self.own: NodeRecord | None = None
@@ -207,6 +209,7 @@ class ClusterView:
                     heartbeat_age_ms=0 if me else int(self.liveness.age(record) * 1000),
                     started_at_ms=record.started_at_ms,
                     self=me,
+                    hosted_by=record.hosted_by,
                 )
             )
         return out
@@ -226,6 +229,7 @@ class ClusterView:
             state=UP,
             host=socket.gethostname(),
             pid=os.getpid(),
+            hosted_by=self.hosted_by,
         )
         cl = self.config.cluster
         interval = cl.heartbeat_interval

@@ -280,6 +280,18 @@ class ClusterConfig:
         _abs_path_or_empty,
         'CA (PEM) other nodes\' certificates are checked against; "" = server.tls_client_ca',
     )
+    takeover: bool = _key(
+        True,
+        _bool,
+        "run a node's container here when it has been down for down_after (with "
+        "replication.write_quorum > 1; one surviving node wins the claim)",
+    )
+    handback: bool = _key(
+        True,
+        _bool,
+        "give a taken-over container back when its own node returns (false: it stays "
+        "where it runs and the returning node refuses to start)",
+    )
 
 
 @dataclass(frozen=True)

@@ -529,7 +529,7 @@ class Response(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., hello: _Optional[_Union[HelloResponse, _Mapping]] = ..., append: _Optional[_Union[AppendResponse, _Mapping]] = ..., info: _Optional[_Union[SegmentInfo, _Mapping]] = ..., list: _Optional[_Union[SegmentList, _Mapping]] = ..., attributes: _Optional[_Union[Attributes, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., read: _Optional[_Union[ReadResponse, _Mapping]] = ..., fsck: _Optional[_Union[FsckResponse, _Mapping]] = ..., metadata: _Optional[_Union[ExportMetadataResponse, _Mapping]] = ..., record: _Optional[_Union[_metadata_pb2.SegmentRecord, _Mapping]] = ..., cluster: _Optional[_Union[ClusterStatus, _Mapping]] = ..., stream: _Optional[_Union[StreamInfo, _Mapping]] = ..., streams: _Optional[_Union[StreamList, _Mapping]] = ..., transaction: _Optional[_Union[TransactionInfo, _Mapping]] = ..., replica_write: _Optional[_Union[ReplicaWriteResponse, _Mapping]] = ..., replica_holdings: _Optional[_Union[ReplicaHoldings, _Mapping]] = ..., replica_frames: _Optional[_Union[ReplicaFrames, _Mapping]] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("id", "advertise", "state", "epoch", "version", "segments", "unflushed_bytes", "heartbeat_age_ms", "started_at_ms", "self", "ensemble", "quorum", "replicas_of")
+    __slots__ = ("id", "advertise", "state", "epoch", "version", "segments", "unflushed_bytes", "heartbeat_age_ms", "started_at_ms", "self", "ensemble", "quorum", "replicas_of", "hosted_by")
     ID_FIELD_NUMBER: _ClassVar[int]
     ADVERTISE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -543,6 +543,7 @@ class NodeStatus(_message.Message):
     ENSEMBLE_FIELD_NUMBER: _ClassVar[int]
     QUORUM_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_OF_FIELD_NUMBER: _ClassVar[int]
+    HOSTED_BY_FIELD_NUMBER: _ClassVar[int]
     id: str
     advertise: str
     state: str
@@ -556,7 +557,8 @@ class NodeStatus(_message.Message):
     ensemble: _containers.RepeatedScalarFieldContainer[str]
     quorum: bool
     replicas_of: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self_, id: _Optional[str] = ..., advertise: _Optional[str] = ..., state: _Optional[str] = ..., epoch: _Optional[int] = ..., version: _Optional[str] = ..., segments: _Optional[int] = ..., unflushed_bytes: _Optional[int] = ..., heartbeat_age_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., self: _Optional[bool] = ..., ensemble: _Optional[_Iterable[str]] = ..., quorum: _Optional[bool] = ..., replicas_of: _Optional[_Iterable[str]] = ...) -> None: ...
+    hosted_by: str
+    def __init__(self_, id: _Optional[str] = ..., advertise: _Optional[str] = ..., state: _Optional[str] = ..., epoch: _Optional[int] = ..., version: _Optional[str] = ..., segments: _Optional[int] = ..., unflushed_bytes: _Optional[int] = ..., heartbeat_age_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., self: _Optional[bool] = ..., ensemble: _Optional[_Iterable[str]] = ..., quorum: _Optional[bool] = ..., replicas_of: _Optional[_Iterable[str]] = ..., hosted_by: _Optional[str] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
     __slots__ = ("nodes",)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import trio
 
 from gateway.client.client import Client
-from gateway.cluster.fence import current_epoch
+from gateway.cluster.fence import NodeFenced, current_epoch
 from gateway.cluster.lease import claim_epoch
 from gateway.cluster.registry import read_registry
 from gateway.config import Config
@@ -76,14 +76,22 @@ async def recover_from_replicas(
     connect: Connect,
     patience: float,
     status: Callable[[str], object] = lambda text: None,
+    expect_epoch: int | None = None,
 ) -> ReplicaRecovery | None:
-    """Install this node's journal from its replicas; None if it never replicated."""
+    """Install this node's journal from its replicas; None if it never replicated.
+
+    ``expect_epoch`` (a takeover of that epoch): `NodeFenced` unless it is
+    still the node's current one -- another process started or took over
+    since, and this recovery would fence it.
+    """
     ensure_empty(config.journal_dir)
     node = config.node.id
     ensembles = await read_ensembles(tier2, node)
     if not ensembles:
         return None
     fence = await current_epoch(tier2, node) + 1
+    if expect_epoch is not None and fence - 1 != expect_epoch:
+        raise NodeFenced(node, expect_epoch, fence - 1)
     cl = config.cluster
     await claim_epoch(
         tier2, node, fence, str(config.journal_dir), lease=cl.lease, down_after=cl.down_after,

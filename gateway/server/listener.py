@@ -37,6 +37,7 @@ from .hello import HANDSHAKE_TIMEOUT
 
 if TYPE_CHECKING:
     from gateway.cluster.claims import NameClaims
+    from gateway.cluster.failover import ContainerHost
     from gateway.cluster.view import ClusterView
     from gateway.fsck.checks import Target
     from gateway.replication.replicator import Replicator
@@ -116,6 +117,8 @@ class Server:
         self.container = container
         #: Other nodes' journals held here (None: this node keeps no replicas).
         self.replicas = replicas
+        #: Other nodes' containers run on this host (None: this node takes none over).
+        self.containers: ContainerHost | None = None
         #: Whether a source's epoch is its current one in Tier 2 (before a log starts).
         self.epoch_current = epoch_current
         #: This node's journal's replication (None: not replicated), for the status.

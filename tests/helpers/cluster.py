@@ -19,10 +19,13 @@ MiB = 1024 * KiB
 SMALL_PREALLOCATION = 'preallocate_step = "1 MiB"\n'
 
 
-def node_config(node: str, bucket: str, endpoint: str, journal: str = SMALL_PREALLOCATION) -> str:
+def node_config(
+    node: str, bucket: str, endpoint: str, journal: str = SMALL_PREALLOCATION, cluster: str = ""
+) -> str:
     """A node of the test cluster: short heartbeats and refreshes, flushes only when asked.
 
-    ``journal`` is the body of its ``[journal]`` table. By default journal files
+    ``journal`` is the body of its ``[journal]`` table, ``cluster`` more keys of
+    its ``[cluster]`` table. By default journal files
     (and replica logs) grow in small steps: a test session keeps hundreds of
     killed nodes' directories on disk at once.
     """
@@ -40,7 +43,7 @@ heartbeat_interval = "0.5s"
 down_after = "3s"
 refresh_interval = "0.25s"
 lease = "2s"
-[fuse]
+{cluster}[fuse]
 active_timeout = "0.2s"
 [journal]
 {journal}"""

@@ -16,14 +16,18 @@ from tests.helpers.wait import wait_for
 
 def replicated_config(
     node: str, bucket: str, endpoint: str, write_quorum: int = 3, ack_quorum: int = 2,
-    extra: str = "", journal: str = SMALL_PREALLOCATION,
+    extra: str = "", journal: str = SMALL_PREALLOCATION, takeover: bool = False,
 ) -> str:  # fmt: skip
     """A node of the test cluster replicating its journal (short timeouts).
 
     ``extra`` is appended TOML; ``journal`` the body of the ``[journal]`` table.
+    ``takeover``: survivors take a down node's container over (off by default
+    here: most tests rebuild or restart a node by hand).
     """
     return (
-        node_config(node, bucket, endpoint, journal)
+        node_config(
+            node, bucket, endpoint, journal, f"takeover = {'true' if takeover else 'false'}\n"
+        )
         + f"""
 [replication]
 write_quorum = {write_quorum}
@@ -49,6 +53,7 @@ class ReplicatedCluster:
         extra: str = "",
         endpoints: dict[str, str] | None = None,
         journal: str = SMALL_PREALLOCATION,
+        takeover: bool = False,
     ) -> None:
         from gateway.storage.s3 import S3Storage
 
@@ -68,7 +73,7 @@ class ReplicatedCluster:
         for n in nodes:
             endpoint = (endpoints or {}).get(n, s3.endpoint_url)
             text = replicated_config(
-                n, self.bucket, endpoint, write_quorum, ack_quorum, extra, journal
+                n, self.bucket, endpoint, write_quorum, ack_quorum, extra, journal, takeover
             )
             if mounts:
                 self.daemons[n] = MountedDaemon(
