@@ -168,14 +168,23 @@ def _connect_node(
     )
 
 
+def handovers(config: Config) -> bool:
+    """Whether this node's container can move to another node and back (it is
+    recovered from the replicas, and a lease bounds the old process)."""
+    return config.replication.write_quorum > 1 and lease_duration(config) > 0
+
+
+def _handed_over(node: str, claimant: str) -> None:
+    """Another node claimed this container (a drain, or its own node taking it back)."""
+    log.warning("handover: node %s claimed this container (node %s); stopping cleanly so that "
+                "it continues there", claimant, node)  # fmt: skip
+    os.kill(os.getpid(), signal.SIGTERM)  # the ordered stop: flush, snapshot, "stopped"
+
+
 def takes_over(config: Config) -> bool:
     """Whether this node runs down nodes' containers: only where nothing acknowledged is
     lost by it (a replicated journal) and a lease bounds the old process."""
-    return (
-        config.cluster.takeover
-        and config.replication.write_quorum > 1
-        and lease_duration(config) > 0
-    )
+    return config.cluster.takeover and handovers(config)
 
 
 def lease_duration(config: Config) -> float:
@@ -222,6 +231,12 @@ async def _recover(
     the node's current epoch (a takeover of that epoch)."""
     from gateway.recovery.metadata_io import rebuild_node
 
+    if expect_epoch is not None:
+        # A planned move (drain, handback): the process running it stops
+        # cleanly first (a dead one is waited for no longer than down_after).
+        from gateway.cluster.handover import wait_stopped
+
+        await wait_stopped(config, tier2, config.node.id, expect_epoch, notifier.status)
     if config.replication.write_quorum > 1:
         from gateway.replication.recovery import recover_from_replicas
 
@@ -463,8 +478,15 @@ async def run_daemon(
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with open_tier2(config) as tier2:
             await check_tier2(tier2, config)
+            expect = hosting.takeover_of if hosting is not None else None
+            if not recover_from_tier2 and hosting is None and handovers(config):
+                from gateway.cluster.handover import take_back
+
+                # Hosted elsewhere since this node was down or drained: get it
+                # back (its own journal is stale and is set aside).
+                expect = await take_back(config, tier2, notifier.status)
+                recover_from_tier2 = expect is not None
             if recover_from_tier2:
-                expect = hosting.takeover_of if hosting is not None else None
                 await _recover(config, tier2, notifier, expect)
             # Refused if this node id was taken over (a higher epoch), if its
             # epoch is another process's (a copied data directory), or while
@@ -548,6 +570,15 @@ async def run_daemon(
                     if hosting is not None and hosting.advertise_host:
                         advertise = f"{hosting.advertise_host}:{port}"
                     await nursery.start(cluster.run, advertise, node.journal.epoch)
+                    if handovers(config):
+                        from gateway.cluster.handover import watch_handover
+
+                        nursery.start_soon(
+                            watch_handover, tier2, config.node.id, node.journal.epoch,
+                            hosting.host if hosting is not None else config.node.id,
+                            config.cluster.heartbeat_interval,
+                            partial(_handed_over, config.node.id),
+                        )  # fmt: skip
                     containers = None
                     if hosting is None and takes_over(config):
                         from gateway.cluster.failover import ContainerHost

@@ -236,9 +236,14 @@ class Client(Connection):
         """A segment's whole committed record: chunk list, attributes, event index."""
         return (await self._call(get_record=wire.GetRecordRequest(segment=segment))).record
 
-    async def cluster(self) -> list[wire.NodeStatus]:
-        """The cluster's nodes as the connected node sees them in the registry."""
-        return list((await self._call(cluster=wire.ClusterRequest())).cluster.nodes)
+    async def cluster(self, take_over: str = "") -> list[wire.NodeStatus]:
+        """The cluster's nodes as the connected node sees them in the registry.
+
+        ``take_over``: first have the connected node take that node's container
+        over (a drain; `gateway.cluster.handover`).
+        """
+        request = wire.ClusterRequest(take_over=take_over)
+        return list((await self._call(cluster=request)).cluster.nodes)
 
     async def info(self, segment: str) -> SegmentInfo:
         """A segment's committed metadata."""

@@ -59,7 +59,7 @@ import trio
 from gateway.cluster.fence import current_epoch
 from gateway.cluster.registry import UP, NodeRecord, now_ms
 from gateway.config import CLUSTER_PREFIX, Config, parse_host_port
-from gateway.errors import ChunkNotFound, GatewayError
+from gateway.errors import BadRequest, ChunkNotFound, GatewayError, Unavailable
 from gateway.storage.layer import ChunkLayer
 from gateway.tier2.untrusted import BadRecord, want_int, want_str
 
@@ -237,6 +237,7 @@ class ContainerHost:
         self.lost: set[tuple[str, int]] = set()
         self.takeovers = 0
         self.takeover_failures = 0
+        self.handbacks = 0
         self._stopping = False
         self._nursery: trio.Nursery | None = None
 
@@ -299,6 +300,33 @@ class ContainerHost:
             "over here",
             node, self.state_of(node), self.age_of(record), epoch,
         )  # fmt: skip
+        self._host(node, epoch)
+
+    async def take_over_now(self, node: str) -> None:
+        """A drain: run ``node``'s container here now, although its process is alive.
+
+        Claims its current epoch; the process running it sees the claim, stops
+        cleanly and exits, and the one started here recovers once it has.
+        """
+        if node == self.node_id:
+            raise BadRequest("a node cannot take its own container over; drain it to another")
+        if node in self.hosted:
+            return
+        record = self.records().get(node)
+        if record is None:
+            raise BadRequest(f"node {node} is not in the registry")
+        epoch = await current_epoch(self.layer, node)
+        if epoch != record.epoch:
+            raise Unavailable(f"node {node} is being started or taken over (epoch {epoch} "
+                              f"registered, {record.epoch} running); try again")  # fmt: skip
+        claim = await claim_takeover(self.layer, node, epoch, self.node_id)
+        if claim.host != self.node_id:
+            raise Unavailable(f"node {claim.host} is already taking node {node} over")
+        log.warning("failover: draining node %s (epoch %d) to this node", node, epoch)
+        self._host(node, epoch)
+
+    def _host(self, node: str, epoch: int) -> None:
+        """Start running ``node``'s container here, taking over ``epoch`` (claimed)."""
         directory = self.root / node
         if directory.exists():
             shutil.rmtree(directory)  # an earlier hosting's leftovers: superseded
@@ -344,8 +372,16 @@ class ContainerHost:
         while True:
             takeover = h.took_over is not None
             code = await self._run_once(h)
-            if self._stopping or h.state == "stopping":
+            if self._stopping:
                 h.state = "stopped"
+                return
+            if code == 0 and h.state == "serving":
+                # It stopped cleanly by itself: its container was handed over
+                # (its own node took it back, or a drain moved it on).
+                self.handbacks += 1
+                log.warning("failover: node %s's container was handed over and stopped "
+                            "here", h.node)  # fmt: skip
+                self._forget(h)
                 return
             if code in FENCED_EXITS:
                 log.warning("failover: node %s's container left this host (exit %d: another "
@@ -447,6 +483,7 @@ class ContainerHost:
             },
             takeovers=self.takeovers,
             takeover_failures=self.takeover_failures,
+            handbacks=self.handbacks,
         )
 
 
@@ -467,6 +504,7 @@ class HostStatistics:
     hosted: dict[str, HostedStatistics]
     takeovers: int
     takeover_failures: int
+    handbacks: int
 
 
 __all__ = [

@@ -445,8 +445,10 @@ class GetRecordRequest(_message.Message):
     def __init__(self, segment: _Optional[str] = ...) -> None: ...
 
 class ClusterRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("take_over",)
+    TAKE_OVER_FIELD_NUMBER: _ClassVar[int]
+    take_over: str
+    def __init__(self, take_over: _Optional[str] = ...) -> None: ...
 
 class ListSegmentsRequest(_message.Message):
     __slots__ = ("prefix", "limit", "start_after", "local_only")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from gateway.cluster.claims import NameClaims
+    from gateway.cluster.failover import ContainerHost
     from gateway.cluster.view import ClusterView
     from gateway.config import ServerConfig
     from gateway.container.container import SegmentContainer
@@ -51,6 +52,8 @@ class ServerParts(Protocol):
     epoch_current: Callable[[str, int], Awaitable[bool]] | None
     #: This node's journal's replication (None: not replicated).
     replicator: Replicator | None
+    #: Other nodes' containers run on this host (None: this node takes none over).
+    containers: ContainerHost | None
 
 
 class Peer(Protocol):

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from gateway.errors import BadRequest, GatewayError
+from gateway.errors import BadRequest, GatewayError, Unavailable
 from gateway.protocol import wire_pb2 as wire
 
 from ..answers import Item, Producer, ready
@@ -83,10 +83,17 @@ def cluster(conn: Peer, req: wire.Request) -> Producer:
     view = conn.server.cluster
     server = conn.server
     rid = req.request_id
+    take_over = req.cluster.take_over
+    if take_over and server.containers is None:
+        raise Unavailable("this node takes no containers over (it needs cluster.takeover, "
+                          "replication.write_quorum > 1 and a cluster lease)")  # fmt: skip
     if view is None:
         return ready(wire.Response(request_id=rid, cluster=wire.ClusterStatus()))
 
     async def produce() -> wire.Response:
+        if take_over:
+            assert server.containers is not None
+            await server.containers.take_over_now(take_over)
         nodes = view.status()
         others = {}
         for n in nodes:

@@ -1,0 +1,227 @@
+"""Planned moves of a live container: handback to its returning node, and drain.
+
+Both use the takeover claim of `gateway.cluster.failover` on the container's
+*current* epoch, written while the process running it is alive:
+
+- the process that runs a container watches the claim of its own epoch
+  (`watch_handover`, every ``cluster.heartbeat_interval``). Once another
+  node holds it, it stops as at SIGTERM -- stops accepting, answers what is
+  in flight, flushes to Tier 2, uploads a snapshot, says ``stopped`` in the
+  registry -- and exits 0;
+- the claimant waits for that (`wait_stopped`: the record says ``stopped``,
+  or has gone stale because the process died meanwhile, or `HANDOVER_WAIT`
+  passed), then recovers exactly as a takeover does: a new epoch, the old
+  one fenced at the replicas, the journal from them. A previous process
+  that stopped cleanly leaves no lease to wait out.
+
+**Handback** (``cluster.handback = true``): a node that starts while its
+registry record says another node hosts its container (`take_back`) claims
+the hosted epoch for itself, waits for the host to stop it, moves its own
+stale journal aside (``<journal>.replaced``: never replayed over the newer
+data, kept for inspection until the next handback replaces it), empties its
+cache and recovers. With ``handback = false`` it refuses to start
+(`HostedElsewhere`).
+
+**Drain** (``segment-gateway cluster drain NODE``): the target node claims
+NODE's current epoch for itself and starts the hosted process at once; that
+process waits for NODE to stop before it recovers, so the writers' pause is
+NODE's last flush and the recovery, not a process start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import shutil
+from collections.abc import Callable
+
+import trio
+
+from gateway.cluster.failover import MAX_CLAIM_BYTES, TakeoverClaim, claim_takeover, takeover_key
+from gateway.cluster.fence import current_epoch
+from gateway.cluster.registry import STOPPED, UP, Liveness, NodeRecord, record_key
+from gateway.config import Config
+from gateway.errors import ChunkNotFound, GatewayError, Unavailable
+from gateway.journal.files import DirectoryLock, fsync_directory, list_files
+from gateway.storage.layer import ChunkLayer
+from gateway.tier2.untrusted import BadRecord
+
+log = logging.getLogger(__name__)
+
+#: The longest a claimant waits for the running process to stop cleanly
+#: (beyond its drain and flush timeouts) before it fences it instead.
+HANDOVER_WAIT = 30.0
+#: Where a returning node's stale journal goes (beside the journal directory).
+REPLACED_SUFFIX = ".replaced"
+
+
+class HostedElsewhere(GatewayError):
+    """node {}'s container runs on node {} since this node was down or drained, and \
+cluster.handback = false: this node does not take it back. Set cluster.handback \
+= true to get it back"""
+
+    exit_code = 31
+
+
+async def read_record(layer: ChunkLayer, node: str) -> NodeRecord | None:
+    """``node``'s registry record, if readable."""
+    try:
+        data = await layer.read(record_key(node), 0, 64 * 1024, deadline=10.0)
+    except ChunkNotFound:
+        return None
+    try:
+        return NodeRecord.decode(data, key_node=node)
+    except BadRecord:
+        return None
+
+
+async def read_claim(layer: ChunkLayer, node: str, epoch: int) -> TakeoverClaim | None:
+    """The takeover claim on ``epoch`` of ``node``, if one is readable."""
+    try:
+        data = await layer.read(takeover_key(node, epoch), 0, MAX_CLAIM_BYTES, deadline=10.0)
+    except ChunkNotFound:
+        return None
+    try:
+        return TakeoverClaim.decode(data)
+    except BadRecord:
+        return None
+
+
+def stop_patience(config: Config) -> float:
+    """How long a clean stop of a container may take, for whoever waits for it."""
+    return HANDOVER_WAIT + config.server.drain_timeout + config.tier2.stop_flush_timeout
+
+
+async def wait_stopped(
+    config: Config,
+    layer: ChunkLayer,
+    node: str,
+    epoch: int,
+    status: Callable[[str], object] = lambda text: None,
+    poll: float = 0.1,
+) -> bool:
+    """Until the process running ``epoch`` of ``node`` has stopped; whether cleanly.
+
+    Stopped cleanly: its record says ``stopped``. Otherwise it is taken for
+    gone once its record has not changed for ``cluster.down_after``, or
+    after `stop_patience` (what follows fences it either way).
+    """
+    liveness = Liveness(config.cluster.down_after)
+    status(f"waiting for node {node} (epoch {epoch}) to stop")
+    with trio.move_on_after(stop_patience(config)):
+        while True:
+            record = await read_record(layer, node)
+            if record is None or record.epoch > epoch:
+                return False
+            if record.state == STOPPED:
+                return True
+            liveness.observe(record)
+            if liveness.state(record) != UP:
+                return False
+            await trio.sleep(poll)
+    log.warning("handover: node %s (epoch %d) did not stop within %.0fs; fencing it",
+                node, epoch, stop_patience(config))  # fmt: skip
+    return False
+
+
+async def take_back(
+    config: Config, layer: ChunkLayer, status: Callable[[str], object] = lambda text: None
+) -> int | None:
+    """Get this node's container back if another node hosts it.
+
+    Returns the hosted epoch to recover over (its stale journal moved aside),
+    or None when nobody hosts it (an ordinary start).
+    """
+    node = config.node.id
+    give_up = trio.current_time() + stop_patience(config) + 120
+    while True:
+        record = await read_record(layer, node)
+        if record is None or not record.hosted_by or record.state == STOPPED:
+            # Not hosted, or hosted and stopped since: nobody runs it.
+            if record is None or not record.hosted_by:
+                return None
+            epoch = await current_epoch(layer, node)
+            await trio.to_thread.run_sync(set_aside, config)
+            return epoch
+        host = record.hosted_by
+        if not config.cluster.handback:
+            raise HostedElsewhere(node, host)
+        epoch = await current_epoch(layer, node)
+        if epoch == record.epoch:
+            claim = await claim_takeover(layer, node, epoch, node)
+            if claim.host == node:
+                break
+            why = f"node {claim.host} is taking it over (epoch {epoch})"
+        else:
+            why = f"epoch {epoch} is registered and not serving yet"
+        if trio.current_time() > give_up:
+            raise Unavailable(f"cannot take node {node}'s container back from {host}: {why}")
+        status(f"waiting to take the container back: {why}")
+        await trio.sleep(config.cluster.heartbeat_interval)
+    log.warning("handback: node %s's container runs on node %s (epoch %d); taking it back",
+                node, host, epoch)  # fmt: skip
+    status(f"waiting for node {host} to hand this node's container back")
+    cleanly = await wait_stopped(config, layer, node, epoch, status)
+    log.info("handback: node %s %s node %s's container", host,
+             "stopped" if cleanly else "no longer runs", node)  # fmt: skip
+    await trio.to_thread.run_sync(set_aside, config)
+    return epoch
+
+
+def set_aside(config: Config) -> None:
+    """Move a stale journal aside and empty the cache (blocking)."""
+    journal_dir = config.journal_dir
+    if journal_dir.is_dir() and list_files(journal_dir):
+        lock = DirectoryLock(journal_dir)  # no daemon may be using it meanwhile
+        target = journal_dir.with_name(journal_dir.name + REPLACED_SUFFIX)
+        try:
+            if target.exists():
+                shutil.rmtree(target)
+            os.rename(journal_dir, target)
+            fsync_directory(journal_dir.parent)
+        finally:
+            lock.release()
+        log.warning("handback: the stale journal is kept at %s (never replayed; delete it "
+                    "when no longer wanted)", target)  # fmt: skip
+    cache_dir = pathlib.Path(config.cache_dir)
+    if cache_dir.exists():
+        # Only a cache, but it holds the stale journal's unflushed bytes.
+        shutil.rmtree(cache_dir)
+
+
+async def watch_handover(
+    layer: ChunkLayer,
+    node: str,
+    epoch: int,
+    host: str,
+    interval: float,
+    on_claimed: Callable[[str], None],
+) -> None:
+    """Call ``on_claimed(claimant)`` once a node other than ``host`` (the node whose
+    host runs this process) claims ``epoch`` of ``node``."""
+    failing = False
+    while True:
+        await trio.sleep(interval)
+        try:
+            claim = await read_claim(layer, node, epoch)
+            failing = False
+        except GatewayError as e:
+            if not failing:
+                log.warning("handover: cannot read this container's takeover claim: %s", e)
+            failing = True
+            continue
+        if claim is not None and claim.host != host:
+            on_claimed(claim.host)
+            return
+
+
+__all__ = [
+    "HANDOVER_WAIT",
+    "HostedElsewhere",
+    "set_aside",
+    "stop_patience",
+    "take_back",
+    "wait_stopped",
+    "watch_handover",
+]
