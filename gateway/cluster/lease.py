@@ -101,6 +101,10 @@ class Lease:
         self.failures = 0
         #: Changes refused (or answered UNAVAILABLE after durable) for want of the lease.
         self.refused = 0
+        #: `claim_epoch` with ``wait=False``: nothing may be acknowledged or
+        #: stored in Tier 2 before this (``clock``); the previous holder's
+        #: lease may still run until then.
+        self.serve_after = -math.inf
 
     @property
     def enabled(self) -> bool:
@@ -275,6 +279,7 @@ async def claim_epoch(
     heartbeat_interval: float,
     takeover: bool = False,
     status: Callable[[str], object] = lambda text: None,
+    wait: bool = True,
 ) -> Lease:
     """Register ``epoch`` for ``node`` safely; the lease it starts with.
 
@@ -283,7 +288,10 @@ async def claim_epoch(
     - The previous epoch's process may still run (not on this boot with this
       journal, not stopped cleanly): unless ``takeover``, its heartbeat is
       watched for up to ``down_after`` and a live one refuses the start
-      (NodeRunsElsewhere); then, after registering, its lease is waited out.
+      (NodeRunsElsewhere); then, after registering, its lease is waited out
+      -- or, with ``wait=False``, the lease returned says until when
+      (``serve_after``): the caller may fence and read meanwhile, and must
+      wait before it acknowledges or stores anything.
     """
     me = EpochClaim.mine(node, epoch, journal_dir, lease if not takeover else 0.0, takeover)
     registered = await fence_epochs(layer, node)
@@ -293,7 +301,7 @@ async def claim_epoch(
     if current == epoch:
         theirs = await read_claim(layer, node, epoch)
         raise EpochTaken(node, epoch, theirs.describe() if theirs else "unknown")
-    wait = 0.0
+    wait_s = 0.0
     if current:
         previous = await read_claim(layer, node, current)
         if previous is None or not previous.gone_if_locked_by(me):
@@ -305,21 +313,25 @@ async def claim_epoch(
                     await _ensure_not_running(
                         layer, node, record, down_after, max(0.1, heartbeat_interval / 2)
                     )
-                wait = wait_for(previous, lease)
+                wait_s = wait_for(previous, lease)
     sent = time.monotonic()
     await register_epoch(layer, node, epoch, me)
     registered_at = time.monotonic()
     held = Lease(node, epoch, lease)
     held.confirm(sent)
-    if wait:
+    if wait_s and not wait:
+        held.serve_after = registered_at + wait_s
+        log.info("cluster: epoch %d of node %s registered; epoch %d's lease runs out in %.1fs",
+                 epoch, node, current, wait_s)  # fmt: skip
+    elif wait_s:
         log.info(
             "cluster: epoch %d of node %s registered; waiting %.1fs for epoch %d's lease "
             "to run out before serving",
-            epoch, node, wait, current,
+            epoch, node, wait_s, current,
         )  # fmt: skip
-        status(f"waiting {wait:.1f}s for the previous process's lease (epoch {current})")
+        status(f"waiting {wait_s:.1f}s for the previous process's lease (epoch {current})")
         await trio.sleep_until(
-            trio.current_time() + max(0.0, registered_at + wait - time.monotonic())
+            trio.current_time() + max(0.0, registered_at + wait_s - time.monotonic())
         )
         await held.renew(layer, deadline=max(1.0, lease))
         if held.fenced is not None:

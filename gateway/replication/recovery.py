@@ -38,7 +38,7 @@ import trio
 
 from gateway.client.client import Client
 from gateway.cluster.fence import NodeFenced, current_epoch
-from gateway.cluster.lease import claim_epoch
+from gateway.cluster.lease import Lease, claim_epoch
 from gateway.cluster.registry import read_registry
 from gateway.config import Config
 from gateway.errors import GatewayError, NothingToRecover, Unavailable
@@ -93,9 +93,12 @@ async def recover_from_replicas(
     if expect_epoch is not None and fence - 1 != expect_epoch:
         raise NodeFenced(node, expect_epoch, fence - 1)
     cl = config.cluster
-    await claim_epoch(
+    # The old process's lease is waited out *while* the replicas are fenced and
+    # read (each step is safe with it still running: fenced replicas refuse it,
+    # and nothing here writes to Tier 2); only the answer waits for it.
+    held = await claim_epoch(
         tier2, node, fence, str(config.journal_dir), lease=cl.lease, down_after=cl.down_after,
-        heartbeat_interval=cl.heartbeat_interval, takeover=True, status=status,
+        heartbeat_interval=cl.heartbeat_interval, takeover=True, status=status, wait=False,
     )  # fmt: skip
     status(f"fencing epoch {fence - 1} of node {node} at its replicas")
     addresses = {r.id: r.advertise for r in await read_registry(tier2) if r.id != node}
@@ -132,12 +135,25 @@ async def recover_from_replicas(
             node, member, ensemble.epoch, info.start, info.next - 1, nbytes, fence,
             ", ".join(sorted(answers)),
         )  # fmt: skip
+        await _wait_out(held, tier2, status)
         return result
+    await _wait_out(held, tier2, status)
     raise NothingToRecover(
         f"the replicas of node {node} hold no usable journal (ensembles "
         + "; ".join(f"epoch {e.epoch}: {', '.join(e.members) or 'none'}" for e in ensembles)
         + f"; answered: {', '.join(sorted(answers)) or 'none'})"
     )
+
+
+async def _wait_out(held: Lease, tier2: ChunkLayer, status: Callable[[str], object]) -> None:
+    """Until the previous process's lease has run out; NodeFenced if taken over since."""
+    left = held.serve_after - held.clock()
+    if left > 0:
+        status(f"waiting {left:.1f}s for the previous process's lease")
+        await trio.sleep(left)
+    await held.renew(tier2, deadline=max(1.0, held.duration))
+    if held.fenced is not None:
+        raise held.fenced
 
 
 async def _fence_all(
