@@ -479,6 +479,10 @@ async def run_daemon(
         async with open_tier2(config) as tier2:
             await check_tier2(tier2, config)
             expect = hosting.takeover_of if hosting is not None else None
+            if hosting is None and config.tier2.url != "embedded":
+                from gateway.cluster.handover import check_not_retired
+
+                await check_not_retired(tier2, config.node.id)
             if not recover_from_tier2 and hosting is None and handovers(config):
                 from gateway.cluster.handover import take_back
 

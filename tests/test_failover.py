@@ -25,7 +25,8 @@ from gateway.cluster.failover import claim_takeover, rank, takeover_key
 from gateway.embedded import EmbeddedS3
 from gateway.storage.layer import ChunkLayer
 from gateway.storage.s3 import S3Storage
-from tests.helpers.daemon import run_cli
+from tests.helpers.cluster import node_config
+from tests.helpers.daemon import Daemon, run_cli
 from tests.helpers.mount import force_unmount, require_fuse
 from tests.helpers.replicated import ReplicatedCluster
 from tests.helpers.wait import async_wait_for, wait_for
@@ -262,3 +263,65 @@ def _exit_code(d: Any) -> int | None:
             return int(code)
         time.sleep(0.1)
     return None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.expect_errors(*EXPECTED_ERRORS)
+async def test_cluster_forget_retires_a_drained_or_empty_dead_node_for_good(
+    cluster: ReplicatedCluster,
+) -> None:
+    """``cluster forget`` refuses a node that is up; retires a drained node (its
+    container stays where it runs, the node no longer starts); removes an empty dead
+    node from the registry."""
+    c = cluster
+    a, b, drained = c.daemons["node-a"], c.daemons["node-b"], c.daemons["node-c"]
+    async with open_client(drained.address) as cl:
+        await cl.create("kept/events", codec="lines")
+        await cl.append("kept/events", b"one\n")
+
+    def cli(*args: str) -> Any:
+        return run_cli("cluster", *args, "--connect", a.address, timeout=120)
+
+    r = await trio.to_thread.run_sync(lambda: cli("forget", "node-c"))
+    assert r.returncode == 22 and "is up: drain it first" in r.stderr, r.stderr
+    r = await trio.to_thread.run_sync(lambda: cli("drain", "node-c", "--to", "node-b"))
+    assert r.returncode == 0, r.stderr
+    assert await trio.to_thread.run_sync(lambda: _exit_code(drained)) == 0
+    r = await trio.to_thread.run_sync(lambda: cli("forget", "node-c"))
+    assert r.returncode == 0, r.stderr
+    assert "its container stays on node node-b" in r.stdout
+    # The container keeps serving where it runs; the node may not come back.
+    async with open_client(a.address) as cl:
+        await cl.append("kept/events", b"two\n")
+        assert (await cl.read("kept/events", 0, 8)).data == b"one\ntwo\n"
+    r = await trio.to_thread.run_sync(
+        lambda: run_cli(
+            "--config", str(drained.data_dir / "gateway.toml"), "serve", timeout=60, env=c.env
+        )
+    )
+    assert r.returncode == 31 and "retired" in r.stderr, r.stderr[-2000:]
+    # A stopped node that holds nothing: gone from the registry, nobody follows it.
+    z = Daemon(c.root / "node-z", node_config("node-z", c.bucket, c.s3.endpoint_url), env=c.env)
+    await trio.to_thread.run_sync(lambda: z.start(timeout=60))
+    await async_wait_for(lambda: _listed(c, "node-z"), 30, "node-z in the registry")
+    await trio.to_thread.run_sync(lambda: z.stop(timeout=30))
+    r = await trio.to_thread.run_sync(lambda: cli("forget", "node-z"))
+    assert r.returncode == 0, r.stderr
+    assert "removed from the registry" in r.stdout
+    await async_wait_for(lambda: _not_listed(c, "node-z"), 30, "node-z gone from node-a's registry")
+    await trio.to_thread.run_sync(
+        lambda: wait_for(
+            lambda: "node node-z left the registry" in b.log_path.read_text(), 30,
+            "node-b to stop following node-z",
+        )
+    )  # fmt: skip
+
+
+async def _listed(c: ReplicatedCluster, node: str) -> bool:
+    async with open_client(c.daemons["node-a"].address) as cl:
+        return node in {n.id for n in await cl.cluster()}
+
+
+async def _not_listed(c: ReplicatedCluster, node: str) -> bool:
+    return not await _listed(c, node)

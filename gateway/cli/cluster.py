@@ -19,8 +19,11 @@ from gateway.errors import BadRequest, Unavailable
 def _cmd_cluster(args: argparse.Namespace) -> int:
     if args.action == "drain":
         return _drain(args)
+    if args.action == "forget":
+        return _forget(args)
     if args.action is not None or args.node is not None:
-        raise BadRequest("usage: cluster [--json] | cluster drain NODE [--to TARGET]")
+        raise BadRequest("usage: cluster [--json] | cluster drain NODE [--to TARGET] | "
+                         "cluster forget NODE")  # fmt: skip
 
     async def run(client: Any) -> int:
         nodes = await client.cluster()
@@ -115,17 +118,36 @@ def _drain(args: argparse.Namespace) -> int:
         raise Unavailable(f"{why}; see `segment-gateway cluster`") from None
 
 
+def _forget(args: argparse.Namespace) -> int:
+    """Retire NODE for good (asked of the connected node)."""
+    if not args.node:
+        raise BadRequest("cluster forget: name the node to retire")
+
+    async def run(client: Any) -> int:
+        nodes = {n.id: n for n in await client.cluster(forget=args.node)}
+        n = nodes.get(args.node)
+        if n is not None and n.hosted_by:
+            print(f"node {args.node} retired; its container stays on node {n.hosted_by}")
+        else:
+            print(f"node {args.node} retired and removed from the registry")
+        return 0
+
+    return run_client(args, run)
+
+
 def register(sub: Commands) -> None:
     """Add ``cluster``."""
     p = add_command(sub, "cluster", _cmd_cluster, "list the nodes sharing this node's Tier 2: "
                     "state, segments, unflushed bytes, heartbeat age (exit 1 if one is down); "
-                    "`cluster drain NODE` moves a live node's container to another node",
+                    "`cluster drain NODE` moves a live node's container to another node, "
+                    "`cluster forget NODE` retires a drained or dead one",
                     client=True)  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object per node")
-    p.add_argument("action", nargs="?", choices=["drain"],
+    p.add_argument("action", nargs="?", choices=["drain", "forget"],
                    help="drain: move NODE's container to another node (it stops cleanly; "
-                   "start it again to take it back)")  # fmt: skip
-    p.add_argument("node", nargs="?", help="the node to drain")
+                   "start it again to take it back); forget: retire NODE for good (a drained "
+                   "or dead node; its container, if any, stays where it runs)")  # fmt: skip
+    p.add_argument("node", nargs="?", help="the node to drain or forget")
     p.add_argument("--to", metavar="NODE", default="",
                    help="the node to drain to (default: the first in line for it)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",

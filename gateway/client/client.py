@@ -236,13 +236,14 @@ class Client(Connection):
         """A segment's whole committed record: chunk list, attributes, event index."""
         return (await self._call(get_record=wire.GetRecordRequest(segment=segment))).record
 
-    async def cluster(self, take_over: str = "") -> list[wire.NodeStatus]:
+    async def cluster(self, take_over: str = "", forget: str = "") -> list[wire.NodeStatus]:
         """The cluster's nodes as the connected node sees them in the registry.
 
         ``take_over``: first have the connected node take that node's container
-        over (a drain; `gateway.cluster.handover`).
+        over (a drain; `gateway.cluster.handover`). ``forget``: first retire that
+        node for good (``cluster forget``).
         """
-        request = wire.ClusterRequest(take_over=take_over)
+        request = wire.ClusterRequest(take_over=take_over, forget=forget)
         return list((await self._call(cluster=request)).cluster.nodes)
 
     async def info(self, segment: str) -> SegmentInfo:

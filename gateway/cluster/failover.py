@@ -279,6 +279,10 @@ class ContainerHost:
                 continue
             if self.state_of(node) == UP or (node, record.epoch) in self.lost:
                 continue
+            if record.write_quorum < 2:
+                # Its journal is on its own disk only: a takeover would lose
+                # its unflushed tail (and set its journal aside on return).
+                continue
             position = rank(node, candidates).index(self.node_id)
             if self.age_of(record) < cl.down_after * (1 + position / 2):
                 continue
@@ -315,6 +319,11 @@ class ContainerHost:
         record = self.records().get(node)
         if record is None:
             raise BadRequest(f"node {node} is not in the registry")
+        if record.write_quorum < 2:
+            raise BadRequest(
+                f"node {node} does not replicate its journal (replication.write_quorum = 1): "
+                "its container cannot move"
+            )
         epoch = await current_epoch(self.layer, node)
         if epoch != record.epoch:
             raise Unavailable(f"node {node} is being started or taken over (epoch {epoch} "

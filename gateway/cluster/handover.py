@@ -30,10 +30,12 @@ NODE's last flush and the recovery, not a process start.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pathlib
 import shutil
+import time
 from collections.abc import Callable
 
 import trio
@@ -41,8 +43,8 @@ import trio
 from gateway.cluster.failover import MAX_CLAIM_BYTES, TakeoverClaim, claim_takeover, takeover_key
 from gateway.cluster.fence import current_epoch
 from gateway.cluster.registry import STOPPED, UP, Liveness, NodeRecord, record_key
-from gateway.config import Config
-from gateway.errors import ChunkNotFound, GatewayError, Unavailable
+from gateway.config import CLUSTER_PREFIX, Config
+from gateway.errors import BadRequest, ChunkNotFound, GatewayError, Unavailable
 from gateway.journal.files import DirectoryLock, fsync_directory, list_files
 from gateway.storage.layer import ChunkLayer
 from gateway.tier2.untrusted import BadRecord
@@ -54,6 +56,14 @@ log = logging.getLogger(__name__)
 HANDOVER_WAIT = 30.0
 #: Where a returning node's stale journal goes (beside the journal directory).
 REPLACED_SUFFIX = ".replaced"
+RETIRED_PREFIX = f"{CLUSTER_PREFIX}/retired/"
+
+
+class NodeRetired(GatewayError):
+    """node {} was retired with `cluster forget` ({}; its container runs on: {}): it \
+does not start again under this id"""
+
+    exit_code = 31
 
 
 class HostedElsewhere(GatewayError):
@@ -216,9 +226,64 @@ async def watch_handover(
             return
 
 
+def retired_key(node: str) -> str:
+    """Tier-2 key saying ``node`` was retired (``cluster forget``)."""
+    return f"{RETIRED_PREFIX}{node}.json"
+
+
+async def check_not_retired(layer: ChunkLayer, node: str) -> None:
+    """`NodeRetired` if ``node`` was retired with ``cluster forget``."""
+    try:
+        data = await layer.read(retired_key(node), 0, 16 * 1024, deadline=10.0)
+    except ChunkNotFound:
+        return
+    try:
+        doc = json.loads(data)
+        when, host = str(doc.get("at", "?")), str(doc.get("hosted_by") or "none")
+    except (ValueError, AttributeError):
+        when, host = "unreadable record", "?"
+    raise NodeRetired(node, when, host)
+
+
+async def forget(
+    layer: ChunkLayer, node: str, record: NodeRecord | None, state: str, by: str
+) -> str:
+    """Retire ``node`` for good (``cluster forget``); what was done, in words.
+
+    - its container runs on another node (``hosted_by``): it stays there, and
+      the node may not start again under this id (no handback);
+    - it is down or stopped, holds no segment and nobody runs it: its registry
+      record goes too, and nobody follows it any more;
+    - refused while it runs on its own host (drain it first) or while it is
+      down with segments that nobody runs (they would be unreachable).
+    """
+    if record is None:
+        raise BadRequest(f"node {node} is not in the registry")
+    hosted = bool(record.hosted_by)
+    if not hosted and state == UP:
+        raise BadRequest(f"node {node} is up: drain it first (segment-gateway cluster drain "
+                         f"{node}), then forget it")  # fmt: skip
+    if not hosted and record.segments:
+        raise BadRequest(
+            f"node {node} is {state} and holds {record.segments} segment(s) that no other node "
+            "runs: they would be unreachable. Let a survivor take it over (replication and "
+            "cluster.takeover), or rebuild it (serve --recover-from-tier2), then forget it"
+        )
+    body = {"format": 1, "node": node, "by": by, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+            time.gmtime()), "hosted_by": record.hosted_by}  # fmt: skip
+    await layer.write(retired_key(node), json.dumps(body).encode(), {"node": node})
+    if hosted:
+        return f"node {node} retired; its container stays on node {record.hosted_by}"
+    await layer.delete(record_key(node))
+    return f"node {node} retired and removed from the registry"
+
+
 __all__ = [
     "HANDOVER_WAIT",
     "HostedElsewhere",
+    "NodeRetired",
+    "check_not_retired",
+    "forget",
     "set_aside",
     "stop_patience",
     "take_back",

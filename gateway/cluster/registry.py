@@ -70,6 +70,9 @@ class NodeRecord:
     #: drain ("": it runs on its own host). Such a container shares its host's
     #: disk, so it holds no replicas and is not in another node's ensemble.
     hosted_by: str = ""
+    #: ``replication.write_quorum``: a node whose journal is on one disk only
+    #: (1) is never taken over (its unflushed tail would be lost).
+    write_quorum: int = 1
 
     def encode(self) -> bytes:
         """The JSON object stored in Tier 2."""
@@ -115,6 +118,9 @@ class NodeRecord:
             host=want_str(doc, "host", default="", max_len=1024),
             pid=want_int(doc, "pid", high=1 << 32) if "pid" in doc else 0,
             hosted_by=want_str(doc, "hosted_by", default="", max_len=255),
+            write_quorum=want_int(doc, "write_quorum", low=1, high=15)
+            if "write_quorum" in doc
+            else 1,
         )
 
     @property

@@ -230,6 +230,7 @@ class ClusterView:
             host=socket.gethostname(),
             pid=os.getpid(),
             hosted_by=self.hosted_by,
+            write_quorum=self.config.replication.write_quorum,
         )
         cl = self.config.cluster
         interval = cl.heartbeat_interval
@@ -335,7 +336,7 @@ class ClusterView:
 
     async def _follow_node(self, node: RemoteNode) -> None:
         """Follow ``node`` for good: a bug here shows in the log, not as a dead daemon."""
-        while True:
+        while node.node_id in self.nodes:
             try:
                 await self._follow_node_once(node)
             except Exception as e:
@@ -354,6 +355,13 @@ class ClusterView:
         reported = ""
         while True:
             record = self.records.get(node.node_id)
+            if record is None and not node.segments and self._registry_read.is_set():
+                # Removed from the registry (``cluster forget``) with nothing
+                # to show: not followed any more.
+                log.info("cluster: node %s left the registry; no longer following it",
+                         node.node_id)  # fmt: skip
+                self.nodes.pop(node.node_id, None)
+                return
             if record is not None and self.state_of(node.node_id) == UP:
                 try:
                     await self._follow_live(node, record, refresh, deadline)

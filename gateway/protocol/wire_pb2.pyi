@@ -445,10 +445,12 @@ class GetRecordRequest(_message.Message):
     def __init__(self, segment: _Optional[str] = ...) -> None: ...
 
 class ClusterRequest(_message.Message):
-    __slots__ = ("take_over",)
+    __slots__ = ("take_over", "forget")
     TAKE_OVER_FIELD_NUMBER: _ClassVar[int]
+    FORGET_FIELD_NUMBER: _ClassVar[int]
     take_over: str
-    def __init__(self, take_over: _Optional[str] = ...) -> None: ...
+    forget: str
+    def __init__(self, take_over: _Optional[str] = ..., forget: _Optional[str] = ...) -> None: ...
 
 class ListSegmentsRequest(_message.Message):
     __slots__ = ("prefix", "limit", "start_after", "local_only")

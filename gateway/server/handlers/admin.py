@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
     from gateway.storage.layer import ChunkLayer
 
     from ..context import Peer
+
+log = logging.getLogger(__name__)
 
 #: The longest wait a flush request may ask for (FlushRequest.timeout_ms).
 MAX_FLUSH_TIMEOUT_MS = 30 * 86400 * 1000
@@ -94,6 +97,16 @@ def cluster(conn: Peer, req: wire.Request) -> Producer:
         if take_over:
             assert server.containers is not None
             await server.containers.take_over_now(take_over)
+        if req.cluster.forget:
+            from gateway.cluster.handover import forget
+
+            name = req.cluster.forget
+            if name == server.node:
+                raise BadRequest("a node cannot forget itself; ask another node")
+            done = await forget(
+                view.layer, name, view.records.get(name), view.state_of(name), server.node
+            )
+            log.warning("cluster: %s", done)
         nodes = view.status()
         others = {}
         for n in nodes:
