@@ -263,14 +263,16 @@ async def _recover(
     await rebuild_node(config, tier2, status=notifier.status)
 
 
-def _replicator(config: Config, tier2: ChunkLayer, node: Node) -> Replicator:
+def _replicator(
+    config: Config, tier2: ChunkLayer, node: Node, leave: list[GatewayError] | None
+) -> Replicator:
     return Replicator(
         config.node.id,
         node.journal,
         config.replication,
         tier2,
         partial(_connect_node, config, node_ssl_context(config)),
-        on_fenced=partial(_fenced, node),
+        on_fenced=partial(_fenced, node, leave=leave),
         record_deadline=min(config.tier2.retry_deadline, 10.0),
     )
 
@@ -300,13 +302,33 @@ async def _epoch_current(tier2: ChunkLayer, source: str, epoch: int) -> bool:
     return await current_epoch(tier2, source, deadline=5.0) <= epoch
 
 
-def _fenced(node: Node, error: GatewayError) -> None:
-    """Another process took this node id over: stop changing anything anyone trusts."""
-    log.error("cluster: %s. This process accepts no more changes and uploads nothing to "
-              "Tier 2; stop it", error)  # fmt: skip
+def _fenced(node: Node, error: GatewayError, leave: list[GatewayError] | None = None) -> None:
+    """Another process took this node id over: stop changing anything anyone trusts.
+
+    ``leave`` (containers that move between nodes): the first error is kept
+    there and the process stops; `run_daemon` then exits with `TakenOver`, so
+    that a supervisor starts it again and it takes its container back.
+    """
+    if leave is not None and leave:
+        return
     node.container.fence(error)
     if node.storage_writer is not None:
         node.storage_writer.fence(error)
+    if leave is None:
+        log.error("cluster: %s. This process accepts no more changes and uploads nothing to "
+                  "Tier 2; stop it", error)  # fmt: skip
+        return
+    leave.append(error)
+    log.error("cluster: %s. This process accepts no more changes and stops; started again, "
+              "it takes its container back (cluster.handback)", error)  # fmt: skip
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+class TakenOver(GatewayError):
+    """node {}'s container was taken over by another node while this process was cut \
+off ({}); it stopped. Started again, it takes its container back (cluster.handback)"""
+
+    exit_code = 48
 
 
 async def _maintain_claims(claims: NameClaims, container: SegmentContainer, config: Config) -> None:
@@ -495,6 +517,9 @@ async def run_daemon(
             # Refused if this node id was taken over (a higher epoch), if its
             # epoch is another process's (a copied data directory), or while
             # another process of it still runs; waits out a previous lease.
+            # Fenced (taken over while cut off), a container that can move stops
+            # and exits TakenOver, to be started again and take it back.
+            leave: list[GatewayError] | None = [] if handovers(config) else None
             async with open_node(config, tier2, partial(_claim, config, tier2, notifier)) as node:
                 container = node.container
                 lease = container.lease
@@ -503,7 +528,7 @@ async def run_daemon(
                 if config.replication.write_quorum > 1:
                     # Changes wait for the replicas from the start: not one is
                     # acknowledged on this disk alone (`Replicator.check`).
-                    replicator = _replicator(config, tier2, node)
+                    replicator = _replicator(config, tier2, node, leave)
                     container.lease = replicator
                 if recover_from_tier2 and node.storage_writer is not None:
                     # The rebuilt metadata is the base every later recovery and
@@ -515,7 +540,7 @@ async def run_daemon(
                     node.reader,
                     partial(_connect_node, config, node_ssl_context(config)),
                     partial(_progress, node),
-                    partial(_fenced, node),
+                    partial(_fenced, node, leave=leave),
                     lease,
                 )
                 claims = None
@@ -589,7 +614,7 @@ async def run_daemon(
 
                         containers = ContainerHost(
                             config, tier2, lambda: cluster.records, cluster.state_of,
-                            cluster.liveness.age,
+                            cluster.liveness.age, cluster.liveness.watched,
                         )  # fmt: skip
                         await nursery.start(containers.run)
                         server.containers = containers
@@ -630,6 +655,8 @@ async def run_daemon(
                     nursery.cancel_scope.cancel()
     notifier.close()
     log.info("stopped")
+    if leave:
+        raise TakenOver(config.node.id, leave[0])
 
 
 async def _stop(life: _Lifecycle, server: Server, node: Node) -> None:

@@ -51,7 +51,9 @@ def ns() -> Iterator[NetNamespace]:
 class PartitionedCluster:
     """node-a inside ``ns``, node-b and node-c outside, all replicating on one bucket."""
 
-    def __init__(self, root: pathlib.Path, s3: EmbeddedS3, ns: NetNamespace) -> None:
+    def __init__(
+        self, root: pathlib.Path, s3: EmbeddedS3, ns: NetNamespace, takeover: bool = False
+    ) -> None:
         from gateway.storage.s3 import S3Storage
 
         self.root = root
@@ -71,12 +73,14 @@ class PartitionedCluster:
         #: SeaweedFS as node-a reaches it (the port a cut may leave open).
         self.s3_relay = self._relay(ns.host_ip, (u.hostname, u.port))
         self.daemons: dict[str, Daemon] = {}
-        a_config = replicated_config("node-a", self.bucket, f"http://{self.s3_relay.address}")
+        a_config = replicated_config(
+            "node-a", self.bucket, f"http://{self.s3_relay.address}", takeover=takeover
+        )
         self.daemons["node-a"] = Daemon(
             root / "node-a", a_config, env=self.env, host=ns.ns_ip, command_prefix=ns.exec_prefix
         )
         for n in ("node-b", "node-c"):
-            config = replicated_config(n, self.bucket, s3.endpoint_url)
+            config = replicated_config(n, self.bucket, s3.endpoint_url, takeover=takeover)
             self.daemons[n] = Daemon(root / n, config, env=self.env, host=ns.host_ip)
         a = self.daemons["node-a"]
         # The test's own way to node-a: from client_ip, never cut.

@@ -73,7 +73,7 @@ SPEC_FILE = "hosted.json"
 READY_FILE = "ready"
 #: Exit codes of a hosted process that mean "another process holds the node
 #: id" (taken over, copied, running elsewhere; fenced at its replicas).
-FENCED_EXITS = frozenset({31, 44, 46})
+FENCED_EXITS = frozenset({31, 44, 46, 48})
 #: How long a hosted process may take to recover and serve before it is
 #: stopped and the takeover tried again (a recovery waits for replicas up
 #: to two minutes).
@@ -211,8 +211,8 @@ class ContainerHost:
     """Runs other nodes' containers on this node: takes them over, supervises, stops.
 
     ``records`` gives the registry as this node last read it (node id ->
-    record), ``state_of`` and ``age_of`` a node's state and heartbeat age
-    by this node's clock.
+    record), ``state_of`` and ``age_of`` a node's state and heartbeat age,
+    ``watched_of`` how long this node has itself seen the record unchanged.
     """
 
     def __init__(
@@ -222,6 +222,7 @@ class ContainerHost:
         records: Callable[[], dict[str, NodeRecord]],
         state_of: Callable[[str], str],
         age_of: Callable[[NodeRecord], float],
+        watched_of: Callable[[NodeRecord], float],
         python: tuple[str, ...] = (sys.executable,),
     ) -> None:
         self.config = config
@@ -229,6 +230,7 @@ class ContainerHost:
         self.records = records
         self.state_of = state_of
         self.age_of = age_of
+        self.watched_of = watched_of
         self.python = python
         self.node_id = config.node.id
         self.root = pathlib.Path(config.node.data_dir) / "hosted"
@@ -286,7 +288,22 @@ class ContainerHost:
             position = rank(node, candidates).index(self.node_id)
             if self.age_of(record) < cl.down_after * (1 + position / 2):
                 continue
+            # Watched by this node's own clock for as long (a first sight
+            # says nothing), and still the same record in Tier 2 right now.
+            if self.watched_of(record) < cl.down_after * (1 + position / 2):
+                continue
+            if await self._fresher(record):
+                continue
             await self._take_over(node, record)
+
+    async def _fresher(self, record: NodeRecord) -> bool:
+        """Whether Tier 2 holds a newer heartbeat of ``record``'s node than ``record``."""
+        from gateway.cluster.handover import read_record
+
+        now = await read_record(self.layer, record.id)
+        return now is not None and (
+            now.heartbeat_at_ms != record.heartbeat_at_ms or now.epoch != record.epoch
+        )
 
     async def _take_over(self, node: str, record: NodeRecord) -> None:
         epoch = await current_epoch(self.layer, node)

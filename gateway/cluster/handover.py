@@ -147,23 +147,25 @@ async def take_back(
     give_up = trio.current_time() + stop_patience(config) + 120
     while True:
         record = await read_record(layer, node)
-        if record is None or not record.hosted_by or record.state == STOPPED:
-            # Not hosted, or hosted and stopped since: nobody runs it.
-            if record is None or not record.hosted_by:
-                return None
-            epoch = await current_epoch(layer, node)
-            await trio.to_thread.run_sync(set_aside, config)
-            return epoch
-        host = record.hosted_by
+        if record is None:
+            return None
+        epoch = await current_epoch(layer, node)
+        taken = await read_claim(layer, node, record.epoch) if record.epoch < epoch else None
+        if taken is not None and taken.host == node:
+            return None  # this node's own handback went through before it stopped
+        if taken is None and not record.hosted_by:
+            return None  # runs on its own host: an ordinary start
+        host = taken.host if taken is not None else record.hosted_by
         if not config.cluster.handback:
             raise HostedElsewhere(node, host)
-        epoch = await current_epoch(layer, node)
         if epoch == record.epoch:
             claim = await claim_takeover(layer, node, epoch, node)
             if claim.host == node:
                 break
             why = f"node {claim.host} is taking it over (epoch {epoch})"
         else:
+            # A takeover (or the hosted process's restart) has registered an
+            # epoch and not written its record yet.
             why = f"epoch {epoch} is registered and not serving yet"
         if trio.current_time() > give_up:
             raise Unavailable(f"cannot take node {node}'s container back from {host}: {why}")

@@ -187,6 +187,9 @@ class Liveness:
         self.clock = clock
         #: node id -> (heartbeat value last seen, local time it changed).
         self._seen: dict[str, tuple[int, float]] = {}
+        #: node id -> local time the heartbeat value last seen was first seen
+        #: (never backdated by the record's own clock).
+        self._first: dict[str, float] = {}
 
     def observe(self, record: NodeRecord) -> None:
         """Note ``record`` as read now."""
@@ -194,6 +197,7 @@ class Liveness:
         if seen is not None and seen[0] == record.heartbeat_at_ms:
             return
         now = self.clock()
+        self._first[record.id] = now
         if seen is None:
             age = max(0.0, (now_ms() - record.heartbeat_at_ms) / 1000)
             self._seen[record.id] = (record.heartbeat_at_ms, now - age)
@@ -207,6 +211,18 @@ class Liveness:
             return max(0.0, (now_ms() - record.heartbeat_at_ms) / 1000)
         return max(0.0, self.clock() - seen[1])
 
+    def watched(self, record: NodeRecord) -> float:
+        """Seconds this node has itself watched ``record``'s heartbeat stay the same.
+
+        Unlike `age`, never more than this node has been looking: what a
+        takeover decides on (a record first seen just now may be old by its
+        writer's clock, and fresh by the truth).
+        """
+        seen = self._seen.get(record.id)
+        if seen is None or seen[0] != record.heartbeat_at_ms:
+            return 0.0
+        return max(0.0, self.clock() - self._first.get(record.id, self.clock()))
+
     def state(self, record: NodeRecord) -> str:
         """up, down (no new heartbeat for ``down_after``) or stopped."""
         if record.state == STOPPED:
@@ -216,6 +232,7 @@ class Liveness:
     def forget(self, node_id: str) -> None:
         """The record is gone."""
         self._seen.pop(node_id, None)
+        self._first.pop(node_id, None)
 
 
 async def write_record(layer: ChunkLayer, record: NodeRecord, deadline: float) -> None:
