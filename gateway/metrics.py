@@ -284,7 +284,8 @@ class GatewayCollector(Collector):
         )
         took = g(
             f"{PREFIX}_takeover_seconds",
-            "How long the takeover of a container hosted here took (decision to serving)",
+            "How long the takeover (or drain) of a container hosted here took, from the "
+            "decision to serving",
             labels=["node"],
         )
         for node, hs in sorted(st.hosted.items()):
@@ -295,6 +296,12 @@ class GatewayCollector(Collector):
         yield took
         yield counter(
             f"{PREFIX}_takeovers", "Containers of down nodes taken over here", value=st.takeovers
+        )
+        yield counter(
+            f"{PREFIX}_handovers",
+            "Containers hosted here that stopped because their own node took them back "
+            "(handback) or a drain moved them on",
+            value=st.handbacks,
         )
         yield counter(
             f"{PREFIX}_takeover_failures",

@@ -109,6 +109,16 @@ async def _all_there(c: ReplicatedCluster, nodes: tuple[str, ...], events: int) 
         )
 
 
+async def _fsck_clean(c: ReplicatedCluster, nodes: tuple[str, ...]) -> None:
+    """Online fsck through each node finds nothing (chunks, attribute index, orphans)."""
+    for node in nodes:
+        address = c.daemons[node].address
+        r = await trio.to_thread.run_sync(
+            lambda a=address: run_cli("fsck", "--connect", a, timeout=120)
+        )
+        assert r.returncode == 0, f"fsck via {node}:\n{r.stdout}\n{r.stderr}"
+
+
 async def _hosted_by(c: ReplicatedCluster, via: str, node: str) -> str:
     async with open_client(c.daemons[via].address) as cl:
         status = {n.id: n for n in await cl.cluster()}
@@ -249,6 +259,9 @@ async def test_a_drain_under_load_fails_no_append_and_pauses_briefly(
     await trio.to_thread.run_sync(lambda: drained.start(timeout=120))
     await async_wait_for(lambda: _is_home(c, "node-c"), 60, "node-c's container back")
     await _all_there(c, ("node-a", "node-b", "node-c"), events)
+    async with open_client(drained.address) as cl:
+        await cl.flush()
+    await _fsck_clean(c, ("node-a", "node-b", "node-c"))
 
 
 #: The longest a writer may wait during a drain (the issue's target is 2 s).
