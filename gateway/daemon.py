@@ -520,7 +520,10 @@ async def run_daemon(
             # Fenced (taken over while cut off), a container that can move stops
             # and exits TakenOver, to be started again and take it back.
             leave: list[GatewayError] | None = [] if handovers(config) else None
-            async with open_node(config, tier2, partial(_claim, config, tier2, notifier)) as node:
+            async with open_node(
+                config, tier2, partial(_claim, config, tier2, notifier),
+                replicated=config.replication.write_quorum > 1,
+            ) as node:  # fmt: skip
                 container = node.container
                 lease = container.lease
                 assert isinstance(lease, Lease)

@@ -77,6 +77,7 @@ async def open_node(
     tier2: ChunkLayer | None = None,
     claim: Claim | None = None,
     container_type: type[SegmentContainer] = SegmentContainer,
+    replicated: bool = False,
 ) -> AsyncIterator[Node]:
     """Replay the journal and serve the node's storage until exit.
 
@@ -87,13 +88,15 @@ async def open_node(
     node that may not run under its epoch raises there, having uploaded or
     changed nothing. On a clean exit a final checkpoint is written, so the
     next start replays little. ``container_type``: a subclass of
-    `SegmentContainer` to build (tests call theirs directly).
+    `SegmentContainer` to build (tests call theirs directly). ``replicated``:
+    the caller attaches a replicator to the journal; until it does, nothing
+    journaled is durable (`Journal.require_replication`).
     """
     store = await trio.to_thread.run_sync(
         CacheStore.open, config.cache_dir, cache_budget(config), config.cache.pinned_share
     )
     try:
-        async with _open_parts(config, store, tier2, claim, container_type) as node:
+        async with _open_parts(config, store, tier2, claim, container_type, replicated) as node:
             yield node
     finally:
         await trio.to_thread.run_sync(store.close)
@@ -106,6 +109,7 @@ async def _open_parts(
     tier2: ChunkLayer | None,
     claim: Claim | None,
     container_type: type[SegmentContainer],
+    replicated: bool = False,
 ) -> AsyncIterator[Node]:
     reader = None
     if tier2 is not None:
@@ -127,6 +131,8 @@ async def _open_parts(
             replayer.on_file,
             on_data=replayer.on_data,
         ) as journal:
+            if replicated:
+                journal.require_replication()
             replayer.finish()
             container = container_type(config.container, table, journal, config.streams)
             log.info(
@@ -154,7 +160,13 @@ async def _open_parts(
                 try:
                     yield node
                     await container.wait_settled()
-                    if journal.failed is None and journal.statistics().frames_since_checkpoint:
+                    if (
+                        journal.failed is None
+                        and not journal.replication_ended
+                        and journal.statistics().frames_since_checkpoint
+                    ):
+                        # (Not once the replication stopped: it could not be
+                        # made durable; the next start replays a little more.)
                         await container.checkpoint()
                 finally:
                     container.close()

@@ -319,6 +319,7 @@ async def test_cluster_forget_retires_a_drained_or_empty_dead_node_for_good(
     await trio.to_thread.run_sync(lambda: z.start(timeout=60))
     await async_wait_for(lambda: _listed(c, "node-z"), 30, "node-z in the registry")
     await trio.to_thread.run_sync(lambda: z.stop(timeout=30))
+    await async_wait_for(lambda: _state(c, "node-z", "stopped"), 30, "node-z seen stopped")
     r = await trio.to_thread.run_sync(lambda: cli("forget", "node-z"))
     assert r.returncode == 0, r.stderr
     assert "removed from the registry" in r.stdout
@@ -334,6 +335,11 @@ async def test_cluster_forget_retires_a_drained_or_empty_dead_node_for_good(
 async def _listed(c: ReplicatedCluster, node: str) -> bool:
     async with open_client(c.daemons["node-a"].address) as cl:
         return node in {n.id for n in await cl.cluster()}
+
+
+async def _state(c: ReplicatedCluster, node: str, state: str) -> bool:
+    async with open_client(c.daemons["node-a"].address) as cl:
+        return any(n.id == node and n.state == state for n in await cl.cluster())
 
 
 async def _not_listed(c: ReplicatedCluster, node: str) -> bool:

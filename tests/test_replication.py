@@ -195,9 +195,15 @@ def test_a_zombie_cut_off_from_s3_keeps_acking_until_fenced_at_the_replicas(
             last_ack = app.acked_at[-1]
             time.sleep(1.0)
             assert app.acked_at[-1] == last_ack
+        # Refused as fenced, or -- its container able to move -- the fenced
+        # process stopping under the writer (it exits 48, below).
         assert any("fenced" in str(e) or "refuses" in str(e) or "taken over" in str(e)
+                   or "closed the connection" in str(e) or "cannot connect" in str(e)
                    for e in app.errors), app.errors[-3:]  # fmt: skip
         assert last_ack < fenced_at + 5
+        zombie_process = c.daemons["node-a"]
+        wait_for(lambda: not zombie_process.alive(), 30, "the fenced process to stop")
+        assert zombie_process.proc is not None and zombie_process.proc.returncode == 48
         with SyncClient(new.address) as c2:
             data = c2.read("z", 0, c2.info("z").length).data
         # Every acknowledged byte is there, in order; at most writes never acked follow.

@@ -125,9 +125,48 @@ class Journal:
         self._bytes_since_checkpoint = 0
         #: Set once the node replicates its journal: every group written from
         #: then on goes to it and is durable only once on an ack quorum.
-        self.replication: ReplicationSink | None = None
+        self._replication: ReplicationSink | None = None
+        #: The node replicates (`require_replication`): a group written before
+        #: the sink is attached waits for it -- durable on this disk alone is
+        #: not durable -- and one written after it detached is never durable.
+        self.replication_required = False
+        self._replication_ended = False
+        self._replication_changed = trio.Event()
         #: Groups synced here and waiting for their ack quorum (settled in order).
         self._awaiting_quorum = 0
+
+    @property
+    def replication(self) -> ReplicationSink | None:
+        """Where written groups go to be replicated (None: not attached)."""
+        return self._replication
+
+    @replication.setter
+    def replication(self, sink: ReplicationSink | None) -> None:
+        if sink is None and self._replication is not None:
+            self._replication_ended = True
+        self._replication = sink
+        self._replication_changed.set()
+        self._replication_changed = trio.Event()
+
+    def require_replication(self) -> None:
+        """From now on nothing is durable until on an ack quorum, attached or not yet.
+
+        Without it, the node's own bookkeeping (a chunk recorded, an attribute
+        index batch, a stream rolled) journaled between the start and the
+        replication's attaching would count as durable on this disk alone --
+        and act on it (delete the chunks it dropped) although a recovery from
+        the replicas would not have it.
+        """
+        self.replication_required = True
+
+    @property
+    def replication_ended(self) -> bool:
+        """Required, and detached for good (stopping, fenced): nothing more is durable."""
+        return (
+            self.replication_required
+            and self._replication is None
+            and (self._replication_ended or self._closing)
+        )
 
     # -- appending -----------------------------------------------------------
 
@@ -470,9 +509,12 @@ class Journal:
                     # after it that was written to be replicated; a restart
                     # replays them from here.
                     try:
-                        if self.replication is None:
+                        while self._replication is None and not self.replication_ended:
+                            changed = self._replication_changed
+                            await changed.wait()  # attached soon after the start
+                        if self._replication is None:
                             raise JournalClosed()
-                        await self.replication.wait_replicated(group.first_sequence + group.count)
+                        await self._replication.wait_replicated(group.first_sequence + group.count)
                     except JournalError as e:
                         error = e
                 self._awaiting_quorum -= 1
@@ -529,7 +571,7 @@ class Journal:
     async def _write(self, group: WriteGroup) -> bool:
         """Frame and write one group (not synced yet); False if it was refused or failed."""
         first = self._next_sequence
-        group.replicated = self.replication is not None
+        group.replicated = self._replication is not None or self.replication_required
         try:
             await trio.to_thread.run_sync(self._write_group, group, first, limiter=self._limiter)
         except JournalRefused as e:
@@ -693,6 +735,7 @@ class Journal:
 
     def _begin_close(self) -> None:
         self._closing = True
+        self._replication_changed.set()  # a group waiting for the sink: it never comes
         self._room.wake_all()
         self._wake_committer()
 
