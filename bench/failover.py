@@ -38,10 +38,10 @@ prefixed ``[node-c on node-x]`` in its host's log) are kept in each run.
 
 Targets (issue 32): takeover <= down_after + 10 s; drain pause <= 2 s.
 Medians of --repeat runs, each run all three scenarios, the order
-alternating. One run at full size takes about 8 minutes on two cores
-(loading node-c three times and the pauses themselves are most of it), so
-the default is one run; the table in docs/PERFORMANCE.md is from
---repeat 3 (about 25 minutes). Prints one JSON document (progress on
+alternating. One run at full size takes 4 to 7 minutes on two cores
+(loading node-c three times, the pauses themselves and reading everything
+back are most of it), so the default is one run; the table in
+docs/PERFORMANCE.md is from --repeat 3 (13 to 19 minutes). Prints one JSON document (progress on
 stderr); --write-table rewrites the section of docs/PERFORMANCE.md.
 --quick: one run with 100 segments and 16 MiB (a smoke test, about a
 minute). The exit status is 1 if any scenario failed or lost data.
@@ -534,7 +534,7 @@ def table(result: dict[str, Any]) -> list[str]:
         return ", ".join(f"{r[key]:.1f}" if key in r else "failed" for r in runs)
 
     def row(label: str, s: str, first: str, extra: str = "") -> str:
-        return (f"| {label} | {first} | {m[s]['longest_pause_s']:.2f} "
+        return (f"| {label} | {first} | {m[s]['longest_pause_s']:.1f} "
                 f"({each(s, 'longest_pause_s')}) | {extra} |")  # fmt: skip
 
     failures = result["failures"]
@@ -570,7 +570,7 @@ def main() -> int:
         __doc__,
         work_dir_help="where the daemons and SeaweedFS write (default: .bench-tmp)",
         repeat=1,
-        repeat_help="runs of the three scenarios (default 1: about 8 minutes each)",
+        repeat_help="runs of the three scenarios (default 1: 4 to 7 minutes each)",
         quick_help="smoke test: one run, 100 segments, 16 MiB",
     )
     parser.add_argument("--segments", type=int, default=1000,
