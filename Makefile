@@ -52,6 +52,7 @@ bench: install
 	$(PY) bench/spark_read.py --write-table docs/PERFORMANCE.md
 	$(PY) bench/cluster_read.py --write-table docs/PERFORMANCE.md
 	$(PY) bench/replication.py --write-table docs/PERFORMANCE.md
+	$(PY) bench/failover.py --write-table docs/PERFORMANCE.md
 	$(PY) bench/streams.py --write-table docs/PERFORMANCE.md
 	$(PY) bench/spark_stream.py --write-table docs/PERFORMANCE.md
 	$(PY) bench/attributes.py --write-table docs/PERFORMANCE.md
