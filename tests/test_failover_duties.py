@@ -23,7 +23,7 @@ import trio
 
 from gateway.client.client import open_client
 from gateway.embedded import EmbeddedS3
-from gateway.errors import GatewayError, SegmentNotFound
+from gateway.errors import GatewayError, NoQuorum, OwnerDown, SegmentNotFound
 from gateway.storage import object_keys as names
 from gateway.storage.s3 import S3Storage
 from tests.helpers.replicated import ReplicatedCluster
@@ -77,9 +77,12 @@ def cluster4(tmp_path: pathlib.Path, seaweedfs: EmbeddedS3) -> Iterator[Replicat
 
 
 async def _status(c: ReplicatedCluster, via: str, node: str) -> tuple[str, str]:
-    """(hosted_by, advertise) of ``node`` as ``via`` sees the registry."""
+    """(hosted_by, advertise) of ``node`` as ``via`` sees the registry; ("", "") while
+    ``via`` does not see it up."""
     async with open_client(c.daemons[via].address) as cl:
         status = {n.id: n for n in await cl.cluster()}
+    if status[node].state != "up":
+        return "", ""
     return status[node].hosted_by, status[node].advertise
 
 
@@ -368,6 +371,7 @@ async def test_a_taken_over_container_fails_over_again_when_its_host_dies(
     _kill(c, "node-c")
     first, _ = await _wait_hosted(c, "node-a", "node-c")
     left = [n for n in c.daemons if n not in ("node-c", first)]
+    await _wait_hosted(c, left[0], "node-c")
     async with open_client(c.daemons[left[0]].address) as cl:
         await cl.append("dead/x", b"on the first host\n")
     async with open_client(c.daemons[first].address) as cl:
@@ -399,3 +403,69 @@ async def test_a_taken_over_container_fails_over_again_when_its_host_dies(
     # Once each (an append that failed may still have landed: at least once).
     assert data.count(b"on node-c\n") == data.count(b"on the first host\n") == 1, data
     assert all(f"via {via}\n".encode() in data for via in left), data
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.expect_errors(*EXPECTED_ERRORS)
+async def test_with_one_node_left_it_runs_both_dead_containers(cluster: ReplicatedCluster) -> None:
+    """Three nodes: kill -9 node-c, then its host. The node left holds the only other
+    copy of both dead containers' journals (a hosted container keeps none on its host's
+    disk): it takes both over and every acknowledged byte reads back there. Alone it
+    has no ack quorum (ack_quorum 2 needs one more node up): appends are answered
+    NoQuorum, not acknowledged, until the dead host is started again; then they go on."""
+    c = cluster
+    async with open_client(c.daemons["node-c"].address) as cl:
+        await cl.create("dead/x", codec="lines")
+        await cl.append("dead/x", b"on node-c\n")
+    _kill(c, "node-c")
+    first, _ = await _wait_hosted(c, "node-a", "node-c")
+    (last,) = [n for n in ("node-a", "node-b") if n != first]
+    await _wait_hosted(c, last, "node-c")
+    async with open_client(c.daemons[last].address) as cl:
+        await cl.append("dead/x", b"on the first host\n")
+    async with open_client(c.daemons[first].address) as cl:
+        await cl.create("host/own")
+        await cl.append("host/own", b"the host's own")
+    _kill(c, first)
+    killed = time.monotonic()
+    second, _ = await _wait_hosted(c, last, "node-c", not_on=(first,), within=90)
+    host_of_first, first_address = await _wait_hosted(c, last, first, within=90)
+    print(f"{last} runs node-c and {first} {time.monotonic() - killed:.1f}s after the kill")
+    async with open_client(first_address) as cl:
+        print("host/own on its new host:", await cl.info("host/own"))
+    t0 = time.monotonic()
+    async with open_client(c.daemons[last].address) as cl:
+
+        async def own_there() -> bool:
+            return (await cl.read("host/own", 0, 100)).data == b"the host's own"
+
+        await async_wait_for(own_there, 60, "host/own")
+    print(f"host/own read through {last} after {time.monotonic() - t0:.1f}s more")
+    assert second == host_of_first == last
+    async with open_client(c.daemons[last].address) as cl:
+        assert (await cl.read("dead/x", 0, 1000)).data == b"on node-c\non the first host\n"
+        assert (await cl.read("host/own", 0, 100)).data == b"the host's own"
+        with pytest.raises(NoQuorum):
+            await cl.append(
+                "dead/x", b"alone\n", expected_offset=len(b"on node-c\non the first host\n")
+            )
+    # The first host comes back (and takes its own container back): node-c's
+    # container has a replica again and takes appends.
+    await trio.to_thread.run_sync(lambda: c.daemons[first].start(timeout=120))
+    async with open_client(c.daemons[last].address) as cl:
+
+        async def appended() -> bool:
+            try:
+                await cl.append("dead/x", b"again\n")
+            except (NoQuorum, OwnerDown):
+                return False
+            return True
+
+        await async_wait_for(appended, 90, "an append to dead/x with a replica again")
+        data = (await cl.read("dead/x", 0, 1000)).data
+    # The refused append may have become durable once the replica came back (NoQuorum
+    # says so); nothing else is there, nothing twice.
+    assert data in (
+        b"on node-c\non the first host\nagain\n",
+        b"on node-c\non the first host\nalone\nagain\n",
+    ), data
