@@ -21,9 +21,9 @@ from collections.abc import Iterator
 import pytest
 import trio
 
-from gateway.client.client import open_client
+from gateway.client.client import Client, open_client
 from gateway.embedded import EmbeddedS3
-from gateway.errors import GatewayError, NoQuorum, OwnerDown, SegmentNotFound
+from gateway.errors import GatewayError, NoQuorum, OwnerDown, SegmentNotFound, Unavailable
 from gateway.storage import object_keys as names
 from gateway.storage.s3 import S3Storage
 from tests.helpers.replicated import ReplicatedCluster
@@ -105,6 +105,31 @@ async def _wait_hosted(
     return seen[-1]
 
 
+async def _first_append(cl: Client, segment: str, data: bytes, within: float = 30) -> float:
+    """Append once the new host takes changes; how long it answered "not yet".
+
+    Right after a takeover a survivor may still see the owner down (`OwnerDown`)
+    and the new host's replication may still be starting (`Unavailable`): neither
+    wrote anything, so sending again is safe (an exactly-once writer does the same).
+    """
+    started = time.monotonic()
+    last: GatewayError | None = None
+    with trio.fail_after(within):
+        while True:
+            try:
+                await cl.append(segment, data)
+            except NoQuorum:
+                raise  # it may still become durable: not safe to send again
+            except (OwnerDown, Unavailable) as e:
+                last = e
+                await trio.sleep(0.05)
+                continue
+            waited = time.monotonic() - started
+            if last is not None:
+                print(f"first append to {segment} after {waited:.2f}s; before: {last}")
+            return waited
+
+
 def _kill(c: ReplicatedCluster, node: str) -> float:
     c.daemons[node].kill()
     return time.monotonic()
@@ -143,7 +168,8 @@ async def test_transactions_open_on_a_dead_node_commit_whole_or_time_out(
     # Through the new host's address (`cluster` shows it): the transaction is there.
     async with open_client(address) as cl:
         # More events into the kept one after the takeover, then its commit.
-        for i in range(200, 300):
+        await _first_append(cl, kept.name, _event(200))
+        for i in range(201, 300):
             await cl.append(kept.name, _event(i))
         kept_body += b"".join(_event(i) for i in range(200, 300))
         done = await cl.commit_transaction(kept.name)
@@ -257,7 +283,7 @@ async def test_a_taken_over_stream_keeps_rolling_expiring_flushing_and_collectin
     # host rolls every 2 s.
     landed: dict[str, float] = {}
     async with open_client(c.daemons["node-b"].address) as cl:
-        await cl.append("dead/plain", b"after the takeover " * 100)
+        await _first_append(cl, "dead/plain", b"after the takeover " * 100)
         await cl.append("dead/flushed", b"flushed on request " * 100)
         started = time.monotonic()
         while time.monotonic() - started < 14:
@@ -351,7 +377,7 @@ async def test_exactly_one_survivor_takes_a_dead_node_over(cluster: ReplicatedCl
     assert set(lost) <= {host}, lost
     print(f"{host} took node-c over; {other} {'saw it' if lost else 'never tried'}")
     async with open_client(c.daemons[other].address) as cl:
-        await cl.append("dead/x", b" after")
+        await _first_append(cl, "dead/x", b" after")
         assert (await cl.read("dead/x", 0, 100)).data == b"before after"
 
 
@@ -373,7 +399,7 @@ async def test_a_taken_over_container_fails_over_again_when_its_host_dies(
     left = [n for n in c.daemons if n not in ("node-c", first)]
     await _wait_hosted(c, left[0], "node-c")
     async with open_client(c.daemons[left[0]].address) as cl:
-        await cl.append("dead/x", b"on the first host\n")
+        await _first_append(cl, "dead/x", b"on the first host\n")
     async with open_client(c.daemons[first].address) as cl:
         await cl.create("host/own")
         await cl.append("host/own", b"the host's own")
@@ -422,7 +448,7 @@ async def test_with_one_node_left_it_runs_both_dead_containers(cluster: Replicat
     (last,) = [n for n in ("node-a", "node-b") if n != first]
     await _wait_hosted(c, last, "node-c")
     async with open_client(c.daemons[last].address) as cl:
-        await cl.append("dead/x", b"on the first host\n")
+        await _first_append(cl, "dead/x", b"on the first host\n")
     async with open_client(c.daemons[first].address) as cl:
         await cl.create("host/own")
         await cl.append("host/own", b"the host's own")
