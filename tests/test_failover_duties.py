@@ -381,6 +381,51 @@ async def test_exactly_one_survivor_takes_a_dead_node_over(cluster: ReplicatedCl
         assert (await cl.read("dead/x", 0, 100)).data == b"before after"
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.expect_errors(*EXPECTED_ERRORS)
+async def test_two_survivors_told_to_take_over_at_once_one_wins(
+    cluster: ReplicatedCluster,
+) -> None:
+    """Right after kill -9 of node-c (before down_after), node-a and node-b are both
+    told to take it over at the same moment (``cluster drain node-c --to`` each): one
+    is answered OK and runs the container, the other is told who does; the container
+    serves once, with its bytes, and nobody takes it over again later."""
+    c = cluster
+    async with open_client(c.daemons["node-c"].address) as cl:
+        await cl.create("dead/x")
+        await cl.append("dead/x", b"before")
+    _kill(c, "node-c")
+    answers: dict[str, str] = {}
+
+    async def take_over(node: str) -> None:
+        async with open_client(c.daemons[node].address) as cl:
+            try:
+                await cl.cluster(take_over="node-c")
+                answers[node] = "ok"
+            except GatewayError as e:
+                answers[node] = str(e)
+
+    async with trio.open_nursery() as nursery:
+        for node in ("node-a", "node-b"):
+            nursery.start_soon(take_over, node)
+    print(answers)
+    winners = [n for n, a in answers.items() if a == "ok"]
+    assert len(winners) == 1, answers
+    (winner,) = winners
+    (loser,) = [n for n in answers if n != winner]
+    assert f"node {winner} is already taking node node-c over" in answers[loser], answers
+    host, address = await _wait_hosted(c, loser, "node-c")
+    assert host == winner
+    async with open_client(c.daemons[loser].address) as cl:
+        await _first_append(cl, "dead/x", b" after")
+    await trio.sleep(6)  # past down_after twice: the automatic path does not start another
+    hosting = [n for n in answers if (c.daemons[n].data_dir / "hosted" / "node-c").exists()]
+    assert hosting == [winner]
+    assert not _TAKING.search(c.daemons[loser].log_path.read_text())
+    async with open_client(address) as cl:
+        assert (await cl.read("dead/x", 0, 100)).data == b"before after"
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.expect_errors(*EXPECTED_ERRORS)
 async def test_a_taken_over_container_fails_over_again_when_its_host_dies(
