@@ -26,6 +26,7 @@ from gateway.embedded import EmbeddedS3
 from gateway.errors import GatewayError, NoQuorum, OwnerDown, SegmentNotFound, Unavailable
 from gateway.storage import object_keys as names
 from gateway.storage.s3 import S3Storage
+from tests.helpers.daemon import scrape
 from tests.helpers.replicated import ReplicatedCluster
 from tests.helpers.wait import async_wait_for
 
@@ -376,6 +377,12 @@ async def test_exactly_one_survivor_takes_a_dead_node_over(cluster: ReplicatedCl
     lost = _LOST.findall(c.daemons[other].log_path.read_text())
     assert set(lost) <= {host}, lost
     print(f"{host} took node-c over; {other} {'saw it' if lost else 'never tried'}")
+    # What an operator's dashboard shows: one takeover, on the host, serving.
+    metrics = {n: scrape(c.daemons[n].metrics_port) for n in survivors}
+    assert metrics[host]["segment_gateway_takeovers_total"] == 1
+    assert metrics[host]['segment_gateway_hosted_container{node="node-c",state="serving"}'] == 1
+    assert metrics[other].get("segment_gateway_takeovers_total", 0) == 0
+    assert not any(k.startswith("segment_gateway_hosted_container{") for k in metrics[other])
     async with open_client(c.daemons[other].address) as cl:
         await _first_append(cl, "dead/x", b" after")
         assert (await cl.read("dead/x", 0, 100)).data == b"before after"
