@@ -367,7 +367,7 @@ async def test_exactly_one_survivor_takes_a_dead_node_over(cluster: ReplicatedCl
         await cl.append("dead/x", b"before")
     _kill(c, "node-c")
     host, _ = await _wait_hosted(c, "node-a", "node-c")
-    assert (await _status(c, "node-b", "node-c"))[0] == host
+    assert (await _wait_hosted(c, "node-b", "node-c"))[0] == host  # node-b sees the same
     await trio.sleep(6)  # two more down_after periods: nobody else tries
     survivors = ("node-a", "node-b")
     taking = [n for n in survivors if _TAKING.search(c.daemons[n].log_path.read_text())]
