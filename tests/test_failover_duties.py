@@ -473,9 +473,22 @@ async def test_a_taken_over_container_fails_over_again_when_its_host_dies(
                 return True
 
             await async_wait_for(appended, 60, f"an append to dead/x via {via}")
-            data = (await cl.read("dead/x", 0, 1000)).data
-            assert data.startswith(b"on node-c\non the first host\n"), data
-            assert (await cl.read("host/own", 0, 100)).data == b"the host's own"
+            acked = time.monotonic()
+            mine = f"via {via}\n".encode()
+
+            # Read back through the same node: its view of node-c shows only what was
+            # flushed until it polled the new host, so this can lag the append.
+            async def read_back(cl: object = cl, mine: bytes = mine) -> bool:
+                data = (await cl.read("dead/x", 0, 1000)).data  # type: ignore[attr-defined]
+                own = (await cl.read("host/own", 0, 100)).data  # type: ignore[attr-defined]
+                return (
+                    data.startswith(b"on node-c\non the first host\n")
+                    and mine in data
+                    and own == b"the host's own"
+                )
+
+            await async_wait_for(read_back, 30, f"dead/x and host/own read through {via}")
+            print(f"read back through {via} {time.monotonic() - acked:.2f}s after the append")
     async with open_client(address) as cl:
         data = (await cl.read("dead/x", 0, 1000)).data
     # Once each (an append that failed may still have landed: at least once).
