@@ -174,11 +174,12 @@ def handovers(config: Config) -> bool:
     return config.replication.write_quorum > 1 and lease_duration(config) > 0
 
 
-def _handed_over(node: str, claimant: str) -> None:
+def _handed_over(life: _Lifecycle, node: str, claimant: str) -> None:
     """Another node claimed this container (a drain, or its own node taking it back)."""
     log.warning("handover: node %s claimed this container (node %s); stopping cleanly so that "
                 "it continues there", claimant, node)  # fmt: skip
-    os.kill(os.getpid(), signal.SIGTERM)  # the ordered stop: flush, snapshot, "stopped"
+    life.handed_over = claimant
+    os.kill(os.getpid(), signal.SIGTERM)  # the ordered stop: answers in flight, "stopped"
 
 
 def takes_over(config: Config) -> bool:
@@ -395,6 +396,8 @@ class _Lifecycle:
         self.notifier = notifier
         self.mount_scope: trio.CancelScope | None = None
         self.mount_done = trio.Event()
+        #: The node this container is being handed over to ("": none).
+        self.handed_over = ""
 
     async def run_mount(
         self, node: Node, cluster: ClusterView, *, task_status: trio.TaskStatus[Any]
@@ -609,7 +612,7 @@ async def run_daemon(
                             watch_handover, tier2, config.node.id, node.journal.epoch,
                             hosting.host if hosting is not None else config.node.id,
                             config.cluster.heartbeat_interval,
-                            partial(_handed_over, config.node.id),
+                            partial(_handed_over, life, config.node.id),
                         )  # fmt: skip
                     containers = None
                     if hosting is None and takes_over(config):
@@ -680,6 +683,12 @@ async def _stop(life: _Lifecycle, server: Server, node: Node) -> None:
     await life.unmount()
     timeout = config.tier2.stop_flush_timeout
     replicator = server.replicator
+    if timeout > 0 and life.handed_over:
+        # The next host recovers the journal from the replicas anyway: a
+        # flush here would only make the writers wait longer.
+        log.info("stop: handing over to node %s; not flushing to Tier 2 (it recovers the "
+                 "journal from the replicas)", life.handed_over)  # fmt: skip
+        timeout = 0
     if timeout > 0 and replicator is not None and not replicator.has_quorum():
         # A flush is recorded in the journal, and nothing is recorded without
         # an ack quorum: waiting would only use up the timeout.

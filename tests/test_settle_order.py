@@ -32,7 +32,6 @@ def _fail_last(journal: MemoryJournal) -> None:
     ticket._done.set()
 
 
-@pytest.mark.xfail(strict=True, reason="PendingOperation.wait applies nothing and returns")
 async def test_a_chunk_record_failed_behind_a_waiting_group_raises_unavailable() -> None:
     journal = MemoryJournal()
     c = DirectContainer(ContainerConfig(), SegmentTable(ReadIndex(MemoryCache())), journal)
@@ -43,13 +42,12 @@ async def test_a_chunk_record_failed_behind_a_waiting_group_raises_unavailable()
     later = c.prepare_chunk_added(c.info("s").id, ChunkRecord(name="c0", length=100), False)
     _fail_last(journal)
     with pytest.raises(Unavailable):
-        await later.wait()  # IndexError today
+        await later.wait()
     journal.refuse_pending(JournalClosed())
     with pytest.raises(Unavailable):
         await earlier.wait()
 
 
-@pytest.mark.xfail(strict=True, reason="PendingOperation.wait returns a failed append's result")
 async def test_an_append_failed_behind_a_waiting_group_is_not_acknowledged() -> None:
     journal = MemoryJournal()
     c = DirectContainer(ContainerConfig(), SegmentTable(ReadIndex(MemoryCache())), journal)
@@ -59,7 +57,7 @@ async def test_an_append_failed_behind_a_waiting_group_is_not_acknowledged() -> 
     later = c.prepare_append("s", b"b" * 10)
     _fail_last(journal)
     with pytest.raises(Unavailable):
-        await later.wait()  # returns an AppendResult today
+        await later.wait()
     journal.refuse_pending(JournalClosed())
     with pytest.raises(Unavailable):
         await earlier.wait()

@@ -6,8 +6,9 @@ Both use the takeover claim of `gateway.cluster.failover` on the container's
 - the process that runs a container watches the claim of its own epoch
   (`watch_handover`, every ``cluster.heartbeat_interval``). Once another
   node holds it, it stops as at SIGTERM -- stops accepting, answers what is
-  in flight, flushes to Tier 2, uploads a snapshot, says ``stopped`` in the
-  registry -- and exits 0;
+  in flight, says ``stopped`` in the registry -- and exits 0, without the
+  stop's flush to Tier 2 (the claimant recovers the journal from the
+  replicas anyway; a flush would only make the writers wait);
 - the claimant waits for that (`wait_stopped`: the record says ``stopped``,
   or has gone stale because the process died meanwhile, or `HANDOVER_WAIT`
   passed), then recovers exactly as a takeover does: a new epoch, the old

@@ -65,6 +65,7 @@ class PendingOperation:
         "error",
         "internal",
         "result",
+        "settled",
         "storage",
         "ticket",
     )
@@ -93,6 +94,8 @@ class PendingOperation:
         #: The node's own bookkeeping (chunks recorded, checkpoints), not a
         #: client's change: acknowledged to nobody, so not under the lease.
         self.internal = False
+        #: Taken off the queue: applied, or its error set.
+        self.settled = False
 
     def _with_result(self, fn: Callable[[], Any]) -> PendingOperation:
         """Compute the result when applied (e.g. the segment's new info)."""
@@ -113,6 +116,20 @@ class PendingOperation:
                 assert lease is not None
                 raise lease.not_acknowledged()
             self._queue.settle()
+            while not self.settled:
+                # Settled in order, and an earlier one is still out: its
+                # journal group waits for its quorum while this later one
+                # failed already (replication stopped). Failed, it is refused
+                # now (nothing of it is applied, ever); durable, it waits.
+                failure = _journal_failure(self.ticket)
+                if failure is not None:
+                    self.error = failure
+                    break
+                head = self._queue.inflight[0]
+                assert head.ticket is not None
+                with suppress(JournalError):
+                    await head.ticket.wait()
+                self._queue.settle()
         if self.error is not None:
             raise self.error
         lease = self._queue.lease
@@ -124,6 +141,19 @@ class PendingOperation:
         if self._result_fn is not None:
             return self._result_fn()
         return self.result
+
+
+def _journal_failure(ticket: JournalTicket) -> GatewayError | None:
+    """The error a done ticket's operation gets (None: it is durable)."""
+    try:
+        ticket.result()
+    except JournalRefused as e:
+        return Overloaded(str(e))
+    except JournalClosed:
+        return Unavailable("the daemon is shutting down")
+    except JournalError as e:
+        return Unavailable(str(e))
+    return None
 
 
 class OperationQueue:
@@ -232,22 +262,18 @@ class OperationQueue:
         q = self.inflight
         while q and (q[0].ticket is None or q[0].ticket.done):
             op = q.popleft()
+            op.settled = True
             if op._deferred is not None:
                 op.error = op._deferred()
                 continue
             assert op.ticket is not None
-            try:
+            failure = _journal_failure(op.ticket)
+            if failure is not None:
+                op.error = failure
+            elif op._apply is not None:
                 seq = op.ticket.result()
-            except JournalRefused as e:
-                op.error = Overloaded(str(e))
-            except JournalClosed:
-                op.error = Unavailable("the daemon is shutting down")
-            except JournalError as e:
-                op.error = Unavailable(str(e))
-            else:
-                if op._apply is not None:
-                    self.table.seq = seq
-                    op._apply(seq)
+                self.table.seq = seq
+                op._apply(seq)
         if not q:
             self.pending_pinned = 0  # refused appends never reach apply
         if not q and self.dirty:
