@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import trio
 
 from gateway.cluster.fence import current_epoch
-from gateway.cluster.registry import UP, NodeRecord, now_ms
+from gateway.cluster.registry import UP, NodeRecord, now_ms, read_record
 from gateway.config import CLUSTER_PREFIX, Config, parse_host_port
 from gateway.errors import BadRequest, ChunkNotFound, GatewayError, Unavailable
 from gateway.storage.layer import ChunkLayer
@@ -298,9 +298,7 @@ class ContainerHost:
 
     async def _fresher(self, record: NodeRecord) -> bool:
         """Whether Tier 2 holds a newer heartbeat of ``record``'s node than ``record``."""
-        from gateway.cluster.handover import read_record
-
-        now = await read_record(self.layer, record.id)
+        now = await read_record(self.layer, record.id, deadline=10.0)
         return now is not None and (
             now.heartbeat_at_ms != record.heartbeat_at_ms or now.epoch != record.epoch
         )
@@ -468,7 +466,7 @@ class ContainerHost:
         # Started from the trio thread, which lives as long as this process:
         # the death signal fires when the starting *thread* ends.
         return subprocess.Popen(
-            [*self.python, "-m", "gateway.cluster.hosted", str(h.directory)],
+            [*self.python, "-m", "gateway.cli.hosted", str(h.directory)],
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             preexec_fn=set_parent_death_signal,

@@ -41,6 +41,7 @@ from collections.abc import Callable
 
 import trio
 
+from gateway.cluster import registry
 from gateway.cluster.failover import MAX_CLAIM_BYTES, TakeoverClaim, claim_takeover, takeover_key
 from gateway.cluster.fence import current_epoch
 from gateway.cluster.registry import STOPPED, UP, Liveness, NodeRecord, record_key
@@ -76,15 +77,8 @@ cluster.handback = false: this node does not take it back. Set cluster.handback 
 
 
 async def read_record(layer: ChunkLayer, node: str) -> NodeRecord | None:
-    """``node``'s registry record, if readable."""
-    try:
-        data = await layer.read(record_key(node), 0, 64 * 1024, deadline=10.0)
-    except ChunkNotFound:
-        return None
-    try:
-        return NodeRecord.decode(data, key_node=node)
-    except BadRecord:
-        return None
+    """``node``'s registry record, if there is a usable one (bounded)."""
+    return await registry.read_record(layer, node, deadline=10.0)
 
 
 async def read_claim(layer: ChunkLayer, node: str, epoch: int) -> TakeoverClaim | None:

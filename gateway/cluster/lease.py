@@ -53,10 +53,9 @@ from gateway.cluster.fence import (
     read_claim,
     register_epoch,
 )
-from gateway.cluster.registry import STOPPED, NodeRecord, now_ms, record_key
-from gateway.errors import ChunkNotFound, GatewayError, Unavailable
+from gateway.cluster.registry import STOPPED, NodeRecord, now_ms, read_record
+from gateway.errors import GatewayError, Unavailable
 from gateway.storage.layer import ChunkLayer
-from gateway.tier2.untrusted import BadRecord
 
 log = logging.getLogger(__name__)
 
@@ -226,18 +225,6 @@ def wait_for(claim: EpochClaim | None, own_lease: float) -> float:
     return lease * (1 + LEASE_DRIFT) + LEASE_MARGIN
 
 
-async def _own_record(layer: ChunkLayer, node: str) -> NodeRecord | None:
-    """This node id's registry record, if readable."""
-    try:
-        data = await layer.read(record_key(node), 0, 64 * 1024)
-    except ChunkNotFound:
-        return None
-    try:
-        return NodeRecord.decode(data, key_node=node)
-    except BadRecord:
-        return None
-
-
 async def _ensure_not_running(
     layer: ChunkLayer, node: str, record: NodeRecord, down_after: float, poll: float
 ) -> None:
@@ -257,7 +244,7 @@ async def _ensure_not_running(
     with trio.move_on_after(down_after - age + poll):
         while True:
             await trio.sleep(poll)
-            now = await _own_record(layer, node)
+            now = await read_record(layer, node)
             if now is not None and now.heartbeat_at_ms != record.heartbeat_at_ms:
                 if now.state == STOPPED:
                     return
@@ -305,7 +292,7 @@ async def claim_epoch(
     if current:
         previous = await read_claim(layer, node, current)
         if previous is None or not previous.gone_if_locked_by(me):
-            record = await _own_record(layer, node)
+            record = await read_record(layer, node)
             stopped = record is not None and record.state == STOPPED and record.epoch >= current
             if not stopped:
                 if not takeover and record is not None and record.epoch <= current:

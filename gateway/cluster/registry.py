@@ -129,6 +129,20 @@ class NodeRecord:
         return self.hosted_by or self.id
 
 
+async def read_record(
+    layer: ChunkLayer, node: str, deadline: float | None = None
+) -> NodeRecord | None:
+    """``node``'s registry record, if there is a usable one."""
+    try:
+        data = await layer.read(record_key(node), 0, MAX_RECORD_BYTES, deadline=deadline)
+    except ChunkNotFound:
+        return None
+    try:
+        return NodeRecord.decode(data, key_node=node)
+    except BadRecord:
+        return None
+
+
 def now_ms() -> int:
     """Wall-clock milliseconds (heartbeats compare clocks across hosts)."""
     return int(time.time() * 1000)

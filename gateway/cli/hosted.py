@@ -1,4 +1,4 @@
-"""A container hosted on another node's host: ``python -m gateway.cluster.hosted DIR``.
+"""A container hosted on another node's host: ``python -m gateway.cli.hosted DIR``.
 
 Started by `gateway.cluster.failover.ContainerHost` with the directory it
 prepared: ``DIR/hosted.json`` holds the configuration (the host's, with the
