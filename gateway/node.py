@@ -135,6 +135,7 @@ async def _open_parts(
                 journal.require_replication()
             replayer.finish()
             container = container_type(config.container, table, journal, config.streams)
+            container.node_id = config.node.id
             log.info(
                 "container: recovered %d segment(s) in %.2fs",
                 container.segment_count,

@@ -214,12 +214,6 @@ async def test_transactions_open_on_a_dead_node_commit_whole_or_time_out(
         assert [s.name for s in await cl.list(".txn")] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a transaction is unknown to every node but its owner's process (remote views "
-    "skip txn_parent records): a survivor answers SegmentNotFound, not NotOwner, so a "
-    "client whose owner died cannot follow its transaction to the new host",
-)
 @pytest.mark.timeout(240)
 @pytest.mark.expect_errors(*EXPECTED_ERRORS)
 async def test_a_transaction_of_a_dead_node_is_committed_through_a_survivor(
@@ -239,14 +233,18 @@ async def test_a_transaction_of_a_dead_node_is_committed_through_a_survivor(
         _kill(c, "node-c")
         _, address = await _wait_hosted(c, "node-a", "node-c")
         body = _event(0) + _event(1) + _event(2)
+        # Its name says whose container it is (`.txn/node-c/...`): every node
+        # sends a client to wherever that runs now.
+        assert txn.name.startswith(".txn/node-c/")
         try:
             await cl.append(txn.name, _event(1))  # the client that began it
             async with open_client(c.daemons["node-b"].address) as other:
                 await other.append(txn.name, _event(2))  # a client that never saw it
                 done = await other.commit_transaction(txn.name)
-        finally:
+        except Exception:
             async with open_client(address) as owner:
                 print("the transaction on its new host:", await owner.info(txn.name))
+            raise
     assert (done.segment, done.offset, done.length) == ("dead/orders", 0, len(body))
     async with open_client(c.daemons["node-b"].address) as cl:
         assert (await cl.read("dead/orders", 0, 1000)).data == body

@@ -213,6 +213,15 @@ class SegmentContainer:
         self._queue.now_ms = clock
 
     @property
+    def node_id(self) -> str:
+        """The node id this container is (named in transaction names; "": none)."""
+        return self._transactions.node_id
+
+    @node_id.setter
+    def node_id(self, node_id: str) -> None:
+        self._transactions.node_id = node_id
+
+    @property
     def lease(self) -> LeaseGate | None:
         """In a cluster: changes are admitted and acknowledged only while it is held."""
         return self._queue.lease

@@ -116,7 +116,7 @@ class PendingOperation:
                 assert lease is not None
                 raise lease.not_acknowledged()
             self._queue.settle()
-            while not self.settled:
+            while not self.settled and any(op is self for op in self._queue.inflight):
                 # Settled in order, and an earlier one is still out: its
                 # journal group waits for its quorum while this later one
                 # failed already (replication stopped). Failed, it is refused

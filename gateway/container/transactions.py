@@ -84,6 +84,9 @@ class Transactions:
         self._seal = seal
         self._delete = delete
         self._append_target = append_target
+        #: The container's node id, named in every transaction's name so that
+        #: any node can send a client to wherever the container runs ("": none).
+        self.node_id = ""
         self.begun = 0
         self.committed = 0
         self.aborted = 0
@@ -117,7 +120,11 @@ class Transactions:
                 values[CODEC] = codec
         elif stream.codec is not Codec.RAW:
             values[CODEC] = stream.codec.number
-        name = f"{TXN_DIR}/{uuid.uuid4().hex}"
+        # `.txn/<node>/<hex>`: the node id lets every node route it (its
+        # owner may be down, or hosted elsewhere, and no node follows
+        # transactions); `.txn/<hex>` without one (a single node) as before.
+        where = f"{self.node_id}/" if self.node_id else ""
+        name = f"{TXN_DIR}/{where}{uuid.uuid4().hex}"
         deadline = q.now_ms() + int(timeout * 1000)
         op = self._create(name, values, txn_parent=parent, txn_deadline_ms=deadline)
         self.begun += 1

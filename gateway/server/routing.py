@@ -15,6 +15,7 @@ import trio
 
 from gateway.cluster.registry import UP
 from gateway.container.segment_names import validate_name
+from gateway.container.streams import is_hidden
 from gateway.errors import GatewayError, NotOwner, OwnerDown, SegmentNotFound
 from gateway.protocol import wire_pb2 as wire
 
@@ -22,6 +23,7 @@ from .answers import Item, error_response
 
 if TYPE_CHECKING:
     from gateway.cluster.remote import RemoteNode
+    from gateway.cluster.view import ClusterView
     from gateway.container.segment import Segment
 
     from .context import Peer, ServerParts
@@ -39,6 +41,10 @@ async def not_owner(server: ServerParts, e: SegmentNotFound) -> GatewayError:
     name = str(e.args[0]) if e.args else ""
     cluster, claims = server.cluster, server.claims
     owner = cluster.owner_of(name) if cluster is not None else None
+    if owner is None and cluster is not None:
+        # A transaction names its container's node (`.txn/<node>/<hex>`): no
+        # node follows transactions, but every node knows where that runs.
+        owner = _transaction_owner(cluster, name, server.node)
     if owner is None and claims is not None and name:
         try:
             holder = await claims.owner(name)
@@ -51,6 +57,14 @@ async def not_owner(server: ServerParts, e: SegmentNotFound) -> GatewayError:
     if cluster is not None and cluster.state_of(owner[0]) != UP:
         return OwnerDown(name, owner[0], cluster.describe(owner[0]), owner[1])
     return NotOwner(name, *owner)
+
+
+def _transaction_owner(cluster: ClusterView, name: str, me: str) -> tuple[str, str] | None:
+    parts = name.split("/")
+    if len(parts) != 3 or not is_hidden(name) or parts[1] == me:
+        return None
+    node = parts[1]
+    return (node, cluster.address_of(node)) if node in cluster.records else None
 
 
 def remote_segment(server: ServerParts, name: str) -> tuple[RemoteNode, Segment]:
