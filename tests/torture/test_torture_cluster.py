@@ -578,17 +578,26 @@ class ClusterTorture:
             assert acks, "the old process acknowledged nothing before the takeover"
             assert refusals, "the old process refused nothing"
             self.zombie_refusals.append(refusals[-1])
-            # The old process: alive, fenced, refusing a direct append of a
-            # line its writer could have sent.
-            assert old.alive(), f"the old {node} exited:\n{old.log()}"
 
+            # The old process: fenced, refusing a direct append of a line its
+            # writer could have sent -- or, replicated (its container can
+            # move), stopped by itself once fenced: exit 48.
             def append_directly() -> None:
                 with SyncClient(old.address) as direct:
                     direct.append(segment(node), line(k, 10**7) + b"\n")
 
-            with pytest.raises(GatewayError, match="taken over"):
-                await trio.to_thread.run_sync(append_directly)
-            assert "has been taken over" in old.log()
+            if self.replicated:
+                await trio.to_thread.run_sync(
+                    lambda: wait_for(lambda: not old.alive(), 60, f"the fenced {node} to stop")
+                )
+                assert old.proc is not None and old.proc.returncode == 48, old.log()
+            else:
+                assert old.alive(), f"the old {node} exited:\n{old.log()}"
+                with pytest.raises(GatewayError, match="taken over"):
+                    await trio.to_thread.run_sync(append_directly)
+            # Fenced by its lease ("has been taken over") or at its replicas
+            # ("this process was taken over").
+            assert "taken over" in old.log(), old.log()
             # The new process is the node from now on.
             self.daemons[node] = new
             await trio.to_thread.run_sync(old.kill)
