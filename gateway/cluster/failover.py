@@ -148,6 +148,18 @@ async def claim_takeover(layer: ChunkLayer, node: str, epoch: int, host: str) ->
     return theirs
 
 
+async def read_claim(layer: ChunkLayer, node: str, epoch: int) -> TakeoverClaim | None:
+    """The takeover claim on ``epoch`` of ``node``, if one is readable."""
+    try:
+        data = await layer.read(takeover_key(node, epoch), 0, MAX_CLAIM_BYTES, deadline=10.0)
+    except ChunkNotFound:
+        return None
+    try:
+        return TakeoverClaim.decode(data)
+    except BadRecord:
+        return None
+
+
 def rank(node: str, candidates: list[str]) -> list[str]:
     """The order in which ``candidates`` try to take ``node`` over (rendezvous hashing).
 
@@ -198,9 +210,8 @@ class Hosted:
     #: The epoch that was taken over (None: restarted from its own journal).
     took_over: int | None
     process: subprocess.Popen[bytes] | None = None
-    #: "recovering", "serving", "stopping", "stopped".
+    #: "recovering", "serving", "stopped" (its host is stopping).
     state: str = "recovering"
-    started_at: float = 0.0
     #: Seconds from the decision to take over until it served.
     takeover_seconds: float | None = None
     address: str = ""
@@ -368,10 +379,8 @@ class ContainerHost:
         way: it is waited for while the node that claimed it is up. One
         registered by hand (no claim) is waited for as well.
         """
-        try:
-            data = await self.layer.read(takeover_key(node, epoch - 1), 0, MAX_CLAIM_BYTES)
-            claim = TakeoverClaim.decode(data)
-        except (ChunkNotFound, BadRecord):
+        claim = await read_claim(self.layer, node, epoch - 1)
+        if claim is None:
             return False
         return claim.host != self.node_id and self.state_of(claim.host) != UP
 

@@ -42,14 +42,13 @@ from collections.abc import Callable
 import trio
 
 from gateway.cluster import registry
-from gateway.cluster.failover import MAX_CLAIM_BYTES, TakeoverClaim, claim_takeover, takeover_key
+from gateway.cluster.failover import claim_takeover, read_claim
 from gateway.cluster.fence import current_epoch
 from gateway.cluster.registry import STOPPED, UP, Liveness, NodeRecord, record_key
 from gateway.config import CLUSTER_PREFIX, Config
 from gateway.errors import BadRequest, ChunkNotFound, GatewayError, Unavailable
 from gateway.journal.files import DirectoryLock, fsync_directory, list_files
 from gateway.storage.layer import ChunkLayer
-from gateway.tier2.untrusted import BadRecord
 
 log = logging.getLogger(__name__)
 
@@ -79,18 +78,6 @@ cluster.handback = false: this node does not take it back. Set cluster.handback 
 async def read_record(layer: ChunkLayer, node: str) -> NodeRecord | None:
     """``node``'s registry record, if there is a usable one (bounded)."""
     return await registry.read_record(layer, node, deadline=10.0)
-
-
-async def read_claim(layer: ChunkLayer, node: str, epoch: int) -> TakeoverClaim | None:
-    """The takeover claim on ``epoch`` of ``node``, if one is readable."""
-    try:
-        data = await layer.read(takeover_key(node, epoch), 0, MAX_CLAIM_BYTES, deadline=10.0)
-    except ChunkNotFound:
-        return None
-    try:
-        return TakeoverClaim.decode(data)
-    except BadRecord:
-        return None
 
 
 def stop_patience(config: Config) -> float:
