@@ -228,7 +228,13 @@ def test_the_daemon_runs_from_the_package_as_the_service_user(deb: Deb) -> None:
                 assert proc.poll() is None, f"exited {proc.returncode}:\n{log.read_text()}"
                 return ready.exists()
 
-            wait_for(ready_file, 60, "the installed daemon ready", detail=log.read_text)
+            def logs() -> str:
+                weed = DATA_DIR / "s3" / "weed.log"
+                tail = weed.read_text(errors="replace")[-6000:] if weed.exists() else "(none)"
+                return f"{log.read_text()}\n--- the tail of {weed}:\n{tail}"
+
+            # Longer than the embedded server's own 60 s start bound, so its error is in the log.
+            wait_for(ready_file, 90, "the installed daemon ready", detail=logs)
             address = ready.read_text().strip()
 
             status = pathlib.Path(f"/proc/{proc.pid}/status").read_text()

@@ -37,6 +37,7 @@ from gateway.embedded import (
     find_weed,
     run_embedded_s3,
 )
+from gateway.embedded.ports import port_free
 from gateway.storage.layer import ChunkLayer
 from gateway.storage.s3 import MIN_PART_SIZE, S3Storage
 from tests.helpers.wait import async_wait_for, wait_for
@@ -200,6 +201,36 @@ def test_a_taken_port_is_a_clear_error(tmp_path: pathlib.Path) -> None:
     assert f"port {port} on 127.0.0.1 (s3) is in use" in str(e.value)
     assert str(e.value).startswith("embedded S3 server (SeaweedFS) failed: ")
     assert server.pid is None
+
+
+def test_a_port_whose_socket_another_user_left_is_not_chosen(tmp_path: pathlib.Path) -> None:
+    """A killed root ``weed`` left /tmp/seaweedfs-*-<port>.sock: the service user skips the port.
+
+    ``weed`` running as that user cannot remove root's file and its listener
+    never serves (seen in CI: the packaged daemon never became ready).
+    """
+    with listen_below_55535() as probe:
+        port = probe.getsockname()[1]
+    ours = pathlib.Path(f"/tmp/seaweedfs-volume-grpc-{port}.sock")
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(ours))
+    stale.close()  # as a SIGKILLed weed leaves it: the file, nobody listening
+    try:
+        check = (
+            "import sys; from gateway.embedded.ports import port_free; "
+            f"sys.exit(0 if port_free({port}) else 3)"
+        )
+        as_nobody = subprocess.run(
+            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+             sys.executable, "-c", check],
+            cwd=ROOT, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert as_nobody.returncode == 3, as_nobody.stderr
+        assert ours.exists(), "another user's socket must be left alone"
+        assert port_free(port), "a stale socket of our own is removed and the port used"
+        assert not ours.exists()
+    finally:
+        ours.unlink(missing_ok=True)
 
 
 def test_weed_dying_at_start_shows_its_log(tmp_path: pathlib.Path) -> None:

@@ -60,7 +60,11 @@ class Ports:
 
 
 def port_free(port: int) -> bool:
-    """Whether a listener could bind ``port`` on loopback now."""
+    """Whether a ``weed`` listener could take ``port`` on loopback now.
+
+    Free: nothing listens on it, and no Unix socket named after it is left
+    in /tmp that this user cannot remove (see `_stale_sockets_cleared`).
+    """
     if not 0 < port <= 65535:
         return False
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -69,6 +73,27 @@ def port_free(port: int) -> bool:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((HOST, port))
+        except OSError:
+            return False
+    return _stale_sockets_cleared(port)
+
+
+def _stale_sockets_cleared(port: int) -> bool:
+    """Remove the sockets a killed ``weed`` left for ``port``; False if one is not ours.
+
+    Each ``weed`` listener also listens on /tmp/seaweedfs-<component>-<port>.sock
+    and removes an old file of that name first. It cannot remove another
+    user's (/tmp is sticky): it logs "bind: address already in use", that
+    listener never serves, and the server never stores data (seen when a
+    daemon running as the service user drew a port whose socket a root
+    daemon, SIGKILLed earlier, had left). Nothing listens on the TCP port,
+    so a socket named after it is stale.
+    """
+    for path in pathlib.Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
         except OSError:
             return False
     return True
