@@ -9,7 +9,7 @@ import uuid
 
 from gateway.client.sync import SyncClient
 from gateway.embedded import EmbeddedS3
-from tests.helpers.mount import MountedDaemon
+from tests.helpers.mount import MountedDaemon, stop_all
 
 NODES = ("node-a", "node-b", "node-c")
 KiB = 1024
@@ -86,8 +86,7 @@ class Cluster:
 
     def teardown(self) -> None:
         """Stop every node and remove its mount, whatever state it is in."""
-        for d in self.daemons.values():
-            d.teardown()
+        stop_all(self.daemons.values())
 
 
 def record(node: str, advertise: str, heartbeat_ms: int, **changes: object) -> bytes:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import signal
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 
 import pytest
 
@@ -86,6 +88,33 @@ class MountedDaemon(Daemon):
         finally:
             self.kill()
             force_unmount(self.mnt)
+
+
+def stop_all(daemons: Iterable[Daemon], timeout: float = 15.0) -> None:
+    """Stop daemons together, whatever state each is in; unmount their mounts.
+
+    ``timeout`` > 0: SIGTERM to all at once, then SIGKILL to those still up
+    after ``timeout`` s in all (not per daemon, as stopping them in turn
+    would). ``timeout`` = 0: SIGKILL at once (replicating nodes: each one
+    stopping waits for peers that are stopping too; a test's end needs no
+    graceful stop).
+    """
+    daemons = list(daemons)
+    try:
+        if timeout > 0:
+            for d in daemons:
+                if d.alive() and d.proc is not None:
+                    d.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            for d in daemons:
+                if d.proc is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        d.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    finally:
+        for d in daemons:
+            d.kill()
+            if isinstance(d, MountedDaemon):
+                force_unmount(d.mnt)
 
 
 @contextlib.contextmanager

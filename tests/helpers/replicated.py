@@ -10,7 +10,7 @@ from gateway.client.sync import SyncClient
 from gateway.embedded import EmbeddedS3
 from tests.helpers.cluster import SMALL_PREALLOCATION, node_config
 from tests.helpers.daemon import Daemon, scrape
-from tests.helpers.mount import MountedDaemon
+from tests.helpers.mount import MountedDaemon, stop_all
 from tests.helpers.wait import wait_for
 
 
@@ -125,9 +125,5 @@ class ReplicatedCluster:
                 entry.unlink()
 
     def teardown(self) -> None:
-        """Stop every node, whatever state it is in."""
-        for d in self.daemons.values():
-            if isinstance(d, MountedDaemon):
-                d.teardown()
-            else:
-                d.stop(timeout=10)
+        """Kill every node and remove its mount, whatever state it is in (`stop_all`)."""
+        stop_all(self.daemons.values(), timeout=0)
