@@ -92,6 +92,44 @@ def test_dead_disk_loses_nothing(cluster: ReplicatedCluster) -> None:
 
 
 @pytest.mark.expect_errors("cluster: .*", "replication: .*", "connection .*")
+def test_a_restarted_node_sends_its_replicas_only_what_they_lack(
+    cluster: ReplicatedCluster,
+) -> None:
+    """kill -9 and restart in place with 3 MiB unflushed: each peer begins the new
+    epoch's log from its copy of the old one (seeded), not from the whole journal
+    sent again; a rebuild from those logs has every acknowledged byte."""
+    written = "segment_gateway_replica_write_bytes_total"
+    acked = bytearray()
+    with cluster.client("node-a") as c:
+        c.create("big")
+        for i in range(96):  # 3 MiB, none of it flushed (flush_interval 24h)
+            data = (b"%06d " % i) * 4681 + b"\n"
+            c.append("big", data)
+            acked += data
+    a = cluster.daemons["node-a"]
+    a.kill()
+    peers = ("node-b", "node-c")
+    before = {n: scrape(cluster.daemons[n].metrics_port)[written] for n in peers}
+    a.start(timeout=60)
+    cluster.wait_ensemble("node-a")
+    with cluster.client("node-a") as c:
+        c.append("big", b"after\n")
+        acked += b"after\n"
+    sent = {n: scrape(cluster.daemons[n].metrics_port)[written] - before[n] for n in peers}
+    assert all(v < 256 * 1024 for v in sent.values()), f"sent again after the restart: {sent}"
+    text = a.log_path.read_text()
+    assert text.count("seeds epoch 2's log from its epoch 1") == 2, a.log()
+    # The seeded logs are whole: node-a rebuilt from them (a dead disk) has it all.
+    a.kill()
+    cluster.destroy_data("node-a")
+    a.start(timeout=90, serve_args=("--recover-from-tier2",))
+    assert "epoch 2, operations" in a.log_path.read_text(), a.log()
+    with cluster.client("node-a") as c:
+        assert c.info("big").length == len(acked)
+        assert c.read("big", 0, len(acked)).data == bytes(acked)
+
+
+@pytest.mark.expect_errors("cluster: .*", "replication: .*", "connection .*")
 def test_below_ack_quorum_nothing_is_acknowledged(cluster: ReplicatedCluster) -> None:
     """Two replicas stopped: appends fail with NoQuorum after ack_timeout; one back: resume."""
     with cluster.client("node-a") as c:

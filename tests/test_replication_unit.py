@@ -508,6 +508,91 @@ async def test_drop_before_drops_older_epochs_of_that_source_only(
         assert await read_all(store, OTHER) == (1, joined(others))
 
 
+def last_header(g: bytes) -> bytes:
+    """The header bytes of a group's last frame, as the source's journal holds them."""
+    last = frames_in(g)[-1]
+    return g[last.offset : last.offset + HEADER_SIZE]
+
+
+async def test_a_seeded_start_takes_the_older_log_below_the_seed(
+    tmp_path: pathlib.Path, journal_config: ConfigFactory
+) -> None:
+    """A new epoch's log begins with the older log's frames (files linked, not sent again)."""
+    cfg = journal_config(file_size=64 * KiB, preallocate_step=16 * KiB)
+    async with opened(tmp_path, cfg) as store:
+        end, written = await fill(store, 1, 20)
+        old_files = list_files(log_dir(tmp_path))
+        assert len(old_files) >= 4, "the log did not roll"
+        # The seed ends inside a file, at the end of group 12 (of 20): the
+        # older log holds more than the new epoch takes.
+        upto = 1 + 13 * OPS
+        hdr = last_header(dict(written)[upto - OPS])
+        g = group(upto, epoch=2)
+        got = await write(store, upto, g, epoch=2, start=True, truncate_before=1,
+                          seed_epoch=1, seed_header=hdr)  # fmt: skip
+        assert got == upto + OPS
+        assert held(store) == [(1, 1, end), (2, 1, upto + OPS)]
+        expected = joined([w for w in written if w[0] < upto]) + g
+        assert await read_all(store, epoch=2) == (1, expected)
+        assert await read_all(store, epoch=1) == (1, joined(written)), "the older log changed"
+        # Files wholly below the seed are the same files (no copy).
+        new_files = list_files(log_dir(tmp_path, epoch=2))
+        below = [f for f in old_files if f.path.name in {n.path.name for n in new_files}]
+        linked = [
+            f for f in below if os.stat(f.path).st_ino
+            == os.stat(log_dir(tmp_path, epoch=2) / f.path.name).st_ino
+        ]  # fmt: skip
+        assert len(linked) == len(below) - 1 >= 2, (below, linked)
+        # The older epoch dropped: the new log keeps every frame.
+        assert await write(store, upto + OPS, b"", epoch=2, drop_before=2, caught_up=True) == (
+            upto + OPS
+        )
+        assert held(store) == [(2, 1, upto + OPS)]
+        assert not log_dir(tmp_path, epoch=1).exists()
+        assert await read_all(store, epoch=2) == (1, expected)
+    async with opened(tmp_path, cfg) as store:
+        assert held(store) == [(2, 1, upto + OPS)]
+        assert await read_all(store, epoch=2) == (1, expected)
+
+
+async def test_a_seed_that_does_not_match_is_refused_and_starts_nothing(
+    tmp_path: pathlib.Path, journal_config: ConfigFactory
+) -> None:
+    cfg = journal_config(file_size=64 * KiB, preallocate_step=16 * KiB)
+    async with opened(tmp_path, cfg) as store:
+        end, written = await fill(store, 5, 10)
+        groups = dict(written)
+        upto = 5 + 6 * OPS
+        good = last_header(groups[upto - OPS])
+        wrong_crc = good[:-1] + bytes([good[-1] ^ 1])
+        mid_group = frames_in(groups[upto - OPS])[0]  # a group is two frames here
+        cases: list[tuple[str, int, dict[str, Any]]] = [
+            ("another header", upto, {"seed_header": wrong_crc}),
+            ("another group's header", upto, {"seed_header": last_header(groups[5])}),
+            ("inside a group", mid_group.header.end_sequence,
+             {"seed_header": groups[upto - OPS][:HEADER_SIZE]}),
+            ("past the older log", end + OPS, {"seed_header": good}),
+            ("an older log starting after the source's oldest file", upto,
+             {"seed_header": good, "truncate_before": 1}),
+            ("an epoch not held", upto, {"seed_header": good, "seed_epoch": 7}),
+        ]  # fmt: skip
+        for what, at, kw in cases:
+            args: dict[str, Any] = {"truncate_before": 5, "seed_epoch": 1, **kw}
+            with pytest.raises(ReplicaGap):
+                await write(store, at, group(at, epoch=9), epoch=9, start=True, **args)
+            assert held(store) == [(1, 5, end)], what
+            assert not log_dir(tmp_path, epoch=9).exists(), what
+        # A seed needs a start of a later epoch.
+        with pytest.raises(BadRequest):
+            store.submit(SRC, 9, upto, group(upto, epoch=9), seed_epoch=1, seed_header=good)
+        with pytest.raises(BadRequest):
+            store.submit(SRC, 1, upto, group(upto), start=True, seed_epoch=1, seed_header=good)
+        # The same seed, right: taken.
+        got = await write(store, upto, group(upto, epoch=9), epoch=9, start=True,
+                          truncate_before=5, seed_epoch=1, seed_header=good)  # fmt: skip
+        assert got == upto + OPS
+
+
 async def fill_other(store: ReplicaStore) -> tuple[int, list[tuple[int, bytes]]]:
     written = []
     for first in (1, 5):

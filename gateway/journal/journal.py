@@ -84,6 +84,10 @@ class Journal:
         #: every epoch its chunk names carry).
         self.epoch = max(recovered.max_epoch + 1, min_epoch)
         self._next_sequence = recovered.next_sequence
+        #: Operations below this were in the journal when it was opened:
+        #: earlier epochs wrote them (a replica of such an epoch may seed
+        #: this epoch's, `gateway.replication.replicator`).
+        self.opened_end = recovered.next_sequence
         #: Files holding frames, oldest first; the last one is the active file
         #: once this process has written.
         self._files: list[JournalFileName] = list(recovered.files)

@@ -445,6 +445,49 @@ def _pread_frames(
         offset += HEADER_SIZE + header.payload_length
 
 
+@dataclass(frozen=True)
+class GroupEnd:
+    """Where a write group ends in a journal's files (`group_ending_at`)."""
+
+    #: The file, and the byte offset just past the group's last frame.
+    path: pathlib.Path
+    offset: int
+    #: The last frame's header bytes, as stored (its payload's CRC included).
+    header: bytes
+
+
+def group_ending_at(files: Sequence[tuple[int, pathlib.Path]], sequence: int) -> GroupEnd | None:
+    """The end of the write group that ends just below ``sequence``; None if no valid
+    frame ends there, or one does in the middle of a group (or a file is gone).
+
+    ``files`` are (first sequence, path), oldest first. Reads only the file
+    holding that frame (a group never spans files).
+    """
+    starts = [first for first, _ in files]
+    index = bisect.bisect_left(starts, sequence) - 1
+    if index < 0:
+        return None
+    path = files[index][1]
+    found: GroupEnd | None = None
+    group = -1
+    try:
+        for header, payload, at in frames_from(path, 0):
+            if found is not None:
+                # A frame of the same group follows: not where a group ends.
+                return None if header.group_sequence == group else found
+            if header.end_sequence == sequence:
+                end = at + HEADER_SIZE + len(payload)
+                with open(path, "rb") as f:
+                    f.seek(at)
+                    raw = f.read(HEADER_SIZE)
+                found, group = GroupEnd(path, end, raw), header.group_sequence
+            elif header.end_sequence > sequence:
+                return None
+    except FileNotFoundError:
+        return None
+    return found
+
+
 def frames_from(path: pathlib.Path, offset: int) -> Iterator[tuple[FrameHeader, bytes, int]]:
     """The valid frames of a file from ``offset`` (header, payload, the frame's offset),
     read with ``pread``, until the first bad one or the end."""

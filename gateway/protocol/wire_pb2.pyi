@@ -167,7 +167,7 @@ class Request(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., create: _Optional[_Union[CreateSegmentRequest, _Mapping]] = ..., append: _Optional[_Union[AppendRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., truncate: _Optional[_Union[TruncateRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteRequest, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributesRequest, _Mapping]] = ..., get_info: _Optional[_Union[GetInfoRequest, _Mapping]] = ..., list: _Optional[_Union[ListSegmentsRequest, _Mapping]] = ..., get_attributes: _Optional[_Union[GetAttributesRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ..., flush: _Optional[_Union[FlushRequest, _Mapping]] = ..., fsck: _Optional[_Union[FsckRequest, _Mapping]] = ..., export_metadata: _Optional[_Union[ExportMetadataRequest, _Mapping]] = ..., get_record: _Optional[_Union[GetRecordRequest, _Mapping]] = ..., cluster: _Optional[_Union[ClusterRequest, _Mapping]] = ..., stream: _Optional[_Union[StreamRequest, _Mapping]] = ..., transaction: _Optional[_Union[TransactionRequest, _Mapping]] = ..., replica_write: _Optional[_Union[ReplicaWriteRequest, _Mapping]] = ..., replica_fence: _Optional[_Union[ReplicaFenceRequest, _Mapping]] = ..., replica_read: _Optional[_Union[ReplicaReadRequest, _Mapping]] = ...) -> None: ...
 
 class ReplicaWriteRequest(_message.Message):
-    __slots__ = ("source", "epoch", "first_sequence", "frames", "truncate_before", "start", "caught_up", "drop_epochs_before")
+    __slots__ = ("source", "epoch", "first_sequence", "frames", "truncate_before", "start", "caught_up", "drop_epochs_before", "seed_epoch", "seed_header")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +176,8 @@ class ReplicaWriteRequest(_message.Message):
     START_FIELD_NUMBER: _ClassVar[int]
     CAUGHT_UP_FIELD_NUMBER: _ClassVar[int]
     DROP_EPOCHS_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    SEED_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEED_HEADER_FIELD_NUMBER: _ClassVar[int]
     source: str
     epoch: int
     first_sequence: int
@@ -184,7 +186,9 @@ class ReplicaWriteRequest(_message.Message):
     start: bool
     caught_up: bool
     drop_epochs_before: int
-    def __init__(self, source: _Optional[str] = ..., epoch: _Optional[int] = ..., first_sequence: _Optional[int] = ..., frames: _Optional[bytes] = ..., truncate_before: _Optional[int] = ..., start: _Optional[bool] = ..., caught_up: _Optional[bool] = ..., drop_epochs_before: _Optional[int] = ...) -> None: ...
+    seed_epoch: int
+    seed_header: bytes
+    def __init__(self, source: _Optional[str] = ..., epoch: _Optional[int] = ..., first_sequence: _Optional[int] = ..., frames: _Optional[bytes] = ..., truncate_before: _Optional[int] = ..., start: _Optional[bool] = ..., caught_up: _Optional[bool] = ..., drop_epochs_before: _Optional[int] = ..., seed_epoch: _Optional[int] = ..., seed_header: _Optional[bytes] = ...) -> None: ...
 
 class ReplicaFenceRequest(_message.Message):
     __slots__ = ("source", "epoch")

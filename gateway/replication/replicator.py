@@ -32,9 +32,9 @@ node (``on_fenced``), which stops accepting changes.
 from __future__ import annotations
 
 import logging
-import time
+import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,7 +54,7 @@ from gateway.errors import (
     Unavailable,
 )
 from gateway.journal import Journal
-from gateway.journal.reader import read_groups
+from gateway.journal.reader import group_ending_at, read_groups
 from gateway.protocol import wire_pb2 as wire
 from gateway.protocol.framing import encode_replica_write_request
 from gateway.replication.ensemble import Ensemble, delete_ensembles_before, write_ensemble
@@ -103,6 +103,9 @@ class Peer:
     scope: trio.CancelScope | None = None
     #: Bytes sent and not yet answered, and when the oldest was sent.
     unanswered: deque[tuple[int, int, float]] = field(default_factory=deque)
+    #: A seeded start is unanswered; the peer refused one (start it whole from now on).
+    seeding: bool = False
+    seed_refused: bool = False
 
 
 @dataclass(frozen=True)
@@ -386,8 +389,6 @@ class Replicator:
 
     def _rank(self, node: str) -> int:
         """Spread ensembles over the nodes: each source prefers different peers."""
-        import zlib
-
         return zlib.crc32(f"{self.node_id}/{node}".encode())
 
     async def _record(self, members: tuple[str, ...]) -> None:
@@ -491,10 +492,19 @@ class Replicator:
                 start = False
                 peer.acked = peer.sent = info.next
                 peer.caught_up = info.caught_up
+        seed: tuple[int, int, bytes] | None = None
+        peer.seeding = False
         if start:
             peer.acked = 0
             peer.sent = oldest
             peer.caught_up = False
+            if not peer.seed_refused:
+                seed = await self._seed(holdings.replica_holdings.logs, oldest)
+            if seed is not None:
+                peer.sent = seed[1]
+                log.info("replication: %s seeds epoch %d's log from its epoch %d up to %d "
+                         "(%d operations not sent again)", peer.node, self.epoch, seed[0],
+                         seed[1], seed[1] - oldest)  # fmt: skip
         peer.live = True
         peer.down_since = None
         self._wake()
@@ -521,6 +531,9 @@ class Replicator:
                         truncate_before=oldest, start=start, caught_up=caught,
                         drop_epochs_before=self._dropped_before,
                     )  # fmt: skip
+                    if start and seed is not None:
+                        req.seed_epoch, req.seed_header = seed[0], seed[2]
+                        peer.seeding = True
                     told_truncate, told_drop = oldest, self._dropped_before
                     await self._wait_window(peer)
                     fut = await client.start(_request(req, frames))
@@ -534,6 +547,7 @@ class Replicator:
                         start = False
                         while peer.unanswered:
                             await self._progress.wait()
+                        peer.seeding = False
                     continue
                 idle = trio.current_time() - last_sent >= KEEPALIVE_INTERVAL
                 if oldest != told_truncate or self._dropped_before != told_drop or idle:
@@ -551,6 +565,29 @@ class Replicator:
                     continue
                 with trio.move_on_after(IDLE_INTERVAL):
                     await self._written.wait()
+
+    async def _seed(
+        self, logs: Sequence[wire.ReplicaLogInfo], oldest: int
+    ) -> tuple[int, int, bytes] | None:
+        """(epoch, sequence, header) to seed a peer's new log from its older one, if any.
+
+        The older log must start by this journal's oldest file; the seed ends
+        where it and the journal as opened (earlier epochs' frames only) both
+        reach, at the end of a write group whose last header the peer checks
+        against its own (`gateway.replication.store.ReplicaStore._seed` says
+        why that proves the frames below are these).
+        """
+        best: tuple[int, int] | None = None
+        for info in logs:
+            if info.epoch >= self.epoch or info.start > oldest:
+                continue
+            upto = min(info.next, self.journal.opened_end)
+            if upto > oldest and upto < self.written_end and (best is None or upto > best[1]):
+                best = (info.epoch, upto)
+        if best is None:
+            return None
+        end = await trio.to_thread.run_sync(group_ending_at, self.journal.files(), best[1])
+        return None if end is None else (best[0], best[1], end.header)
 
     async def _next_frames(self, peer: Peer) -> tuple[bytes, int]:
         """The next frames for ``peer``: whole groups from memory, else from the files."""
@@ -593,6 +630,10 @@ class Replicator:
             try:
                 response = await fut.wait()
             except ReplicaGap as e:
+                if peer.seeding:
+                    peer.seed_refused = True
+                    raise GatewayError(f"replica {peer.node} refused the seed ({e}): "
+                                       "sending it the whole journal") from e  # fmt: skip
                 raise GatewayError(f"replica {peer.node} lost its place ({e}): catching up") from e
             if peer.unanswered:
                 peer.unanswered.popleft()
@@ -651,8 +692,3 @@ def _request(req: wire.ReplicaWriteRequest, frames: bytes) -> Callable[[int], li
         return encode_replica_write_request(rid, req, frames)
 
     return build
-
-
-def now_ms() -> int:
-    """Wall-clock milliseconds."""
-    return int(time.time() * 1000)

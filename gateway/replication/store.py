@@ -51,7 +51,9 @@ from gateway.journal.files import JournalFile, fsync_directory
 from gateway.journal.format import HEADER_SIZE, operation_ends
 from gateway.journal.reader import (
     FileEnd,
+    GroupEnd,
     frames_from,
+    group_ending_at,
     read_frames,
     read_groups,
     replay_journal,
@@ -122,6 +124,9 @@ class _Write:
     caught_up: bool
     truncate_before: int
     drop_before: int
+    #: With ``start``: begin from this epoch's log below first_sequence (0: empty).
+    seed_epoch: int = 0
+    seed_header: bytes = b""
     done: trio.Event = field(default_factory=trio.Event)
     error: GatewayError | None = None
     log: ReplicaLog | None = None
@@ -211,13 +216,22 @@ class ReplicaStore:
         caught_up: bool = False,
         truncate_before: int = 0,
         drop_before: int = 0,
+        seed_epoch: int = 0,
+        seed_header: bytes = b"",
     ) -> _Write:
-        """Queue a write in arrival order; `wait` for it. Fenced epochs are refused at once."""
+        """Queue a write in arrival order; `wait` for it. Fenced epochs are refused at once.
+
+        ``seed_epoch`` (with ``start``): begin the log with that epoch's log's
+        frames below ``first_sequence`` (wire.proto, ReplicaWriteRequest).
+        """
         if not valid_source(source) or epoch <= 0:
             raise BadRequest(f"replica write for a bad source {source!r} or epoch {epoch}")
+        if seed_epoch and (not start or seed_epoch >= epoch):
+            raise BadRequest(f"replica write seeded from epoch {seed_epoch} without a start "
+                             f"of a later epoch (epoch {epoch})")  # fmt: skip
         self._check_fence(source, epoch)
         w = _Write(source, epoch, first_sequence, frames, start, caught_up,
-                   truncate_before, drop_before)  # fmt: skip
+                   truncate_before, drop_before, seed_epoch, seed_header)  # fmt: skip
         self._queue.append(w)
         self._wake.set()
         return w
@@ -437,9 +451,12 @@ class ReplicaStore:
             directory = self.directory / w.source / epoch_dir_name(w.epoch)
             if directory.exists():
                 shutil.rmtree(directory)
+            seed = self._seed(w) if w.seed_epoch else None
             directory.mkdir(parents=True)
-            fsync_directory(directory.parent)
             rl = ReplicaLog(w.source, w.epoch, directory, w.first_sequence, w.first_sequence)
+            if seed is not None:
+                _plant(seed, rl)
+            fsync_directory(directory.parent)
             rl.queued_next = w.first_sequence
             self._logs[key] = rl
         w.log = rl
@@ -480,6 +497,26 @@ class ReplicaStore:
         self._write_bytes += len(w.frames)
         w.result = end
         return f
+
+    def _seed(self, w: _Write) -> tuple[ReplicaLog, GroupEnd]:
+        """The older log and place a seeded start begins from, or `ReplicaGap`.
+
+        Why the frames below ``w.first_sequence`` are then the source's own:
+        the frame ending there has the same header as the source's, so the
+        same process wrote it (an epoch is one process, arbitrated in Tier 2),
+        and a process never writes a sequence twice. That process's journal
+        up to there is what both the source's journal (replayed or recovered
+        from it) and that log (streamed from it) hold, frame for frame.
+        """
+        old = self._logs.get((w.source, w.seed_epoch))
+        end = None
+        if old is not None and old.start <= w.truncate_before and w.first_sequence <= old.next:
+            end = group_ending_at(old.files, w.first_sequence)
+        if old is None or end is None or end.header != w.seed_header:
+            log.info("replicas: node %s epoch %d: no seed from epoch %d at %d here",
+                     w.source, w.epoch, w.seed_epoch, w.first_sequence)  # fmt: skip
+            raise ReplicaGap(w.source, w.epoch, 0, w.first_sequence)
+        return old, end
 
     def _after(self, w: _Write, rl: ReplicaLog) -> None:
         """Markers, truncation and dropped epochs once a write is durable (worker thread)."""
@@ -532,6 +569,38 @@ class ReplicaStore:
             os.fsync(f.fileno())
         os.replace(tmp, directory / FENCE_NAME)
         fsync_directory(directory)
+
+
+def _plant(seed: tuple[ReplicaLog, GroupEnd], rl: ReplicaLog) -> None:
+    """Give the new log ``rl`` the older log's files up to the seed's group end.
+
+    Files wholly below it are hard links (sealed: nothing writes them again;
+    no copy, no new space). The one it ends in is copied up to there and
+    synced: the older log may hold frames past it, and links would share
+    later writes. ``rl`` then continues in a new file from its ``next``.
+    """
+    old, end = seed
+    for first, path in old.files:
+        target = rl.directory / path.name
+        if path == end.path:
+            with path.open("rb") as src, target.open("wb") as dst:
+                left = end.offset
+                while left:
+                    chunk = src.read(min(left, 1 << 20))
+                    if not chunk:
+                        raise ReplicaGap(rl.source, rl.epoch, 0, rl.next)  # cut meanwhile
+                    dst.write(chunk)
+                    left -= len(chunk)
+                dst.flush()
+                os.fdatasync(dst.fileno())
+            rl.files.append((first, target))
+            rl.disk_bytes += end.offset
+            break
+        os.link(path, target)
+        rl.files.append((first, target))
+        rl.disk_bytes += target.stat().st_size
+    rl.start = rl.files[0][0]
+    fsync_directory(rl.directory)
 
 
 def _scan_appends(rl: ReplicaLog, tails: _Tails) -> None:

@@ -56,7 +56,8 @@ def replica_write(conn: Peer, req: wire.Request) -> Producer:
     if check is None:
         w = store.submit(r.source, r.epoch, r.first_sequence, r.frames, start=r.start,
                          caught_up=r.caught_up, truncate_before=r.truncate_before,
-                         drop_before=r.drop_epochs_before)  # fmt: skip
+                         drop_before=r.drop_epochs_before, seed_epoch=r.seed_epoch,
+                         seed_header=r.seed_header)  # fmt: skip
 
         async def produce() -> wire.Response:
             nxt = await store.wait(w)
@@ -75,7 +76,8 @@ def replica_write(conn: Peer, req: wire.Request) -> Producer:
             raise ReplicaFenced(conn.server.node, r.epoch, r.source, fence)
         w = store.submit(r.source, r.epoch, r.first_sequence, r.frames, start=True,
                          caught_up=r.caught_up, truncate_before=r.truncate_before,
-                         drop_before=r.drop_epochs_before)  # fmt: skip
+                         drop_before=r.drop_epochs_before, seed_epoch=r.seed_epoch,
+                         seed_header=r.seed_header)  # fmt: skip
         nxt = await store.wait(w)
         return wire.Response(
             request_id=rid, replica_write=wire.ReplicaWriteResponse(next_sequence=nxt)
