@@ -147,6 +147,8 @@ class RemoteNode:
         self.rejections = rejections or Rejections()
         #: Connected to the owner: unflushed tails are readable.
         self.client: Client | None = None
+        #: Set while ``client`` is (`wait_attached`).
+        self._attached = trio.Event()
         #: Cancels the live following when a read gets no answer (`lost`).
         self._live_scope: trio.CancelScope | None = None
         #: Why the connection was given up ("" while it is fine).
@@ -176,6 +178,13 @@ class RemoteNode:
         self.client = client
         self._live_scope = scope
         self.lost_reason = ""
+        self._attached.set()
+
+    async def wait_attached(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a connection to the owner; whether there is one."""
+        with trio.move_on_after(seconds):
+            await self._attached.wait()
+        return self.client is not None
 
     def detach(self) -> None:
         """No longer connected to the owner: from now on every file ends at its flushed length.
@@ -187,6 +196,8 @@ class RemoteNode:
         """
         self.client = None
         self._live_scope = None
+        if self._attached.is_set():
+            self._attached = trio.Event()
         self._cut_to_flushed()
 
     def _tails_here(self) -> bool:
@@ -214,6 +225,8 @@ class RemoteNode:
             return
         self.lost_reason = reason
         self.client = None
+        if self._attached.is_set():
+            self._attached = trio.Event()
         self._cut_to_flushed()
         if self._live_scope is not None:
             self._live_scope.cancel()

@@ -58,6 +58,9 @@ log = logging.getLogger(__name__)
 
 #: Opens a protocol connection to another node's advertised address.
 Connector = Callable[[str], AbstractAsyncContextManager[Client]]
+#: The longest a read waits to reach an owner that is up but not connected
+#: (`ClusterView.reach`): a registry read and a connection take far less.
+REACH_WAIT = 1.0
 
 
 class ClusterView:
@@ -106,6 +109,8 @@ class ClusterView:
         self.watchers: list[NamespaceWatcher] = []
         self._nursery: trio.Nursery | None = None
         self._registry_read = trio.Event()
+        #: Set to read the registry now rather than at the next interval.
+        self._registry_wanted = trio.Event()
         #: Unexpected failures of the following loops (logged once per kind).
         self._loop_errors: set[str] = set()
 
@@ -298,7 +303,9 @@ class ClusterView:
             except Exception as e:
                 self._loop_failed("reading the node registry", e)
             self._registry_read.set()
-            await trio.sleep(interval)
+            with trio.move_on_after(interval):
+                await self._registry_wanted.wait()
+            self._registry_wanted = trio.Event()
 
     async def _read_registry_once(self, deadline: float) -> None:
         fences = await all_current_epochs(self.layer, deadline, self.rejections)
@@ -348,6 +355,23 @@ class ClusterView:
         """How long one request to another node may take before it counts as not answering."""
         return max(2.0, min(10.0, self.config.cluster.down_after / 2))
 
+    async def reach(self, node: RemoteNode) -> bool:
+        """Whether ``node``'s owner can answer a read now, waiting a moment if it is up.
+
+        An owner that is up by the registry but not connected is usually a
+        container that just moved (the registry's next read names its new
+        process): a read waits for that connection -- `REACH_WAIT` at most,
+        so that a dead owner not yet timed out costs each read only that --
+        rather than answering from an older view. A writer whose append the
+        new process acknowledged then reads it back through any node.
+        """
+        if node.client is not None:
+            return True
+        if self.state_of(node.node_id) != UP:
+            return False
+        self._registry_wanted.set()
+        return await node.wait_attached(REACH_WAIT)
+
     async def _follow_node_once(self, node: RemoteNode) -> None:
         """Keep ``node``'s view fresh: live from the owner, else what Tier 2 proves."""
         refresh = self.config.cluster.refresh_interval
@@ -366,6 +390,10 @@ class ClusterView:
                 try:
                     await self._follow_live(node, record, refresh, deadline)
                 except (GatewayError, OSError) as e:
+                    # Up by its record, yet not answering: the record may be
+                    # a moved container's last process (a takeover, a
+                    # drain), so read the registry now, not in an interval.
+                    self._registry_wanted.set()
                     if reported != str(e):
                         log.warning(
                             "cluster: node %s at %s does not answer (%s); showing what "

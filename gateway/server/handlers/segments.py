@@ -97,6 +97,8 @@ def read(conn: Peer, req: wire.Request) -> Item:
         except SegmentNotFound:
             # Another node's segment: read it as this node's mount does.
             node, seg = remote_segment(server, name)
+            if server.cluster is not None:
+                await server.cluster.reach(node)
             return await node.read_result(seg, offset, size, wait)
 
     async def stream() -> AsyncGenerator[list[bytes], None]:
@@ -167,6 +169,8 @@ def get_info(conn: Peer, req: wire.Request) -> Producer:
         async def produce() -> wire.Response:
             # From the owner while it answers (as fresh as a local one),
             # else what this node knows of it.
+            if server.cluster is not None:
+                await server.cluster.reach(node)
             remote = seg.info()
             client = node.client
             if client is not None:
