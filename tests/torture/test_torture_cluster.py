@@ -112,7 +112,7 @@ FAULTS = (
 )
 assert set(FAULTS) <= set(ALL_FAULTS), FAULTS
 #: In replicated mode also: a node's disk lost (a round of its own).
-REPLICATED_FAULTS = (*FAULTS, "wipe_node")
+REPLICATED_FAULTS = (*FAULTS, "wipe_node", "auto_takeover", "drain")
 #: Faults that may come second in a round (a takeover is a round of its own).
 SECOND = ("kill_node", "stop_node", "kill_s3", "stop_s3")
 #: The bucket prefix of the nodes' tier2.url.
@@ -155,10 +155,6 @@ heartbeat_interval = "0.5s"
 down_after = "3s"
 refresh_interval = "0.25s"
 lease = "2s"
-# Restarts in place here, not takeovers: a node restarted under load may be
-# down longer than down_after (takeovers have tests of their own,
-# tests/test_failover*.py).
-takeover = false
 [fuse]
 active_timeout = "0.2s"
 """
@@ -328,6 +324,16 @@ class ClusterTorture:
             await trio.to_thread.run_sync(self.hung_peer)
             await trio.sleep(seconds)
             return "hung_peer"
+        if fault == "auto_takeover":
+            node = rng.choice(NODES)
+            await self.auto_takeover(node)
+            await trio.sleep(seconds)
+            return f"auto_takeover({node})"
+        if fault == "drain":
+            node = rng.choice(NODES)
+            await self.drain(node)
+            await trio.sleep(seconds)
+            return f"drain({node})"
         if fault == "wipe_node":
             node = rng.choice(NODES)
             await trio.to_thread.run_sync(self.wipe_node, node)
@@ -339,6 +345,67 @@ class ClusterTorture:
             await trio.sleep(seconds)
             return f"takeover({node})"
         raise AssertionError(fault)
+
+    async def hosted_elsewhere(self, node: str, patience: float) -> str:
+        """Until another node runs ``node``'s container and it serves; that node."""
+        others = [n for n in NODES if n != node]
+
+        async def hosted() -> str:
+            for via in others:
+                try:
+                    async with open_client(self.address(via)) as c:
+                        for n in await c.cluster():
+                            if n.id == node and n.hosted_by and n.state == "up":
+                                return n.hosted_by
+                except (GatewayError, OSError):
+                    continue
+            return ""
+
+        found: list[str] = []
+
+        async def check() -> bool:
+            found.append(await hosted())
+            return bool(found[-1])
+
+        await async_wait_for(check, patience, f"{node}'s container taken over")
+        return found[-1]
+
+    async def auto_takeover(self, node: str) -> None:
+        """kill -9 a node and leave it down: a survivor takes its container over; then
+        it comes back and takes it back (handback)."""
+        d = self.daemons[node]
+        await trio.to_thread.run_sync(d.kill)
+        await trio.to_thread.run_sync(force_unmount, d.mnt)
+        host = await self.hosted_elsewhere(node, CATCH_UP)
+        assert "took over in" in self.daemons[host].log(), self.daemons[host].log()
+        await trio.to_thread.run_sync(lambda: d.start(timeout=180))
+
+    async def drain(self, node: str) -> None:
+        """``cluster drain`` a live node (it exits 0), then start it again (handback)."""
+        d = self.daemons[node]
+        via = self.address(NODES[(NODES.index(node) + 1) % len(NODES)])
+        r = await trio.to_thread.run_sync(
+            lambda: run_cli("cluster", "drain", node, "--connect", via, timeout=240)
+        )
+        assert r.returncode == 0, f"drain of {node}: {r.stdout}\n{r.stderr}"
+        assert d.proc is not None
+        code = await trio.to_thread.run_sync(lambda: d.proc.wait(60) if d.proc else None)
+        assert code == 0, f"the drained {node} exited {code}:\n{d.log()}"
+        await trio.to_thread.run_sync(lambda: d.start(timeout=180))
+
+    def supervise(self) -> list[str]:
+        """As systemd would: start again a node that stopped by itself after its container
+        moved (exit 0 after a handover, 48 when fenced); the nodes restarted."""
+        restarted: list[str] = []
+        if not self.replicated:
+            return restarted
+        for node, d in self.daemons.items():
+            if d.alive() or d.proc is None or d.proc.returncode not in (0, 48):
+                continue
+            force_unmount(d.mnt)
+            d.start(timeout=180)
+            restarted.append(f"{node} (exit {d.proc.returncode if d.proc else '?'})")
+        return restarted
 
     def restart_node(self, node: str, pause: float) -> None:
         d = self.daemons[node]
@@ -749,6 +816,9 @@ def alive_or_fail(t: ClusterTorture, where: str) -> None:
 async def verify(t: ClusterTorture) -> int:
     """Every acknowledged event once and in order, from the owner and in every node's view."""
     where = f"round {t.rounds}"
+    restarted = await trio.to_thread.run_sync(t.supervise)
+    if restarted:
+        print(f"torture cluster: {where}: started again (as systemd would): {restarted}")
     alive_or_fail(t, where)
     acked = list(t.acked)
     total = 0
