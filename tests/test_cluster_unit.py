@@ -256,6 +256,44 @@ def test_liveness_is_by_the_readers_clock() -> None:
     assert live.state(old) == DOWN and live.age(old) >= 59
 
 
+def test_a_record_watched_while_the_registry_was_unreadable_proves_nothing() -> None:
+    """An S3 outage stops every heartbeat at once: watching starts again after it."""
+    now = [100.0]
+    live = Liveness(3.0, clock=lambda: now[0])
+    silent = NodeRecord("s", "h:1", 1, "1", 1, now_ms(), UP)
+    live.observe(silent)
+    now[0] += 2.0
+    live.blinded()  # this node's own registry read failed here
+    now[0] += 2.5
+    live.observe(silent)  # read again after the outage: unchanged
+    assert live.watched(silent) == 2.5, "counted from the failed read, not the first sight"
+    assert live.age(silent) == 4.5  # the state shown stays by the heartbeat's age
+    now[0] += 1.0
+    assert live.watched(silent) == 3.5
+    # A read in progress for longer than slow_read while Tier 2 requests are
+    # retried: blind now, and after it; slow with no retry (a busy node): not.
+    retries = [0]
+    live.retries = lambda: retries[0]
+    live.read_started()
+    now[0] += 2.0
+    assert live.watched(silent) == 5.5
+    live.read_done(ok=True)
+    assert live.watched(silent) == 5.5
+    live.read_started()
+    now[0] += 0.5
+    retries[0] += 3
+    assert live.watched(silent) == 6.0  # retried, but not held up for long yet
+    now[0] += 1.0
+    assert live.watched(silent) == 0.0
+    live.read_done(ok=True)
+    assert live.watched(silent) == 0.0
+    now[0] += 3.0
+    assert live.watched(silent) == 3.0
+    live.read_started()
+    live.read_done(ok=False)  # a failed read, however quick
+    assert live.watched(silent) == 0.0
+
+
 async def test_a_higher_epoch_fences_a_node_id(layer: ChunkLayer) -> None:
     assert await current_epoch(layer, "n") == 0
     me = EpochClaim.mine("n", 3, "/var/lib/j", 10.0)

@@ -308,8 +308,14 @@ class ContainerHost:
             await self._take_over(node, record)
 
     async def _fresher(self, record: NodeRecord) -> bool:
-        """Whether Tier 2 holds a newer heartbeat of ``record``'s node than ``record``."""
+        """Whether Tier 2 holds a newer heartbeat of ``record``'s node than ``record``
+        -- or may: when Tier 2 requests failed and were retried meanwhile (a
+        failing Tier 2 stops that node's heartbeats too), the answer proves
+        nothing, and counts as fresher."""
+        retries = self.layer.retries
         now = await read_record(self.layer, record.id, deadline=10.0)
+        if self.layer.retries > retries:
+            return True
         return now is not None and (
             now.heartbeat_at_ms != record.heartbeat_at_ms or now.epoch != record.epoch
         )

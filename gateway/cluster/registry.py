@@ -204,6 +204,17 @@ class Liveness:
         #: node id -> local time the heartbeat value last seen was first seen
         #: (never backdated by the record's own clock).
         self._first: dict[str, float] = {}
+        #: Local time of this node's last failed registry read (`blinded`).
+        self._blind_at = float("-inf")
+        #: Local time the registry read in progress began (None: none), and
+        #: the Tier-2 retry count then.
+        self._reading_since: float | None = None
+        self._retries_then = 0
+        #: A registry read longer than this, with Tier-2 retries meanwhile,
+        #: was held up by a failing Tier 2 (`read_done`).
+        self.slow_read = 1.0
+        #: This node's Tier-2 retries so far (`gateway.storage.layer.ChunkLayer.retries`).
+        self.retries: Callable[[], int] = lambda: 0
 
     def observe(self, record: NodeRecord) -> None:
         """Note ``record`` as read now."""
@@ -235,7 +246,44 @@ class Liveness:
         seen = self._seen.get(record.id)
         if seen is None or seen[0] != record.heartbeat_at_ms:
             return 0.0
-        return max(0.0, self.clock() - self._first.get(record.id, self.clock()))
+        now = self.clock()
+        if self._held_up(now):
+            return 0.0  # blind right now: the read in progress is being retried
+        since = max(self._first.get(record.id, now), self._blind_at)
+        return max(0.0, now - since)
+
+    def read_started(self) -> None:
+        """A registry read begins (`read_done` when it ends)."""
+        self._reading_since = self.clock()
+        self._retries_then = self.retries()
+
+    def read_done(self, ok: bool) -> None:
+        """The registry read ended: failed, or held up by retries, it made this node blind."""
+        held_up = self._held_up(self.clock())
+        self._reading_since = None
+        if not ok or held_up:
+            self.blinded()
+
+    def _held_up(self, now: float) -> bool:
+        # Slow alone is not enough (a large registry on a busy node); slow
+        # while Tier 2 requests were failing and being retried is.
+        started = self._reading_since
+        return (
+            started is not None
+            and now - started > self.slow_read
+            and self.retries() > self._retries_then
+        )
+
+    def blinded(self) -> None:
+        """This node could not read the registry: what it watched so far proves nothing.
+
+        A record that did not change while this node could not read Tier 2
+        either was most likely not written for the same reason (an S3
+        outage stops every node's heartbeat at once); `watched` counts
+        again from the next successful read, so that an outage longer than
+        ``down_after`` does not make every node take the others over.
+        """
+        self._blind_at = self.clock()
 
     def state(self, record: NodeRecord) -> str:
         """up, down (no new heartbeat for ``down_after``) or stopped."""

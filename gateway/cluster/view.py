@@ -290,9 +290,17 @@ class ClusterView:
     async def _follow_registry(self) -> None:
         interval = self.config.cluster.heartbeat_interval
         failing = False
+        # A read that takes longer was retried: Tier 2 failed meanwhile, and a
+        # record that did not change may not have been written for the same
+        # reason (`Liveness.read_done`).
+        self.liveness.slow_read = max(2 * interval, 1.0)
+        self.liveness.retries = lambda: self.layer.retries
         while True:
+            self.liveness.read_started()
+            ok = False
             try:
                 await self._read_registry_once(max(interval, 5.0))
+                ok = True
                 if failing:
                     log.info("cluster: the node registry is readable again")
                 failing = False
@@ -302,6 +310,8 @@ class ClusterView:
                 failing = True
             except Exception as e:
                 self._loop_failed("reading the node registry", e)
+            finally:
+                self.liveness.read_done(ok)
             self._registry_read.set()
             with trio.move_on_after(interval):
                 await self._registry_wanted.wait()

@@ -176,6 +176,11 @@ class ChunkLayer:
     def _on_retry(self, event: RetryEvent) -> None:
         self._retries += 1
 
+    @property
+    def retries(self) -> int:
+        """Attempts that failed and were retried so far, every operation's."""
+        return self._retries
+
     async def write(
         self,
         key: str,
