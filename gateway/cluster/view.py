@@ -295,7 +295,10 @@ class ClusterView:
         # reason (`Liveness.read_done`).
         self.liveness.slow_read = max(2 * interval, 1.0)
         self.liveness.retries = lambda: self.layer.retries
+        # Reads asked for early (`reach`) come at most this often.
+        least = min(interval, self.config.cluster.refresh_interval)
         while True:
+            started = trio.current_time()
             self.liveness.read_started()
             ok = False
             try:
@@ -316,6 +319,7 @@ class ClusterView:
             with trio.move_on_after(interval):
                 await self._registry_wanted.wait()
             self._registry_wanted = trio.Event()
+            await trio.sleep_until(started + least)
 
     async def _read_registry_once(self, deadline: float) -> None:
         fences = await all_current_epochs(self.layer, deadline, self.rejections)
