@@ -11,6 +11,7 @@ it starts, and which bytes went over the protocol.
 from __future__ import annotations
 
 import logging
+import os
 import pathlib
 import random
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -385,3 +386,40 @@ async def test_an_answer_that_skips_operations_is_refused(
     member = Skipping(files, info.start, info.next)
     with pytest.raises(Unavailable, match="missing"):
         await _read_remote(member, SRC, EPOCH, 1, info.next, tmp_path, 6 * KiB)
+
+
+# -- reading a log in pieces (what a member does for each replica read) ----------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="read_groups remembers, for the next read, the offset of the group after the "
+    "one it stopped before, so every read walks the file from its start again",
+)
+async def test_a_log_read_in_pieces_reads_each_frame_about_once(
+    tmp_path: pathlib.Path, journal_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    groups = groups_from(1, 200)
+    async with opened(tmp_path / "member", journal_config(file_size=64 * 1024 * KiB)) as store:
+        await hold(store, groups)
+        (rl,) = store.holdings(SRC)
+        files, nxt = list(rl.files), rl.next
+    assert len(files) == 1
+    read_bytes = 0
+    real_pread = os.pread
+
+    def pread(fd: int, n: int, offset: int) -> bytes:
+        nonlocal read_bytes
+        data = real_pread(fd, n, offset)
+        read_bytes += len(data)
+        return data
+
+    monkeypatch.setattr(os, "pread", pread)
+    at, out = 1, b""
+    while at < nxt:
+        frames, at, _ = read_groups(files, at, nxt, 20 * KiB)
+        out += frames
+    assert out == b"".join(g for _, g in groups)
+    # Each answer reads the group after its end too (the next answer begins
+    # with it), not the whole file before it again.
+    assert read_bytes < 3 * len(out), f"{read_bytes} bytes read for a {len(out)}-byte log"

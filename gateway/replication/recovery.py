@@ -50,7 +50,7 @@ from gateway.errors import GatewayError, NothingToRecover, Unavailable
 from gateway.journal import open_journal
 from gateway.journal.files import DirectoryLock, file_name, fsync_directory, list_files
 from gateway.journal.format import HEADER_SIZE, FrameError, decode_header
-from gateway.journal.reader import read_groups
+from gateway.journal.reader import frames_from
 from gateway.protocol import wire_pb2 as wire
 from gateway.recovery.metadata_io import STAGING, ensure_empty
 from gateway.replication.ensemble import Ensemble, read_ensembles
@@ -415,33 +415,71 @@ def _copy_local(local: _LocalLog, staging: pathlib.Path) -> int:
     """Copy the frames [local.start, local.next) of the host's own log into a journal
     file in ``staging``, checked to run on without a gap; the bytes (worker thread).
 
-    The files are read, never linked: the journal appends to its last file.
+    Each file is walked frame by frame (header and CRC), then the bytes of
+    its frames are copied as they are: read, never linked, since the journal
+    appends to its last file.
     """
-    w = _Window(local.start, local.next, staging)
+    path = staging / file_name(local.start)
     try:
-        files = [(f.first_sequence, f.path) for f in list_files(local.directory)]
+        files = list_files(local.directory)
         at = local.start
-        while at < local.next:
-            frames, nxt, _ = read_groups(files, at, local.next, READ_BYTES)
-            if nxt <= at:
-                # A file gone, or a bad frame: read_groups stops early.
+        total = 0
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            for k, jf in enumerate(files):
+                if at >= local.next:
+                    break
+                if k + 1 < len(files) and files[k + 1].first_sequence <= at:
+                    continue  # wholly before the part copied
+                begin = end = 0
+                for header, _, offset in frames_from(jf.path, 0):
+                    if header.end_sequence <= at and end == 0:
+                        continue
+                    if header.first_sequence >= local.next:
+                        break
+                    if header.first_sequence != at:
+                        raise _LocalUnusable(
+                            f"{jf.path.name} holds operation {header.first_sequence} where "
+                            f"{at} should be"
+                        )
+                    if end == 0:
+                        begin = offset
+                    end = offset + header.frame_length
+                    at = header.end_sequence
+                total += _copy_bytes(jf.path, fd, begin, end)
+            if at != local.next:
+                # A file gone, or a bad frame: the frames stop early.
                 raise _LocalUnusable(f"it stops at operation {at}, not {local.next}")
-            try:
-                w.take(memoryview(frames))
-            except FrameError as e:
-                raise _LocalUnusable(f"frames from {at}: {e}") from e
-            at = nxt
-        if (w.first, w.end) != (local.start, local.next):
-            raise _LocalUnusable(
-                f"it holds operations {w.first}..{w.end}, not {local.start}..{local.next}"
-            )
-        w.close()
-        return w.written
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return total
     except OSError as e:
         raise _LocalUnusable(str(e)) from e
+
+
+#: Bytes per read and write of a local copy.
+_COPY_BLOCK = 8 * 1024 * 1024
+
+
+def _copy_bytes(source: pathlib.Path, fd: int, begin: int, end: int) -> int:
+    """Append the bytes [begin, end) of ``source`` to ``fd``; how many."""
+    if end <= begin:
+        return 0
+    src = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        at = begin
+        while at < end:
+            block = os.pread(src, min(_COPY_BLOCK, end - at), at)
+            if not block:
+                raise _LocalUnusable(f"{source.name} ends at {at}, before its frames do")
+            view = memoryview(block)
+            while view:
+                view = view[os.write(fd, view) :]
+            at += len(block)
     finally:
-        if w.file is not None:
-            w.file.close()
+        os.close(src)
+    return end - begin
 
 
 async def _copy_remote(
