@@ -498,7 +498,7 @@ async def _copy_remote(
         read = await _read_remote(client, node, info.epoch, at, info.next, staging)
     seconds = time.monotonic() - started
     log.info("recovery: read %d bytes (operations %d..%d) of node %s epoch %d from %s in "
-             "%.2fs (%d requests, %d reading ahead at once, %d bytes read twice)", read.written,
+             "%.2fs (%d requests, %d windows read at once, %d bytes read twice)", read.written,
              at, info.next - 1, node, info.epoch, member, seconds, read.requests, read.windows,
              read.received - read.written)  # fmt: skip
     return read.written, seconds
