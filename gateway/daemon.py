@@ -222,14 +222,22 @@ class Hosting:
     #: A takeover: the epoch that died (the recovery refuses if it is no
     #: longer current). None: restarted from its own journal.
     takeover_of: int | None = None
+    #: The host's replica store directory: a recovery copies what the host's
+    #: own disk holds of the journal from there ("": all over the protocol).
+    replicas: str = ""
 
 
 async def _recover(
-    config: Config, tier2: ChunkLayer, notifier: Notifier, expect_epoch: int | None = None
+    config: Config,
+    tier2: ChunkLayer,
+    notifier: Notifier,
+    expect_epoch: int | None = None,
+    hosting: Hosting | None = None,
 ) -> None:
     """``--recover-from-tier2``: the journal from the replicas if the node replicated,
     else the metadata rebuilt from Tier 2. ``expect_epoch``: refuse unless it is
-    the node's current epoch (a takeover of that epoch)."""
+    the node's current epoch (a takeover of that epoch). ``hosting``: its host's
+    own disk may hold a copy of the journal, read first."""
     from gateway.recovery.metadata_io import rebuild_node
 
     if expect_epoch is not None:
@@ -239,8 +247,11 @@ async def _recover(
 
         await wait_stopped(config, tier2, config.node.id, expect_epoch, notifier.status)
     if config.replication.write_quorum > 1:
-        from gateway.replication.recovery import recover_from_replicas
+        from gateway.replication.recovery import LocalReplicas, recover_from_replicas
 
+        local = None
+        if hosting is not None and hosting.replicas:
+            local = LocalReplicas(hosting.host, pathlib.Path(hosting.replicas))
         notifier.status("recovering the journal from its replicas")
         found = await recover_from_replicas(
             config,
@@ -249,6 +260,7 @@ async def _recover(
             patience=max(5.0, 2 * config.replication.peer_timeout),
             status=notifier.status,
             expect_epoch=expect_epoch,
+            local_replicas=local,
         )
         if found is not None:
             return
@@ -516,7 +528,7 @@ async def run_daemon(
                 expect = await take_back(config, tier2, notifier.status)
                 recover_from_tier2 = expect is not None
             if recover_from_tier2:
-                await _recover(config, tier2, notifier, expect)
+                await _recover(config, tier2, notifier, expect, hosting)
             # Refused if this node id was taken over (a higher epoch), if its
             # epoch is another process's (a copied data directory), or while
             # another process of it still runs; waits out a previous lease.

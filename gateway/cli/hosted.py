@@ -3,10 +3,12 @@
 Started by `gateway.cluster.failover.ContainerHost` with the directory it
 prepared: ``DIR/hosted.json`` holds the configuration (the host's, with the
 hosted node's id, this directory as its data directory, a port of its own,
-no mount and no metrics listener), the host's node id and, for a takeover,
-the epoch that died. The process is an ordinary ``serve``: the same
-recovery, lease, replication, storage writer and streams as on the node's
-own host. It writes ``DIR/ready`` (HOST:PORT) once it serves.
+no mount and no metrics listener), the host's node id, where the host keeps
+its replica logs (the recovery copies what they hold of this node's journal
+from there) and, for a takeover, the epoch that died. The process is an
+ordinary ``serve``: the same recovery, lease, replication, storage writer
+and streams as on the node's own host. It writes ``DIR/ready`` (HOST:PORT)
+once it serves.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def main(argv: list[str]) -> int:
         host=spec["hosted_by"],
         advertise_host=spec.get("advertise_host", ""),
         takeover_of=takeover_of,
+        replicas=spec.get("replicas", ""),
     )
     try:
         trio.run(

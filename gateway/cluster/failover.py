@@ -400,6 +400,9 @@ class ContainerHost:
             "hosted_by": self.node_id,
             "advertise_host": advertise_host(self.config),
             "takeover_of": epoch,
+            # This host's own replica store (the daemon's): the hosted process's
+            # recovery copies what it holds of the node's journal from the disk.
+            "replicas": str(pathlib.Path(self.config.node.data_dir) / "replicas"),
         }
         tmp = directory / (SPEC_FILE + ".tmp")
         tmp.write_text(json.dumps(spec, indent=1))

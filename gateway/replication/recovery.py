@@ -16,7 +16,10 @@ a new host) with ``replication.write_quorum > 1``:
    oldest journal file);
 4. copies that log, frame for frame, into a staging directory, checks it as
    a journal (torn tail, corruption) with the epoch F journaled after it,
-   and moves it into the empty journal directory.
+   and moves it into the empty journal directory. A container hosted on a
+   survivor's host (a takeover, a drain) copies what that host's own disk
+   holds of the same epoch first and reads only the rest over the protocol,
+   several requests in flight (`LocalReplicas`, `_install`).
 
 The node then starts as if its own disk had survived: the journal replays
 onto the checkpoint in it, the storage writer flushes the rest, and writers
@@ -30,9 +33,11 @@ import logging
 import os
 import pathlib
 import shutil
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from typing import BinaryIO, Protocol
 
 import trio
 
@@ -44,9 +49,12 @@ from gateway.config import Config
 from gateway.errors import GatewayError, NothingToRecover, Unavailable
 from gateway.journal import open_journal
 from gateway.journal.files import DirectoryLock, file_name, fsync_directory, list_files
+from gateway.journal.format import HEADER_SIZE, FrameError, decode_header
+from gateway.journal.reader import frames_from
 from gateway.protocol import wire_pb2 as wire
 from gateway.recovery.metadata_io import STAGING, ensure_empty
 from gateway.replication.ensemble import Ensemble, read_ensembles
+from gateway.replication.store import READ_BYTES, epoch_dir_name
 from gateway.storage.layer import ChunkLayer
 
 log = logging.getLogger(__name__)
@@ -54,6 +62,19 @@ log = logging.getLogger(__name__)
 Connect = Callable[[str], AbstractAsyncContextManager[Client]]
 #: How long a recovery keeps asking members that do not answer.
 RETRY_FOR = 120.0
+#: Replica reads in flight at once on the connection to the member read from
+#: (each answer holds at most `READ_BYTES` of frames, or one write group).
+READ_AHEAD = 4
+
+
+@dataclass(frozen=True)
+class LocalReplicas:
+    """The replica logs on this process's own host's disk (a container hosted there)."""
+
+    #: The host's node id: its answer to the fence says which logs it holds.
+    node: str
+    #: The host's replica store (`gateway.replication.store`: ``<data_dir>/replicas``).
+    directory: pathlib.Path
 
 
 @dataclass(frozen=True)
@@ -62,12 +83,20 @@ class ReplicaRecovery:
 
     epoch: int
     fenced_at: int
+    #: The member whose log reaches furthest (what was installed ends where it ends).
     source: str
+    #: The installed journal holds the operations [start, next).
     start: int
     next: int
     bytes: int
     answered: tuple[str, ...]
     unanswered: tuple[str, ...]
+    #: Bytes copied from the host's own replica log, and how long that took.
+    local_bytes: int = 0
+    local_seconds: float = 0.0
+    #: Bytes read over the protocol from ``source``, and how long that took.
+    remote_bytes: int = 0
+    remote_seconds: float = 0.0
 
 
 async def recover_from_replicas(
@@ -77,12 +106,15 @@ async def recover_from_replicas(
     patience: float,
     status: Callable[[str], object] = lambda text: None,
     expect_epoch: int | None = None,
+    local_replicas: LocalReplicas | None = None,
 ) -> ReplicaRecovery | None:
     """Install this node's journal from its replicas; None if it never replicated.
 
     ``expect_epoch`` (a takeover of that epoch): `NodeFenced` unless it is
     still the node's current one -- another process started or took over
-    since, and this recovery would fence it.
+    since, and this recovery would fence it. ``local_replicas``: this
+    process runs on another node's host, whose own disk may hold a copy of
+    the log (read from there first); None reads everything over the protocol.
     """
     ensure_empty(config.journal_dir)
     node = config.node.id
@@ -123,17 +155,24 @@ async def recover_from_replicas(
             answers.update(await _fence_all(connect, missing, node, fence, patience))
     if found is not None:
         ensemble, member, info = found
-        status(f"reading the journal of epoch {ensemble.epoch} from {member}")
-        nbytes = await _install(config, connect, addresses[member], node, info, fence)
+        local = _local_log(local_replicas, answers, node, info)
+        status(f"reading the journal of epoch {ensemble.epoch} from {member}"
+               + (" and this host's own copy" if local is not None else ""))  # fmt: skip
+        copied = await _install(config, connect, member, addresses[member], node, info, fence,
+                                local)  # fmt: skip
         result = ReplicaRecovery(
-            ensemble.epoch, fence, member, info.start, info.next, nbytes,
+            ensemble.epoch, fence, member, copied.start, info.next,
+            copied.local_bytes + copied.remote_bytes,
             tuple(sorted(answers)), tuple(sorted(set(addresses) - set(answers))),
+            copied.local_bytes, copied.local_seconds, copied.remote_bytes, copied.remote_seconds,
         )  # fmt: skip
         log.warning(
-            "recovered node %s from replica %s: epoch %d, operations %d..%d (%d bytes); "
+            "recovered node %s from replica %s: epoch %d, operations %d..%d (%d bytes: "
+            "%d from this host's disk in %.1fs, %d from %s in %.1fs); "
             "epochs below %d are fenced at %s",
-            node, member, ensemble.epoch, info.start, info.next - 1, nbytes, fence,
-            ", ".join(sorted(answers)),
+            node, member, ensemble.epoch, result.start, info.next - 1, result.bytes,
+            result.local_bytes, result.local_seconds, result.remote_bytes, member,
+            result.remote_seconds, fence, ", ".join(sorted(answers)),
         )  # fmt: skip
         await _wait_out(held, tier2, status)
         return result
@@ -216,53 +255,435 @@ def _first_usable(
     return None
 
 
+@dataclass(frozen=True)
+class _LocalLog:
+    """What the host's own disk holds of the chosen log: frames [start, next)."""
+
+    directory: pathlib.Path
+    start: int
+    next: int
+
+
+def _local_log(
+    local: LocalReplicas | None,
+    answers: dict[str, wire.ReplicaHoldings],
+    node: str,
+    info: wire.ReplicaLogInfo,
+) -> _LocalLog | None:
+    """The part of the chosen log (``info``) the host's own disk can give, if any."""
+    if local is None or local.node not in answers:
+        return None
+    for held in answers[local.node].logs:
+        if held.epoch != info.epoch or held.next <= held.start or held.start >= info.next:
+            continue
+        # Every log of one source epoch holds the same frames for the sequences
+        # they share: one source process wrote them, and each log is contiguous
+        # from its start (a write that does not follow on is refused). So this
+        # log is the chosen one's frames, as far as both reach: copied up to the
+        # chosen log's end at most, never beyond what it holds. Its start may be
+        # later than the chosen log's (truncated further): still a journal's
+        # start, since a log starts at the source's oldest journal file and a
+        # replica drops a file only once the source's oldest file starts at or
+        # past the next one -- the source's oldest file only moves on (after
+        # what was before it is flushed and checkpointed), so the journal the
+        # source itself would have recovered from is within this log.
+        return _LocalLog(
+            local.directory / node / epoch_dir_name(info.epoch),
+            held.start,
+            min(held.next, info.next),
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class _Copied:
+    """Where the installed frames came from."""
+
+    start: int
+    local_bytes: int = 0
+    local_seconds: float = 0.0
+    remote_bytes: int = 0
+    remote_seconds: float = 0.0
+
+
+class _LocalUnusable(Exception):
+    """The host's own copy could not be read whole (a file gone, a bad frame)."""
+
+
 async def _install(
     config: Config,
     connect: Connect,
+    member: str,
     address: str,
     node: str,
     info: wire.ReplicaLogInfo,
     fence: int,
-) -> int:
-    """Copy one log into the empty journal directory; the bytes copied."""
+    local: _LocalLog | None = None,
+) -> _Copied:
+    """Copy one log into the empty journal directory: from the host's own copy of it
+    (``local``) as far as that reaches, the rest from ``member`` at ``address``."""
     journal_dir = config.journal_dir
     journal_dir.mkdir(parents=True, exist_ok=True)
     lock = DirectoryLock(journal_dir)
     try:
         ensure_empty(journal_dir)
         staging = journal_dir / STAGING
-        if staging.exists():
-            shutil.rmtree(staging)
-        staging.mkdir()
-        path = staging / file_name(info.start)
-        total = 0
-        with path.open("wb") as f:
-            async with connect(address) as client:
-                at = info.start
-                while at < info.next:
-                    r = await client._call(
-                        replica_read=wire.ReplicaReadRequest(
-                            source=node, epoch=info.epoch, from_sequence=at
-                        )
-                    )
-                    frames = r.replica_frames
-                    if frames.next_sequence <= at:
-                        break
-                    f.write(frames.frames)
-                    total += len(frames.frames)
-                    at = frames.next_sequence
-            f.flush()
-            os.fsync(f.fileno())
-        if at < info.next:
-            raise Unavailable(f"replica read of node {node} stopped at {at}, not {info.next}")
+        copied = None
+        if local is not None:
+            try:
+                copied = await _copy_with_local(connect, member, address, node, info, local,
+                                                _fresh(staging))  # fmt: skip
+            except _LocalUnusable as e:
+                # Never a journal with a gap: the member has all of it.
+                log.warning("recovery: this host's copy of node %s epoch %d cannot be read "
+                            "whole (%s); reading all of it from %s", node, info.epoch, e,
+                            member)  # fmt: skip
+        if copied is None:
+            nbytes, seconds = await _copy_remote(connect, member, address, node, info,
+                                                 info.start, _fresh(staging))  # fmt: skip
+            copied = _Copied(info.start, remote_bytes=nbytes, remote_seconds=seconds)
         # Checked as a journal (a bad frame refuses), and the fence's epoch
         # journaled after it: the next start runs above it.
-        async with open_journal(staging, config.journal, min_epoch=fence):
-            pass
+        async with open_journal(staging, config.journal, min_epoch=fence) as journal:
+            if journal.next_sequence < info.next or journal.oldest_file() != copied.start:
+                raise Unavailable(
+                    f"the copy of node {node}'s journal holds operations from "
+                    f"{journal.oldest_file()} to {journal.next_sequence - 1}, not "
+                    f"{copied.start}..{info.next - 1}"
+                )
         await trio.to_thread.run_sync(_move, staging, journal_dir)
-        return total
+        return copied
     finally:
         lock.release()
+
+
+def _fresh(staging: pathlib.Path) -> pathlib.Path:
+    """``staging``, empty."""
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir()
+    return staging
+
+
+async def _copy_with_local(
+    connect: Connect,
+    member: str,
+    address: str,
+    node: str,
+    info: wire.ReplicaLogInfo,
+    local: _LocalLog,
+    staging: pathlib.Path,
+) -> _Copied:
+    """The host's own frames [local.start, local.next) into one file while the rest
+    is read from the member into the next (at once: one is the disk, the other the
+    member); `_LocalUnusable` if the local part cannot be had whole."""
+    failed: _LocalUnusable | None = None
+    remote_failed: GatewayError | OSError | None = None
+    remote = (0, 0.0)
+    local_bytes = 0
+    local_seconds = 0.0
+
+    async def tail() -> None:
+        nonlocal remote, remote_failed
+        try:
+            remote = await _copy_remote(connect, member, address, node, info, local.next,
+                                        staging)  # fmt: skip
+        except (GatewayError, OSError) as e:
+            remote_failed = e
+
+    async with trio.open_nursery() as nursery:
+        if local.next < info.next:
+            nursery.start_soon(tail)
+        started = time.monotonic()
+        try:
+            local_bytes = await trio.to_thread.run_sync(_copy_local, local, staging)
+        except _LocalUnusable as e:
+            failed = e
+            nursery.cancel_scope.cancel()
+        local_seconds = time.monotonic() - started
+    if failed is not None:
+        raise failed
+    if remote_failed is not None:
+        raise remote_failed
+    log.info("recovery: copied %d bytes (operations %d..%d) of node %s epoch %d from this "
+             "host's own replica log in %.2fs", local_bytes, local.start, local.next - 1, node,
+             info.epoch, local_seconds)  # fmt: skip
+    return _Copied(local.start, local_bytes, local_seconds, *remote)
+
+
+def _copy_local(local: _LocalLog, staging: pathlib.Path) -> int:
+    """Copy the frames [local.start, local.next) of the host's own log into a journal
+    file in ``staging``, checked to run on without a gap; the bytes (worker thread).
+
+    Each file is walked frame by frame (header and CRC), then the bytes of
+    its frames are copied as they are: read, never linked, since the journal
+    appends to its last file.
+    """
+    path = staging / file_name(local.start)
+    try:
+        files = list_files(local.directory)
+        at = local.start
+        total = 0
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            for k, jf in enumerate(files):
+                if at >= local.next:
+                    break
+                if k + 1 < len(files) and files[k + 1].first_sequence <= at:
+                    continue  # wholly before the part copied
+                begin = end = 0
+                for header, _, offset in frames_from(jf.path, 0):
+                    if header.end_sequence <= at and end == 0:
+                        continue
+                    if header.first_sequence >= local.next:
+                        break
+                    if header.first_sequence != at:
+                        raise _LocalUnusable(
+                            f"{jf.path.name} holds operation {header.first_sequence} where "
+                            f"{at} should be"
+                        )
+                    if end == 0:
+                        begin = offset
+                    end = offset + header.frame_length
+                    at = header.end_sequence
+                total += _copy_bytes(jf.path, fd, begin, end)
+            if at != local.next:
+                # A file gone, or a bad frame: the frames stop early.
+                raise _LocalUnusable(f"it stops at operation {at}, not {local.next}")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return total
+    except OSError as e:
+        raise _LocalUnusable(str(e)) from e
+
+
+#: Bytes per read and write of a local copy.
+_COPY_BLOCK = 8 * 1024 * 1024
+
+
+def _copy_bytes(source: pathlib.Path, fd: int, begin: int, end: int) -> int:
+    """Append the bytes [begin, end) of ``source`` to ``fd``; how many."""
+    if end <= begin:
+        return 0
+    src = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        at = begin
+        while at < end:
+            block = os.pread(src, min(_COPY_BLOCK, end - at), at)
+            if not block:
+                raise _LocalUnusable(f"{source.name} ends at {at}, before its frames do")
+            view = memoryview(block)
+            while view:
+                view = view[os.write(fd, view) :]
+            at += len(block)
+    finally:
+        os.close(src)
+    return end - begin
+
+
+async def _copy_remote(
+    connect: Connect,
+    member: str,
+    address: str,
+    node: str,
+    info: wire.ReplicaLogInfo,
+    at: int,
+    staging: pathlib.Path,
+) -> tuple[int, float]:
+    """Read the frames [at, info.next) of ``member``'s log into journal files in
+    ``staging``: (bytes, seconds)."""
+    started = time.monotonic()
+    async with connect(address) as client:
+        read = await _read_remote(client, node, info.epoch, at, info.next, staging)
+    seconds = time.monotonic() - started
+    log.info("recovery: read %d bytes (operations %d..%d) of node %s epoch %d from %s in "
+             "%.2fs (%d requests, %d windows read at once, %d bytes read twice)", read.written,
+             at, info.next - 1, node, info.epoch, member, seconds, read.requests, read.windows,
+             read.received - read.written)  # fmt: skip
+    return read.written, seconds
+
+
+class _Answer(Protocol):
+    async def wait(self) -> wire.Response: ...
+
+
+class _Pipelined(Protocol):
+    """What the read needs of a `Client`: requests sent now, answered later."""
+
+    async def start(self, build: Callable[[int], Sequence[bytes]]) -> _Answer: ...
+
+
+@dataclass
+class _Window:
+    """One part of a read from a member: the frames whose first operation is in
+    [low, high), written in order to a journal file of their own in ``directory``."""
+
+    low: int
+    high: int
+    directory: pathlib.Path
+    #: The first operation written, and the one after the last frame written.
+    first: int | None = None
+    end: int | None = None
+    written: int = 0
+    file: BinaryIO | None = None
+
+    def take(self, data: memoryview) -> None:
+        """Write the frames of an answer (whole frames, in order) that are this
+        window's; FrameError unless they run on from what it wrote."""
+        offset = 0
+        begin: int | None = None
+        stop = len(data)
+        while offset < len(data):
+            h = decode_header(data[offset : offset + HEADER_SIZE])
+            if h.first_sequence >= self.high:
+                stop = offset
+                break
+            if h.first_sequence < self.low or (self.end is not None and h.end_sequence <= self.end):
+                # The window before's (the frame holding ``low``), or written already.
+                if begin is not None:
+                    raise FrameError(f"frames out of order at operation {h.first_sequence}")
+            else:
+                if self.end is not None and h.first_sequence != self.end:
+                    raise FrameError(
+                        f"sequence gap: expected a frame at {self.end}, found {h.first_sequence}"
+                    )
+                if begin is None:
+                    begin = offset
+                if self.first is None:
+                    self.first = h.first_sequence
+                self.end = h.end_sequence
+            offset += h.frame_length
+        if stop == len(data) and offset != len(data):
+            raise FrameError(f"a frame runs {offset - len(data)} bytes past the answer's end")
+        if begin is None:
+            return
+        if self.file is None:
+            assert self.first is not None
+            self.file = (self.directory / file_name(self.first)).open("wb")
+        self.file.write(data[begin:stop])
+        self.written += stop - begin
+
+    def close(self) -> None:
+        """Make what was written durable, and close the file."""
+        if self.file is not None:
+            try:
+                self.file.flush()
+                os.fsync(self.file.fileno())
+            finally:
+                self.file.close()
+                self.file = None
+
+
+@dataclass
+class _RemoteRead:
+    """What a read from a member did."""
+
+    written: int = 0
+    received: int = 0
+    requests: int = 0
+    windows: int = 1
+
+
+async def _read_remote(
+    client: _Pipelined,
+    node: str,
+    epoch: int,
+    at: int,
+    until: int,
+    directory: pathlib.Path,
+    max_bytes: int = READ_BYTES,
+) -> _RemoteRead:
+    """Read a member's frames [at, until) into journal files in ``directory``, with up
+    to `READ_AHEAD` reads in flight on the one connection.
+
+    A read starts at an operation and answers whole write groups from the
+    frame holding it, up to ``max_bytes``: where the next one starts is
+    known only from the answer before. So the range is cut into windows by
+    operation (after a first answer tells how many bytes an operation
+    takes), each read from its start to its end one answer after the other,
+    the windows at once; each writes the frames that begin within it to a
+    file of its own, named by its first operation as every journal file is
+    (the frame holding a window's start, and what a window's last answer
+    holds past its end, are the window before's and after's: read twice,
+    written once). Then the windows must join without a gap. At most
+    READ_AHEAD answers are held at a time.
+    """
+
+    def request(first: int) -> Callable[[int], Sequence[bytes]]:
+        def build(rid: int) -> Sequence[bytes]:
+            read = wire.ReplicaReadRequest(
+                source=node, epoch=epoch, from_sequence=first, max_bytes=max_bytes
+            )
+            return (wire.Request(request_id=rid, replica_read=read).SerializeToString(),)
+
+        return build
+
+    stats = _RemoteRead()
+
+    async def read(w: _Window, pos: int, once: bool = False) -> int:
+        """Read ``w`` from ``pos`` to its end (``once``: one answer); where it got to."""
+        while pos < w.high:
+            stats.requests += 1
+            frames = (await (await client.start(request(pos))).wait()).replica_frames
+            data = memoryview(frames.frames)
+            stats.received += len(data)
+            try:
+                w.take(data)
+            except FrameError as e:
+                raise Unavailable(f"replica read of node {node} from {pos}: {e}") from e
+            if frames.next_sequence <= pos:
+                break  # the log ends here: the windows will not join up to ``until``
+            pos = frames.next_sequence
+            if once:
+                break
+        return pos
+
+    windows = [_Window(at, until, directory)]
+    try:
+        pos = await read(windows[0], at, once=True)
+        if windows[0].first is not None and pos < until and pos > at:
+            # How many windows: each worth a few answers, as the bytes so far go.
+            remaining = (until - pos) * windows[0].written / (pos - at)
+            count = max(1, min(READ_AHEAD, int(remaining // (2 * max_bytes))))
+            bounds = [pos + (until - pos) * k // count for k in range(count)] + [until]
+            windows[0].high = bounds[1]
+            windows += [_Window(bounds[k], bounds[k + 1], directory) for k in range(1, count)]
+            stats.windows = count
+            failed: list[GatewayError | OSError] = []
+
+            async def one(w: _Window, start: int) -> None:
+                try:
+                    await read(w, start)
+                except (GatewayError, OSError) as e:
+                    failed.append(e)
+                    nursery.cancel_scope.cancel()
+
+            async with trio.open_nursery() as nursery:
+                for k, w in enumerate(windows):
+                    nursery.start_soon(one, w, pos if k == 0 else w.low)
+            if failed:
+                raise failed[0]
+        expect = at
+        for w in windows:
+            if w.first is None:
+                continue  # all of it in a frame that began in the window before
+            if w.first != expect:
+                raise Unavailable(
+                    f"replica read of node {node}: operations {expect}..{w.first - 1} missing"
+                )
+            assert w.end is not None
+            expect = w.end
+        if expect < until:
+            raise Unavailable(f"replica read of node {node} stopped at {expect}, not {until}")
+        for w in windows:
+            await trio.to_thread.run_sync(w.close)
+    finally:
+        for w in windows:
+            if w.file is not None:
+                w.file.close()
+    stats.written = sum(w.written for w in windows)
+    return stats
 
 
 def _move(staging: pathlib.Path, journal_dir: pathlib.Path) -> None:
