@@ -372,12 +372,13 @@ def read_groups(
             group: list[bytes] = []
             group_seq = -1
             group_end = seq
+            group_at = 0  # the offset of the group's first frame: where the next read resumes
             for header, frame, offset in _pread_frames(fd, path, seq):
                 if header.end_sequence <= seq:
                     continue
                 if header.group_sequence != group_seq and group:
                     if size and size + sum(map(len, group)) > max_bytes:
-                        _remember(path, seq, offset)
+                        _remember(path, seq, group_at)
                         return b"".join(out), seq, False
                     out.extend(group)
                     size += sum(map(len, group))
@@ -387,10 +388,13 @@ def read_groups(
                     _remember(path, seq, offset)
                     break
                 group_seq = header.group_sequence
+                if not group:
+                    group_at = offset
                 group.append(frame)
                 group_end = header.end_sequence
             if group:
                 if size and size + sum(map(len, group)) > max_bytes:
+                    _remember(path, seq, group_at)
                     return b"".join(out), seq, False
                 out.extend(group)
                 size += sum(map(len, group))

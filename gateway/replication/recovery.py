@@ -18,8 +18,8 @@ a new host) with ``replication.write_quorum > 1``:
    a journal (torn tail, corruption) with the epoch F journaled after it,
    and moves it into the empty journal directory. A container hosted on a
    survivor's host (a takeover, a drain) copies what that host's own disk
-   holds of the same epoch first and reads only the rest over the protocol,
-   several requests in flight (`LocalReplicas`, `_install`).
+   holds of the same epoch first and reads only the rest over the protocol
+   (`LocalReplicas`, `_install`).
 
 The node then starts as if its own disk had survived: the journal replays
 onto the checkpoint in it, the storage writer flushes the rest, and writers
@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import BinaryIO, Protocol
+from typing import Protocol
 
 import trio
 
@@ -62,9 +62,6 @@ log = logging.getLogger(__name__)
 Connect = Callable[[str], AbstractAsyncContextManager[Client]]
 #: How long a recovery keeps asking members that do not answer.
 RETRY_FOR = 120.0
-#: Replica reads in flight at once on the connection to the member read from
-#: (each answer holds at most `READ_BYTES` of frames, or one write group).
-READ_AHEAD = 4
 
 
 @dataclass(frozen=True)
@@ -491,199 +488,80 @@ async def _copy_remote(
     at: int,
     staging: pathlib.Path,
 ) -> tuple[int, float]:
-    """Read the frames [at, info.next) of ``member``'s log into journal files in
+    """Read the frames [at, info.next) of ``member``'s log into a journal file in
     ``staging``: (bytes, seconds)."""
     started = time.monotonic()
     async with connect(address) as client:
-        read = await _read_remote(client, node, info.epoch, at, info.next, staging)
+        written, requests = await _read_remote(client, node, info.epoch, at, info.next, staging)
     seconds = time.monotonic() - started
     log.info("recovery: read %d bytes (operations %d..%d) of node %s epoch %d from %s in "
-             "%.2fs (%d requests, %d windows read at once, %d bytes read twice)", read.written,
-             at, info.next - 1, node, info.epoch, member, seconds, read.requests, read.windows,
-             read.received - read.written)  # fmt: skip
-    return read.written, seconds
+             "%.2fs (%d requests)", written, at, info.next - 1, node, info.epoch, member,
+             seconds, requests)  # fmt: skip
+    return written, seconds
 
 
 class _Answer(Protocol):
     async def wait(self) -> wire.Response: ...
 
 
-class _Pipelined(Protocol):
-    """What the read needs of a `Client`: requests sent now, answered later."""
+class _Requests(Protocol):
+    """What the read needs of a `Client`: a request sent, its answer awaited."""
 
     async def start(self, build: Callable[[int], Sequence[bytes]]) -> _Answer: ...
 
 
-@dataclass
-class _Window:
-    """One part of a read from a member: the frames whose first operation is in
-    [low, high), written in order to a journal file of their own in ``directory``."""
-
-    low: int
-    high: int
-    directory: pathlib.Path
-    #: The first operation written, and the one after the last frame written.
-    first: int | None = None
-    end: int | None = None
-    written: int = 0
-    file: BinaryIO | None = None
-
-    def take(self, data: memoryview) -> None:
-        """Write the frames of an answer (whole frames, in order) that are this
-        window's; FrameError unless they run on from what it wrote."""
-        offset = 0
-        begin: int | None = None
-        stop = len(data)
-        while offset < len(data):
-            h = decode_header(data[offset : offset + HEADER_SIZE])
-            if h.first_sequence >= self.high:
-                stop = offset
-                break
-            if h.first_sequence < self.low or (self.end is not None and h.end_sequence <= self.end):
-                # The window before's (the frame holding ``low``), or written already.
-                if begin is not None:
-                    raise FrameError(f"frames out of order at operation {h.first_sequence}")
-            else:
-                if self.end is not None and h.first_sequence != self.end:
-                    raise FrameError(
-                        f"sequence gap: expected a frame at {self.end}, found {h.first_sequence}"
-                    )
-                if begin is None:
-                    begin = offset
-                if self.first is None:
-                    self.first = h.first_sequence
-                self.end = h.end_sequence
-            offset += h.frame_length
-        if stop == len(data) and offset != len(data):
-            raise FrameError(f"a frame runs {offset - len(data)} bytes past the answer's end")
-        if begin is None:
-            return
-        if self.file is None:
-            assert self.first is not None
-            self.file = (self.directory / file_name(self.first)).open("wb")
-        self.file.write(data[begin:stop])
-        self.written += stop - begin
-
-    def close(self) -> None:
-        """Make what was written durable, and close the file."""
-        if self.file is not None:
-            try:
-                self.file.flush()
-                os.fsync(self.file.fileno())
-            finally:
-                self.file.close()
-                self.file = None
-
-
-@dataclass
-class _RemoteRead:
-    """What a read from a member did."""
-
-    written: int = 0
-    received: int = 0
-    requests: int = 0
-    windows: int = 1
-
-
 async def _read_remote(
-    client: _Pipelined,
+    client: _Requests,
     node: str,
     epoch: int,
     at: int,
     until: int,
     directory: pathlib.Path,
     max_bytes: int = READ_BYTES,
-) -> _RemoteRead:
-    """Read a member's frames [at, until) into journal files in ``directory``, with up
-    to `READ_AHEAD` reads in flight on the one connection.
+) -> tuple[int, int]:
+    """Read a member's frames [at, until) into one journal file in ``directory``, one
+    answer after the other: (bytes written, requests).
 
-    A read starts at an operation and answers whole write groups from the
-    frame holding it, up to ``max_bytes``: where the next one starts is
-    known only from the answer before. So the range is cut into windows by
-    operation (after a first answer tells how many bytes an operation
-    takes), each read from its start to its end one answer after the other,
-    the windows at once; each writes the frames that begin within it to a
-    file of its own, named by its first operation as every journal file is
-    (the frame holding a window's start, and what a window's last answer
-    holds past its end, are the window before's and after's: read twice,
-    written once). Then the windows must join without a gap. At most
-    READ_AHEAD answers are held at a time.
+    One at a time: a read answers whole write groups from an operation, so
+    where the next begins is known only from the answer before. Reading
+    ranges at once was measured no faster on this 2-core machine (268 MB:
+    2.1-3.3 s one at a time, 2.2-2.5 s with four ranges; docs/PERFORMANCE.md).
     """
-
-    def request(first: int) -> Callable[[int], Sequence[bytes]]:
-        def build(rid: int) -> Sequence[bytes]:
+    path = directory / file_name(at)
+    written = requests = 0
+    with path.open("wb") as f:
+        while at < until:
             read = wire.ReplicaReadRequest(
-                source=node, epoch=epoch, from_sequence=first, max_bytes=max_bytes
+                source=node, epoch=epoch, from_sequence=at, max_bytes=max_bytes
             )
-            return (wire.Request(request_id=rid, replica_read=read).SerializeToString(),)
-
-        return build
-
-    stats = _RemoteRead()
-
-    async def read(w: _Window, pos: int, once: bool = False) -> int:
-        """Read ``w`` from ``pos`` to its end (``once``: one answer); where it got to."""
-        while pos < w.high:
-            stats.requests += 1
-            frames = (await (await client.start(request(pos))).wait()).replica_frames
-            data = memoryview(frames.frames)
-            stats.received += len(data)
+            requests += 1
+            answer = await client.start(_read_request(read))
+            frames = (await answer.wait()).replica_frames
+            if frames.next_sequence <= at:
+                break  # the log ends here
+            data = frames.frames
             try:
-                w.take(data)
+                first = decode_header(data[:HEADER_SIZE]).first_sequence
             except FrameError as e:
-                raise Unavailable(f"replica read of node {node} from {pos}: {e}") from e
-            if frames.next_sequence <= pos:
-                break  # the log ends here: the windows will not join up to ``until``
-            pos = frames.next_sequence
-            if once:
-                break
-        return pos
+                raise Unavailable(f"replica read of node {node} from {at}: {e}") from e
+            if first != at:
+                raise Unavailable(f"replica read of node {node} from {at}: operations "
+                                  f"{at}..{first - 1} missing")  # fmt: skip
+            f.write(data)
+            written += len(data)
+            at = frames.next_sequence
+        f.flush()
+        os.fsync(f.fileno())
+    if at < until:
+        raise Unavailable(f"replica read of node {node} stopped at {at}, not {until}")
+    return written, requests
 
-    windows = [_Window(at, until, directory)]
-    try:
-        pos = await read(windows[0], at, once=True)
-        if windows[0].first is not None and pos < until and pos > at:
-            # How many windows: each worth a few answers, as the bytes so far go.
-            remaining = (until - pos) * windows[0].written / (pos - at)
-            count = max(1, min(READ_AHEAD, int(remaining // (2 * max_bytes))))
-            bounds = [pos + (until - pos) * k // count for k in range(count)] + [until]
-            windows[0].high = bounds[1]
-            windows += [_Window(bounds[k], bounds[k + 1], directory) for k in range(1, count)]
-            stats.windows = count
-            failed: list[GatewayError | OSError] = []
 
-            async def one(w: _Window, start: int) -> None:
-                try:
-                    await read(w, start)
-                except (GatewayError, OSError) as e:
-                    failed.append(e)
-                    nursery.cancel_scope.cancel()
+def _read_request(read: wire.ReplicaReadRequest) -> Callable[[int], Sequence[bytes]]:
+    def build(rid: int) -> Sequence[bytes]:
+        return (wire.Request(request_id=rid, replica_read=read).SerializeToString(),)
 
-            async with trio.open_nursery() as nursery:
-                for k, w in enumerate(windows):
-                    nursery.start_soon(one, w, pos if k == 0 else w.low)
-            if failed:
-                raise failed[0]
-        expect = at
-        for w in windows:
-            if w.first is None:
-                continue  # all of it in a frame that began in the window before
-            if w.first != expect:
-                raise Unavailable(
-                    f"replica read of node {node}: operations {expect}..{w.first - 1} missing"
-                )
-            assert w.end is not None
-            expect = w.end
-        if expect < until:
-            raise Unavailable(f"replica read of node {node} stopped at {expect}, not {until}")
-        for w in windows:
-            await trio.to_thread.run_sync(w.close)
-    finally:
-        for w in windows:
-            if w.file is not None:
-                w.file.close()
-    stats.written = sum(w.written for w in windows)
-    return stats
+    return build
 
 
 def _move(staging: pathlib.Path, journal_dir: pathlib.Path) -> None:
