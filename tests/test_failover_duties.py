@@ -475,10 +475,15 @@ async def test_a_taken_over_container_fails_over_again_when_its_host_dies(
             mine = f"via {via}\n".encode()
 
             # Read back through the same node: its view of node-c shows only what was
-            # flushed until it polled the new host, so this can lag the append.
+            # flushed until it polled the new host, so this can lag the append; and
+            # host/own, created just before its container moved, may not be in its
+            # view yet (SEGMENT_NOT_FOUND until the next poll).
             async def read_back(cl: object = cl, mine: bytes = mine) -> bool:
-                data = (await cl.read("dead/x", 0, 1000)).data  # type: ignore[attr-defined]
-                own = (await cl.read("host/own", 0, 100)).data  # type: ignore[attr-defined]
+                try:
+                    data = (await cl.read("dead/x", 0, 1000)).data  # type: ignore[attr-defined]
+                    own = (await cl.read("host/own", 0, 100)).data  # type: ignore[attr-defined]
+                except SegmentNotFound:
+                    return False
                 return (
                     data.startswith(b"on node-c\non the first host\n")
                     and mine in data
