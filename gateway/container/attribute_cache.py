@@ -149,12 +149,24 @@ class AttributeCache:
                 where = index.length
                 try:
                     index_items = await self.store.range(seg.id, index, start, want)
-                    break
                 except IndexMoved:
                     # Look again with the record as it is now, unless it did
                     # not move (a chunk is really missing) or keeps moving.
                     if seg.attr_index is not index or index.length == where or attempt == 9:
                         raise
+                    continue
+                if seg.attr_index is index and index.length == where:
+                    break
+                # A batch went into the index while it was read: values it took
+                # from memory may be evicted now and in the new index only (a
+                # writer's second event read back as its first, under load).
+                # Read the index as it is now.
+                if attempt == 9:
+                    raise Unavailable(f"the attribute index of {name!r} keeps moving; retry")
+                if seg.attr_index is None or not seg.attr_index.root_length:
+                    index_items = []
+                    break
+                index = seg.attr_index
             if self._table.by_name.get(seg.name) is not seg:
                 raise SegmentNotFound(seg.name)
         merged: dict[bytes, int | None] = dict(index_items)
