@@ -263,12 +263,13 @@ def test_disk_stays_near_budget(tmp_path: pathlib.Path, block_size: int) -> None
     assert stats.block_bytes == budget
     assert stats.evictions == count - budget // block_size
     # While compactions of the burst run, their inputs and outputs coexist
-    # (measured peaks 2.5-3.7x); then the directory settles near the budget
-    # by itself, without a manual compaction (measured 1.07-1.13x; at most
-    # 1.25x plus RocksDB's own files, see cache.store._write_buffer_size).
+    # (measured peaks 2.5-3.7x); once writes stop the directory settles near
+    # the budget by itself (measured 1.03-1.07x within 0.5 s, 40 runs of
+    # 1 MiB blocks). Without CacheStore._settle RocksDB left 1.34x and 1.53x
+    # for minutes in 2 of about 100 such runs (one failed CI here).
     assert peak < 5 * budget
     wait_for(
-        lambda: disk_bytes(directory) < 1.3 * budget, 30, "the directory settled near the budget"
+        lambda: disk_bytes(directory) < 1.2 * budget, 30, "the directory settled near the budget"
     )
     s.close()  # flushes one more memtable (1/16 of the budget)
     assert disk_bytes(directory) < 1.5 * budget
