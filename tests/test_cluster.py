@@ -201,13 +201,22 @@ def test_changes_sent_to_another_node_follow_the_owner(cluster: Cluster) -> None
 
 
 def test_a_segment_just_created_elsewhere_is_found_by_its_claim(cluster: Cluster) -> None:
-    # Sent to node-c before node-c has polled node-a: its name claim says where it lives.
+    # Sent to node-c before node-c has polled node-a: its name claim says where
+    # it lives. Reads and infos through node-c see it at once too (node-c
+    # refreshes its view of node-a then), never SEGMENT_NOT_FOUND.
     with cluster.client("node-a") as a, cluster.client("node-c") as c:
         for i in range(5):
             name = f"node-a/fresh-{i}"
             a.create(name)
+            assert c.info(name).length == 0
             assert c.append(name, b"first\n").offset == 0
             assert a.read(name, 0, 100).data == b"first\n"
+            a.append(name, b"second\n")
+            assert c.read(name, 0, 100).data == b"first\nsecond\n"
+        name = "node-a/fresh-read"
+        a.create(name)
+        a.append(name, b"only\n")
+        assert c.read(name, 0, 100).data == b"only\n"
     # A name nobody holds is simply not found.
     with cluster.client("node-c") as c, pytest.raises(SegmentNotFound):
         c.append("nobody/has-this", b"x")

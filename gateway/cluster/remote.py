@@ -167,6 +167,11 @@ class RemoteNode:
         self.refreshes = 0
         #: Set once the view has been filled once (live or from Tier 2).
         self.first_refresh = trio.Event()
+        # Live refreshes started and the last one finished (`refreshed`).
+        self._live_started = 0
+        self._live_done = 0
+        self._live_finished = trio.Event()
+        self._refresh_wanted = trio.Event()
 
     @property
     def tail_available(self) -> bool:
@@ -306,8 +311,28 @@ class RemoteNode:
             for name in came:
                 w.on_stream_created(name)
 
+    async def refreshed(self, seconds: float) -> bool:
+        """Ask for a live refresh now; wait up to ``seconds`` for one begun after this call.
+
+        Whether one finished: a segment the owner listed by then is in the view.
+        """
+        target = self._live_started + 1
+        self._refresh_wanted.set()
+        with trio.move_on_after(seconds):
+            while self._live_done < target:
+                await self._live_finished.wait()
+        return self._live_done >= target
+
+    async def pause(self, seconds: float) -> None:
+        """Wait until the next live refresh is due: ``seconds``, or when one is asked for."""
+        with trio.move_on_after(seconds):
+            await self._refresh_wanted.wait()
+        self._refresh_wanted = trio.Event()
+
     async def refresh_live(self, client: Client) -> None:
         """Bring the view up to date from the owner (a listing, then changed records)."""
+        self._live_started += 1
+        started = self._live_started
         infos = await client.list(local_only=True)
         seen: set[int] = set()
         changed: list[SegmentInfo] = []
@@ -350,6 +375,9 @@ class RemoteNode:
         # After the segments: a deleted stream's segments have gone by now.
         self._set_streams(set(await client.stream_names()))
         self.refreshes += 1
+        self._live_done = started
+        self._live_finished.set()
+        self._live_finished = trio.Event()
 
     async def refresh_proven(self, fence_epoch: int = 0, deadline: float | None = None) -> None:
         """The view without the owner: its newest trusted snapshot and the chunks already known.

@@ -456,7 +456,7 @@ class ClusterView:
                                 record.advertise, f"no answer within {deadline:g}s"
                             ) from None
                         node.first_refresh.set()
-                        await trio.sleep(refresh)
+                        await node.pause(refresh)
                 finally:
                     node.detach()
             if scope.cancelled_caught:

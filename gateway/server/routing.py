@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from gateway.cluster.registry import UP
+from gateway.cluster.view import REACH_WAIT
 from gateway.container.segment_names import validate_name
 from gateway.container.streams import is_hidden
 from gateway.errors import GatewayError, NotOwner, OwnerDown, SegmentNotFound
@@ -73,6 +74,35 @@ def remote_segment(server: ServerParts, name: str) -> tuple[RemoteNode, Segment]
     if found is None:
         raise SegmentNotFound(name)
     return found
+
+
+async def find_remote(server: ServerParts, name: str) -> tuple[RemoteNode, Segment] | None:
+    """Another node's segment with this name, and that node, looking harder than
+    `remote_segment`: None if no node has it.
+
+    A name no view here shows yet may be a segment created since its owner
+    was last polled, or just before its container moved (the view waits for
+    the new process). Its claim in Tier 2 names the owner: the view of that
+    owner is refreshed now (`ClusterView.reach`, then `RemoteNode.refreshed`:
+    ``REACH_WAIT`` each at most) and asked again. So a segment whose create
+    was acknowledged reads through any node at once. A name nobody claims
+    costs one Tier-2 read, as a create or append of it would.
+    """
+    cluster, claims = server.cluster, server.claims
+    if cluster is None:
+        return None
+    found = cluster.find(name)
+    if found is not None or claims is None or not name:
+        return found
+    try:
+        holder = await claims.owner(name)
+    except GatewayError:
+        return None
+    node = cluster.nodes.get(holder) if holder is not None else None
+    if node is None or not await cluster.reach(node):
+        return None
+    await node.refreshed(REACH_WAIT)
+    return cluster.find(name)
 
 
 class ClaimedCreates:

@@ -24,7 +24,7 @@ from gateway.protocol.framing import encode_read_response
 from ..answers import Item, Producer, pending_info, ready
 from ..budget import LIST_ENTRY_BYTES
 from ..registry import handles, streams
-from ..routing import remote_segment
+from ..routing import find_remote, not_owner
 from .convert import codec, updates
 
 if TYPE_CHECKING:
@@ -96,7 +96,10 @@ def read(conn: Peer, req: wire.Request) -> Item:
             return await container.read(name, offset, size, wait=wait)
         except SegmentNotFound:
             # Another node's segment: read it as this node's mount does.
-            node, seg = remote_segment(server, name)
+            found = await find_remote(server, name)
+            if found is None:
+                raise
+            node, seg = found
             if server.cluster is not None:
                 await server.cluster.reach(node)
             return await node.read_result(seg, offset, size, wait)
@@ -163,14 +166,21 @@ def get_info(conn: Peer, req: wire.Request) -> Producer:
     server = conn.server
     try:
         info = server.container.info(name)
-    except SegmentNotFound:
-        node, seg = remote_segment(server, name)
+    except SegmentNotFound as e:
+        if server.cluster is None:
+            raise
+        missing = e
 
         async def produce() -> wire.Response:
+            found = await find_remote(server, name)
+            if found is None:
+                # Not followed here: NOT_OWNER (or OWNER_DOWN) if its claim names a node.
+                raise await not_owner(server, missing) from None
+            node, seg = found
             # From the owner while it answers (as fresh as a local one),
             # else what this node knows of it.
-            if server.cluster is not None:
-                await server.cluster.reach(node)
+            assert server.cluster is not None
+            await server.cluster.reach(node)
             remote = seg.info()
             client = node.client
             if client is not None:
