@@ -701,6 +701,10 @@ async def _stop(life: _Lifecycle, server: Server, node: Node) -> None:
         log.info("stop: handing over to node %s; not flushing to Tier 2 (it recovers the "
                  "journal from the replicas)", life.handed_over)  # fmt: skip
         timeout = 0
+    if timeout > 0 and container.fenced is not None:
+        # Another process runs this container now: Tier 2 is its to write.
+        log.info("stop: fenced (%s); not flushing to Tier 2", container.fenced)
+        timeout = 0
     if timeout > 0 and replicator is not None and not replicator.has_quorum():
         # A flush is recorded in the journal, and nothing is recorded without
         # an ack quorum: waiting would only use up the timeout.

@@ -111,6 +111,8 @@ class ClusterView:
         self._registry_read = trio.Event()
         #: Set to read the registry now rather than at the next interval.
         self._registry_wanted = trio.Event()
+        # Set (and replaced) after every registry read (`moving_back`).
+        self._registry_done = trio.Event()
         #: Unexpected failures of the following loops (logged once per kind).
         self._loop_errors: set[str] = set()
 
@@ -316,6 +318,8 @@ class ClusterView:
             finally:
                 self.liveness.read_done(ok)
             self._registry_read.set()
+            self._registry_done.set()
+            self._registry_done = trio.Event()
             with trio.move_on_after(interval):
                 await self._registry_wanted.wait()
             self._registry_wanted = trio.Event()
@@ -385,6 +389,28 @@ class ClusterView:
             return False
         self._registry_wanted.set()
         return await node.wait_attached(REACH_WAIT)
+
+    def moving(self, node_id: str) -> bool:
+        """Whether ``node_id``'s container is between processes: its record says
+        stopped (a drain, a handback, a restart), or a newer epoch of it is
+        registered than its record's (a takeover or drain recovering)."""
+        record = self.records.get(node_id)
+        if record is None or node_id == self.node_id:
+            return False
+        return record.state == STOPPED or record.epoch < self._fences.get(node_id, 0)
+
+    async def await_moved(self, node_id: str, seconds: float) -> bool:
+        """Whether ``node_id`` is up, waiting up to ``seconds`` if its container is `moving`.
+
+        The registry is read early meanwhile, so a request about a segment of
+        a container that is moving learns the new process's address as soon
+        as it registers, instead of OWNER_DOWN and the client's backoff.
+        """
+        with trio.move_on_after(seconds):
+            while self.state_of(node_id) != UP and self.moving(node_id):
+                self._registry_wanted.set()
+                await self._registry_done.wait()
+        return self.state_of(node_id) == UP
 
     async def _follow_node_once(self, node: RemoteNode) -> None:
         """Keep ``node``'s view fresh: live from the owner, else what Tier 2 proves."""

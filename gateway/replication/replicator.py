@@ -174,6 +174,8 @@ class Replicator:
         self._live_bytes = 0
         self._written = trio.Event()
         self._progress = trio.Event()
+        # Set when a peer has caught up and may join now (`_membership_step`).
+        self._join_ready = trio.Event()
         self.peers: dict[str, Peer] = {}
         #: Nodes not tried as spares again until then (trio time): they hung.
         self._cooldown: dict[str, float] = {}
@@ -317,7 +319,12 @@ class Replicator:
             except Exception:
                 log.exception("replication: unexpected error in the membership loop")
             self._report_quorum()
-            await trio.sleep(IDLE_INTERVAL)
+            # A caught-up peer joins at once: a new epoch (a restart, a
+            # takeover, a drain) acknowledges nothing until its ensemble has
+            # a quorum, and the interval was half of a drain's member join.
+            with trio.move_on_after(IDLE_INTERVAL):
+                await self._join_ready.wait()
+            self._join_ready = trio.Event()
 
     async def _membership_step(self) -> None:
         if self.fenced is not None:
@@ -646,10 +653,13 @@ class Replicator:
                                    f"({held} < {end}): catching up from the start")  # fmt: skip
             peer.acked = max(peer.acked, held, end)
             peer.backoff = BACKOFF_FIRST  # it answers: the next reconnect is quick again
+            could_join = peer.caught_up and peer.live
             if caught:
                 peer.caught_up = True
             peer.live = True
             peer.down_since = None
+            if not could_join and peer.caught_up and peer.node not in self.members:
+                self._join_ready.set()  # it may join now, not at the next interval
             self._wake()
 
     async def _watch_answers(self, peer: Peer) -> None:

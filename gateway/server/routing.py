@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from gateway.cluster.registry import UP
 from gateway.cluster.view import REACH_WAIT
 from gateway.container.segment_names import validate_name
 from gateway.container.streams import is_hidden
@@ -55,8 +54,10 @@ async def not_owner(server: ServerParts, e: SegmentNotFound) -> GatewayError:
             owner = (holder, cluster.address_of(holder) if cluster is not None else "")
     if owner is None:
         return e
-    if cluster is not None and cluster.state_of(owner[0]) != UP:
+    if cluster is not None and not await cluster.await_moved(owner[0], REACH_WAIT):
         return OwnerDown(name, owner[0], cluster.describe(owner[0]), owner[1])
+    if cluster is not None:
+        owner = (owner[0], cluster.address_of(owner[0]))  # its new process's, if it moved
     return NotOwner(name, *owner)
 
 
