@@ -243,8 +243,11 @@ async def _recover(
     if expect_epoch is not None:
         # A planned move (drain, handback): the process running it stops
         # cleanly first (a dead one is waited for no longer than down_after).
-        from gateway.cluster.handover import wait_stopped
+        from gateway.cluster.handover import announce_waiting, wait_stopped
 
+        # A drained process keeps serving until this one is started (a drain's
+        # claim asks for that): the writers' pause starts only now.
+        await announce_waiting(tier2, config.node.id, expect_epoch)
         await wait_stopped(config, tier2, config.node.id, expect_epoch, notifier.status)
     if config.replication.write_quorum > 1:
         from gateway.replication.recovery import LocalReplicas, recover_from_replicas

@@ -106,6 +106,10 @@ class TakeoverClaim:
     at_ms: int
     #: Random per claim: tells a retried write of our own from another's.
     nonce: str
+    #: A drain's claim: the process running the epoch stops only once the
+    #: claimant's process waits for it (`announced_key`), so that the
+    #: writers' pause does not include a process start.
+    announce: bool = False
 
     def encode(self) -> bytes:
         """The stored JSON body."""
@@ -128,16 +132,26 @@ class TakeoverClaim:
             host=want_str(doc, "host", max_len=255),
             at_ms=want_int(doc, "at_ms"),
             nonce=want_str(doc, "nonce", max_len=64),
+            # Absent in claims written before drains announced themselves.
+            announce=doc.get("announce", False) is True,
         )
 
 
-async def claim_takeover(layer: ChunkLayer, node: str, epoch: int, host: str) -> TakeoverClaim:
+def announced_key(node: str, epoch: int) -> str:
+    """Tier-2 key the process taking ``epoch`` of ``node`` over writes once it is
+    started and waits for the old one to stop (`TakeoverClaim.announce`)."""
+    return takeover_key(node, epoch) + ".waiting"
+
+
+async def claim_takeover(
+    layer: ChunkLayer, node: str, epoch: int, host: str, announce: bool = False
+) -> TakeoverClaim:
     """Claim the takeover of ``epoch`` of ``node`` for ``host``; the claim that won.
 
     The winner is whoever stored the key first; a claim that cannot be read
     back is nobody's (the caller stands down: another survivor wrote it).
     """
-    mine = TakeoverClaim(node, epoch, host, now_ms(), uuid.uuid4().hex)
+    mine = TakeoverClaim(node, epoch, host, now_ms(), uuid.uuid4().hex, announce)
     key = takeover_key(node, epoch)
     if await layer.write_if_absent(key, mine.encode(), {"node": node, "host": host}):
         return mine
@@ -360,7 +374,7 @@ class ContainerHost:
         if epoch != record.epoch:
             raise Unavailable(f"node {node} is being started or taken over (epoch {epoch} "
                               f"registered, {record.epoch} running); try again")  # fmt: skip
-        claim = await claim_takeover(self.layer, node, epoch, self.node_id)
+        claim = await claim_takeover(self.layer, node, epoch, self.node_id, announce=True)
         if claim.host != self.node_id:
             raise Unavailable(f"node {claim.host} is already taking node {node} over")
         log.warning("failover: draining node %s (epoch %d) to this node", node, epoch)
@@ -552,6 +566,7 @@ class HostStatistics:
 __all__ = [
     "ContainerHost",
     "TakeoverClaim",
+    "announced_key",
     "claim_takeover",
     "hosted_config",
     "rank",

@@ -42,7 +42,7 @@ from collections.abc import Callable
 import trio
 
 from gateway.cluster import registry
-from gateway.cluster.failover import claim_takeover, read_claim
+from gateway.cluster.failover import announced_key, claim_takeover, read_claim
 from gateway.cluster.fence import current_epoch
 from gateway.cluster.registry import STOPPED, UP, Liveness, NodeRecord, record_key
 from gateway.config import CLUSTER_PREFIX, Config
@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 #: The longest a claimant waits for the running process to stop cleanly
 #: (beyond its drain and flush timeouts) before it fences it instead.
 HANDOVER_WAIT = 30.0
+#: The longest the process running a drained container keeps serving while
+#: the claimant's process starts (`TakeoverClaim.announce`).
+ANNOUNCE_WAIT = 10.0
 #: Where a returning node's stale journal goes (beside the journal directory).
 REPLACED_SUFFIX = ".replaced"
 RETIRED_PREFIX = f"{CLUSTER_PREFIX}/retired/"
@@ -184,6 +187,32 @@ def set_aside(config: Config) -> None:
         shutil.rmtree(cache_dir)
 
 
+async def announce_waiting(layer: ChunkLayer, node: str, epoch: int) -> None:
+    """Say that the process taking ``epoch`` of ``node`` over is started and waits
+    for the old one to stop (best effort: the old one stops after
+    `ANNOUNCE_WAIT` anyway)."""
+    try:
+        await layer.write(announced_key(node, epoch), b"", {"node": node}, deadline=5.0)
+    except GatewayError as e:
+        log.warning("handover: cannot say that this process waits for the old one: %s", e)
+
+
+async def _announced(layer: ChunkLayer, node: str, epoch: int, poll: float = 0.1) -> None:
+    """Until the claimant's process has said it waits (`ANNOUNCE_WAIT` at most)."""
+    with trio.move_on_after(ANNOUNCE_WAIT):
+        while True:
+            try:
+                await layer.read(announced_key(node, epoch), 0, 1, deadline=5.0)
+                return
+            except ChunkNotFound:
+                pass
+            except GatewayError as e:
+                log.info("handover: cannot read whether the claimant waits: %s", e)
+            await trio.sleep(poll)
+    log.warning("handover: the claimant's process did not say it waits within %.0fs; "
+                "stopping anyway", ANNOUNCE_WAIT)  # fmt: skip
+
+
 async def watch_handover(
     layer: ChunkLayer,
     node: str,
@@ -206,6 +235,9 @@ async def watch_handover(
             failing = True
             continue
         if claim is not None and claim.host != host:
+            if claim.announce:
+                # A drain: keep serving while the claimant's process starts.
+                await _announced(layer, node, epoch)
             on_claimed(claim.host)
             return
 
@@ -266,6 +298,7 @@ __all__ = [
     "HANDOVER_WAIT",
     "HostedElsewhere",
     "NodeRetired",
+    "announce_waiting",
     "check_not_retired",
     "forget",
     "set_aside",
