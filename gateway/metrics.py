@@ -149,8 +149,13 @@ class GatewayCollector(Collector):
                     )
             except (OSError, trio.BrokenResourceError, trio.TooSlowError, ValueError) as e:
                 self.hosted_failures[node] = self.hosted_failures.get(node, 0) + 1
+                why = (
+                    f"no answer within {HOSTED_SCRAPE_TIMEOUT:g}s"
+                    if isinstance(e, trio.TooSlowError)
+                    else str(e) or type(e).__name__
+                )
                 log.warning("metrics: node %s's container (hosted here, %s) left out of this "
-                            "scrape: %s", node, address, str(e) or type(e).__name__)  # fmt: skip
+                            "scrape: %s", node, address, why)  # fmt: skip
 
         async with trio.open_nursery() as nursery:
             for node, address in sorted(targets.items()):
