@@ -5,13 +5,24 @@ counters, ``statistics()`` and `gateway.stats.Histogram`s, and a collector
 reads them when ``/metrics`` is scraped, in the event loop (so it sees a
 consistent state and needs no locks). The endpoint is a few lines of HTTP on
 trio rather than prometheus_client's threaded server, for the same reason.
+
+One endpoint per machine: the containers of other nodes hosted here after a
+takeover or drain (`gateway.cluster.failover`) run as child processes, each
+with its own endpoint on loopback (port 0; it writes the bound address to
+ADDRESS_FILE in its directory). A scrape here fetches theirs at the same
+time, each within HOSTED_SCRAPE_TIMEOUT, and serves their series with a
+``container`` label naming the node whose container they are; this node's
+own series keep the labels they have without hosting (no ``container``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import pathlib
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import trio
@@ -22,6 +33,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from gateway.config import parse_host_port
@@ -40,6 +52,16 @@ log = logging.getLogger(__name__)
 
 PREFIX = "segment_gateway"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: An endpoint bound to port 0 writes its HOST:PORT here, in its node's data
+#: directory (how a host finds its hosted containers' endpoints).
+ADDRESS_FILE = "metrics.address"
+#: Seconds a scrape waits for each hosted container's /metrics (all fetched
+#: at once); one that has not answered by then is left out of that scrape.
+HOSTED_SCRAPE_TIMEOUT = 1.0
+#: A hosted container's /metrics larger than this is left out (it is ~50 KB).
+MAX_HOSTED_BYTES = 8 * 1024 * 1024
+#: The label that names the node whose container a hosted series is from.
+CONTAINER_LABEL = "container"
 
 
 def _histogram(name: str, doc: str, h: Histogram, labels: dict[str, str] | None = None) -> Metric:
@@ -64,9 +86,83 @@ class GatewayCollector(Collector):
         self.replicas: ReplicaStore | None = None
         #: Other nodes' containers run here after a takeover (None: takes none over).
         self.containers: ContainerHost | None = None
+        #: Fetches of a hosted container's /metrics that failed or timed out, by node.
+        self.hosted_failures: dict[str, int] = {}
 
     def collect(self) -> Iterator[Metric]:
-        """One scrape."""
+        """One scrape of this node alone (no hosted containers)."""
+        return self.merged({})
+
+    def merged(self, hosted: dict[str, list[Metric]]) -> Iterator[Metric]:
+        """This node's families with the hosted containers' series (``hosted``: node ->
+        its families, as fetched by `scrape_hosted`) merged in, each family once.
+
+        A hosted family of another type than this node's of the same name (a
+        hosted process of another version) is left out.
+        """
+        extra = _by_name(hosted)
+        for family in self._own():
+            more = extra.pop(family.name, None)
+            if more is not None and more.type == family.type:
+                family.samples.extend(more.samples)
+            yield family
+        yield from extra.values()
+        if self.containers is not None:
+            up = GaugeMetricFamily(
+                f"{PREFIX}_hosted_metrics_up",
+                "1 when this scrape included the hosted container's metrics",
+                labels=[CONTAINER_LABEL],
+            )
+            for node, hs in sorted(self.containers.statistics().hosted.items()):
+                if hs.state == "serving":
+                    up.add_metric([node], int(node in hosted))
+            yield up
+            failures = CounterMetricFamily(
+                f"{PREFIX}_hosted_metrics_failures",
+                "Fetches of a hosted container's metrics that failed or timed out "
+                "(its series were left out of that scrape)",
+                labels=[CONTAINER_LABEL],
+            )
+            for node, n in sorted(self.hosted_failures.items()):
+                failures.add_metric([node], n)
+            yield failures
+
+    async def scrape_hosted(self) -> dict[str, list[Metric]]:
+        """The families of every serving hosted container, fetched at once, each
+        labelled with its node; one that fails or takes longer than
+        HOSTED_SCRAPE_TIMEOUT is left out and counted in ``hosted_failures``."""
+        if self.containers is None:
+            return {}
+        targets = {
+            node: hs.metrics_address
+            for node, hs in self.containers.statistics().hosted.items()
+            if hs.state == "serving" and hs.metrics_address
+        }
+        got: dict[str, list[Metric]] = {}
+
+        async def one(node: str, address: str) -> None:
+            try:
+                with trio.fail_after(HOSTED_SCRAPE_TIMEOUT):
+                    body = await fetch_metrics(address)
+                    got[node] = await trio.to_thread.run_sync(
+                        _labelled, node, body, abandon_on_cancel=True
+                    )
+            except (OSError, trio.BrokenResourceError, trio.TooSlowError, ValueError) as e:
+                self.hosted_failures[node] = self.hosted_failures.get(node, 0) + 1
+                why = (
+                    f"no answer within {HOSTED_SCRAPE_TIMEOUT:g}s"
+                    if isinstance(e, trio.TooSlowError)
+                    else str(e) or type(e).__name__
+                )
+                log.warning("metrics: node %s's container (hosted here, %s) left out of this "
+                            "scrape: %s", node, address, why)  # fmt: skip
+
+        async with trio.open_nursery() as nursery:
+            for node, address in sorted(targets.items()):
+                nursery.start_soon(one, node, address)
+        return got
+
+    def _own(self) -> Iterator[Metric]:
         c = self.node.container
         g, counter = GaugeMetricFamily, CounterMetricFamily
         yield counter(f"{PREFIX}_appends", "Appends made durable", value=c.appends)
@@ -479,6 +575,79 @@ class GatewayCollector(Collector):
         )
 
 
+async def fetch_metrics(address: str) -> bytes:
+    """The body of ``GET /metrics`` at ``address`` (HOST:PORT); ValueError unless 200.
+
+    The endpoints here answer one request per connection and close it.
+    """
+    host, port = parse_host_port(address)
+    stream = await trio.open_tcp_stream(host, port)
+    async with stream:
+        await stream.send_all(f"GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n".encode())
+        received = bytearray()
+        while data := await stream.receive_some(65536):
+            received += data
+            if len(received) > MAX_HOSTED_BYTES:
+                raise ValueError(f"more than {MAX_HOSTED_BYTES} bytes")
+    head, _, body = bytes(received).partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0].split()
+    if len(status) < 2 or status[1] != b"200":
+        raise ValueError(f"answered {head[:80]!r}")
+    return body
+
+
+def _labelled(node: str, body: bytes) -> list[Metric]:
+    """The gateway families in a hosted container's /metrics, every sample labelled
+    ``container=node`` (ValueError if unparseable)."""
+    try:
+        families = list(text_string_to_metric_families(body.decode()))
+    except (UnicodeDecodeError, IndexError, KeyError, TypeError) as e:
+        raise ValueError(f"unparseable metrics: {e}") from None
+    out = []
+    for family in families:
+        # Only this gateway's series: anything process-wide would clash with the host's.
+        if not family.name.startswith(f"{PREFIX}_"):
+            continue
+        family.samples = [
+            s._replace(labels={**s.labels, CONTAINER_LABEL: node}) for s in family.samples
+        ]
+        out.append(family)
+    return out
+
+
+def _by_name(hosted: dict[str, list[Metric]]) -> dict[str, Metric]:
+    """The hosted containers' families merged by name (the first one's type and help)."""
+    merged: dict[str, Metric] = {}
+    for _, families in sorted(hosted.items()):
+        for family in families:
+            into = merged.get(family.name)
+            if into is None:
+                into = merged[family.name] = Metric(family.name, family.documentation,
+                                                    family.type, family.unit)  # fmt: skip
+            if into.type == family.type:
+                into.samples.extend(family.samples)
+    return merged
+
+
+class _Scrape(Collector):
+    """One scrape's families: the node's and its hosted containers' (`generate_latest`)."""
+
+    def __init__(self, collector: GatewayCollector, hosted: dict[str, list[Metric]]) -> None:
+        self.collector = collector
+        self.hosted = hosted
+
+    def collect(self) -> Iterable[Metric]:
+        return self.collector.merged(self.hosted)
+
+
+def _write_address(path: pathlib.Path, text: str) -> None:
+    """Atomically publish the bound address (a reader never sees half of it)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 #: Connections the metrics endpoint keeps open at once; a new one closes the oldest.
 MAX_CONNECTIONS = 8
 #: Seconds a connection has to send its request and take the answer.
@@ -512,6 +681,11 @@ class MetricsServer:
         listeners = await trio.open_tcp_listeners(port, host=host)
         bound = listeners[0].socket.getsockname()[:2]
         log.info("metrics on http://%s:%d/metrics", *bound)
+        if port == 0:
+            # Any free port: say which (a hosted container's host reads it).
+            data_dir = pathlib.Path(self.collector.node.config.node.data_dir)
+            address = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+            _write_address(data_dir / ADDRESS_FILE, f"{address}:{bound[1]}\n")
         task_status.started((bound[0], bound[1]))
         await trio.serve_listeners(self._handle, listeners)
 
@@ -545,7 +719,10 @@ class MetricsServer:
                 await self._reply(stream, 404, b"try /metrics\n", "text/plain")
             else:
                 started = time.perf_counter()
-                body = generate_latest(self.registry)
+                # The hosted containers' first (awaited, bounded); then this
+                # node's, read in one go without yielding to the event loop.
+                hosted = await self.collector.scrape_hosted()
+                body = generate_latest(_Scrape(self.collector, hosted))
                 self.scrapes += 1
                 log.debug("scrape in %.1f ms", (time.perf_counter() - started) * 1000)
                 await self._reply(stream, 200, body if line[0] == b"GET" else b"")

@@ -199,7 +199,12 @@ def hosted_config(config: Config, node: str, directory: pathlib.Path) -> Config:
         node=dataclasses.replace(config.node, id=node, data_dir=str(directory), advertise=""),
         server=dataclasses.replace(config.server, listen=listen),
         fuse=dataclasses.replace(config.fuse, mountpoint=""),
-        metrics=dataclasses.replace(config.metrics, listen=""),
+        # Loopback, any free port (never the host's): it writes the bound address
+        # to its directory (`gateway.metrics.ADDRESS_FILE`), and the host's
+        # /metrics includes what it serves there (none if the host has none).
+        metrics=dataclasses.replace(
+            config.metrics, listen="127.0.0.1:0" if config.metrics.listen else ""
+        ),
         journal=dataclasses.replace(config.journal, dir=""),
         # Its own RocksDB beside the host's: half the host's budget at most.
         cache=dataclasses.replace(
@@ -230,6 +235,8 @@ class Hosted:
     takeover_seconds: float | None = None
     address: str = ""
     restarts: int = 0
+    #: HOST:PORT of its /metrics ("": not known yet).
+    metrics_address: str = ""
 
 
 class ContainerHost:
@@ -458,9 +465,14 @@ class ContainerHost:
                         shutil.rmtree(child) if child.is_dir() else child.unlink()
 
     async def _run_once(self, h: Hosted) -> int | None:
+        from gateway.metrics import ADDRESS_FILE
+
         started = time.monotonic()
         ready = h.directory / READY_FILE
         ready.unlink(missing_ok=True)
+        metrics = h.directory / ADDRESS_FILE
+        metrics.unlink(missing_ok=True)
+        h.metrics_address = ""
         h.state = "recovering"
         h.process = self._spawn(h)
         try:
@@ -468,6 +480,9 @@ class ContainerHost:
                 code = h.process.poll()
                 if code is not None:
                     return code
+                if not h.metrics_address and metrics.exists():
+                    # Written (atomically) as its metrics endpoint listens.
+                    h.metrics_address = metrics.read_text().strip()
                 if h.state == "recovering" and ready.exists():
                     h.address = ready.read_text().strip()
                     h.state = "serving"
@@ -534,7 +549,9 @@ class ContainerHost:
         """What runs here for whom, for metrics and ``cluster``."""
         return HostStatistics(
             hosted={
-                n: HostedStatistics(h.state, h.address, h.takeover_seconds, h.restarts)
+                n: HostedStatistics(
+                    h.state, h.address, h.takeover_seconds, h.restarts, h.metrics_address
+                )
                 for n, h in self.hosted.items()
             },
             takeovers=self.takeovers,
@@ -551,6 +568,8 @@ class HostedStatistics:
     address: str
     takeover_seconds: float | None
     restarts: int
+    #: HOST:PORT of its /metrics on loopback ("": not known yet).
+    metrics_address: str = ""
 
 
 @dataclass(frozen=True)
