@@ -3,7 +3,8 @@
 Started by `gateway.cluster.failover.ContainerHost` with the directory it
 prepared: ``DIR/hosted.json`` holds the configuration (the host's, with the
 hosted node's id, this directory as its data directory, a port of its own,
-no mount and no metrics listener), the host's node id, where the host keeps
+no mount, and metrics on a loopback port of its own, whose address it writes
+to ``DIR/metrics.address`` for the host's /metrics), the host's node id, where the host keeps
 its replica logs (the recovery copies what they hold of this node's journal
 from there) and, for a takeover, the epoch that died. The process is an
 ordinary ``serve``: the same recovery, lease, replication, storage writer
