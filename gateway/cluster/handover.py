@@ -24,9 +24,10 @@ cache and recovers. With ``handback = false`` it refuses to start
 (`HostedElsewhere`).
 
 **Drain** (``segment-gateway cluster drain NODE``): the target node claims
-NODE's current epoch for itself and starts the hosted process at once; that
-process waits for NODE to stop before it recovers, so the writers' pause is
-NODE's last flush and the recovery, not a process start.
+NODE's current epoch for itself (an ``announce`` claim) and starts the
+hosted process at once; NODE keeps serving until that process says it is
+started and waits (`announce_waiting`; `ANNOUNCE_WAIT` at most), then
+stops, so the writers' pause is the recovery, not a process start.
 """
 
 from __future__ import annotations
