@@ -48,7 +48,13 @@ from gateway.cluster.registry import read_registry
 from gateway.config import Config
 from gateway.errors import GatewayError, NothingToRecover, Unavailable
 from gateway.journal import open_journal
-from gateway.journal.files import DirectoryLock, file_name, fsync_directory, list_files
+from gateway.journal.files import (
+    DirectoryLock,
+    copy_range,
+    file_name,
+    fsync_directory,
+    list_files,
+)
 from gateway.journal.format import HEADER_SIZE, FrameError, decode_header
 from gateway.journal.reader import frames_from
 from gateway.protocol import wire_pb2 as wire
@@ -443,7 +449,12 @@ def _copy_local(local: _LocalLog, staging: pathlib.Path) -> int:
                         begin = offset
                     end = offset + header.frame_length
                     at = header.end_sequence
-                total += _copy_bytes(jf.path, fd, begin, end)
+                copied = copy_range(jf.path, fd, begin, end)
+                if copied < end - begin:
+                    raise _LocalUnusable(
+                        f"{jf.path.name} ends at {begin + copied}, before its frames do"
+                    )
+                total += copied
             if at != local.next:
                 # A file gone, or a bad frame: the frames stop early.
                 raise _LocalUnusable(f"it stops at operation {at}, not {local.next}")
@@ -453,30 +464,6 @@ def _copy_local(local: _LocalLog, staging: pathlib.Path) -> int:
         return total
     except OSError as e:
         raise _LocalUnusable(str(e)) from e
-
-
-#: Bytes per read and write of a local copy.
-_COPY_BLOCK = 8 * 1024 * 1024
-
-
-def _copy_bytes(source: pathlib.Path, fd: int, begin: int, end: int) -> int:
-    """Append the bytes [begin, end) of ``source`` to ``fd``; how many."""
-    if end <= begin:
-        return 0
-    src = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        at = begin
-        while at < end:
-            block = os.pread(src, min(_COPY_BLOCK, end - at), at)
-            if not block:
-                raise _LocalUnusable(f"{source.name} ends at {at}, before its frames do")
-            view = memoryview(block)
-            while view:
-                view = view[os.write(fd, view) :]
-            at += len(block)
-    finally:
-        os.close(src)
-    return end - begin
 
 
 async def _copy_remote(

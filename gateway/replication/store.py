@@ -47,7 +47,7 @@ from gateway.errors import (
     ReplicaFenced,
     ReplicaGap,
 )
-from gateway.journal.files import JournalFile, fsync_directory
+from gateway.journal.files import JournalFile, copy_range, fsync_directory
 from gateway.journal.format import HEADER_SIZE, operation_ends
 from gateway.journal.reader import (
     FileEnd,
@@ -583,16 +583,13 @@ def _plant(seed: tuple[ReplicaLog, GroupEnd], rl: ReplicaLog) -> None:
     for first, path in old.files:
         target = rl.directory / path.name
         if path == end.path:
-            with path.open("rb") as src, target.open("wb") as dst:
-                left = end.offset
-                while left:
-                    chunk = src.read(min(left, 1 << 20))
-                    if not chunk:
-                        raise ReplicaGap(rl.source, rl.epoch, 0, rl.next)  # cut meanwhile
-                    dst.write(chunk)
-                    left -= len(chunk)
-                dst.flush()
-                os.fdatasync(dst.fileno())
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+            try:
+                if copy_range(path, fd, 0, end.offset) < end.offset:
+                    raise ReplicaGap(rl.source, rl.epoch, 0, rl.next)  # cut meanwhile
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
             rl.files.append((first, target))
             rl.disk_bytes += end.offset
             break
