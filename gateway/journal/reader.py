@@ -475,16 +475,13 @@ def group_ending_at(files: Sequence[tuple[int, pathlib.Path]], sequence: int) ->
     found: GroupEnd | None = None
     group = -1
     try:
-        for header, payload, at in frames_from(path, 0):
+        for header, head, payload, at in frames_from(path, 0):
             if found is not None:
                 # A frame of the same group follows: not where a group ends.
                 return None if header.group_sequence == group else found
             if header.end_sequence == sequence:
                 end = at + HEADER_SIZE + len(payload)
-                with open(path, "rb") as f:
-                    f.seek(at)
-                    raw = f.read(HEADER_SIZE)
-                found, group = GroupEnd(path, end, raw), header.group_sequence
+                found, group = GroupEnd(path, end, head), header.group_sequence
             elif header.end_sequence > sequence:
                 return None
     except FileNotFoundError:
@@ -492,9 +489,9 @@ def group_ending_at(files: Sequence[tuple[int, pathlib.Path]], sequence: int) ->
     return found
 
 
-def frames_from(path: pathlib.Path, offset: int) -> Iterator[tuple[FrameHeader, bytes, int]]:
-    """The valid frames of a file from ``offset`` (header, payload, the frame's offset),
-    read with ``pread``, until the first bad one or the end."""
+def frames_from(path: pathlib.Path, offset: int) -> Iterator[tuple[FrameHeader, bytes, bytes, int]]:
+    """The valid frames of a file from ``offset`` (header, its bytes as stored, payload,
+    the frame's offset), read with ``pread``, until the first bad one or the end."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         while True:
@@ -508,7 +505,7 @@ def frames_from(path: pathlib.Path, offset: int) -> Iterator[tuple[FrameHeader, 
             payload = os.pread(fd, header.payload_length, offset + HEADER_SIZE)
             if len(payload) < header.payload_length or not frame_crc_ok(head, payload):
                 return
-            yield header, payload, offset
+            yield header, head, payload, offset
             offset += HEADER_SIZE + header.payload_length
     finally:
         os.close(fd)

@@ -435,7 +435,7 @@ def _copy_local(local: _LocalLog, staging: pathlib.Path) -> int:
                 if k + 1 < len(files) and files[k + 1].first_sequence <= at:
                     continue  # wholly before the part copied
                 begin = end = 0
-                for header, _, offset in frames_from(jf.path, 0):
+                for header, _, _, offset in frames_from(jf.path, 0):
                     if header.end_sequence <= at and end == 0:
                         continue
                     if header.first_sequence >= local.next:

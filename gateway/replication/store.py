@@ -607,7 +607,7 @@ def _scan_appends(rl: ReplicaLog, tails: _Tails) -> None:
         path = files[tails.file_index][1]
         last = tails.file_index == len(files) - 1
         try:
-            for header, payload, at in frames_from(path, tails.offset):
+            for header, _, payload, at in frames_from(path, tails.offset):
                 if header.end_sequence > rl.next:
                     return  # not durable yet: scanned later
                 ends = operation_ends(payload) or []
