@@ -24,6 +24,7 @@ past the frame before it. A group never spans files.
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import mmap
 import os
@@ -425,28 +426,16 @@ def _pread_frames(
     """The valid frames of a file (header, whole frame, offset) until the first bad one,
     starting where a read for ``from_sequence`` stopped before (if it is still there)."""
     offset = _RESUME.pop((path, from_sequence), 0)
-    first = True
-    while True:
-        head = os.pread(fd, HEADER_SIZE, offset)
-        header = None
-        payload = b""
-        if len(head) == HEADER_SIZE:
-            try:
-                header = decode_header(head)
-            except FrameError:
-                header = None
-        if header is not None:
-            payload = os.pread(fd, header.payload_length, offset + HEADER_SIZE)
-            if len(payload) < header.payload_length or not frame_crc_ok(head, payload):
-                header = None
-        if first and offset and (header is None or header.first_sequence != from_sequence):
-            offset, first = 0, False  # the remembered place is gone: from the start
-            continue
-        first = False
-        if header is None:
+    if offset:
+        frames = _frames_in(fd, offset)
+        first = next(frames, None)
+        if first is not None and first[0].first_sequence == from_sequence:
+            for header, head, payload, at in itertools.chain((first,), frames):
+                yield header, head + payload, at
             return
-        yield header, head + payload, offset
-        offset += HEADER_SIZE + header.payload_length
+        # The remembered place is gone: from the start.
+    for header, head, payload, at in _frames_in(fd, 0):
+        yield header, head + payload, at
 
 
 @dataclass(frozen=True)
@@ -494,18 +483,23 @@ def frames_from(path: pathlib.Path, offset: int) -> Iterator[tuple[FrameHeader, 
     the frame's offset), read with ``pread``, until the first bad one or the end."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        while True:
-            head = os.pread(fd, HEADER_SIZE, offset)
-            if len(head) < HEADER_SIZE:
-                return
-            try:
-                header = decode_header(head)
-            except FrameError:
-                return
-            payload = os.pread(fd, header.payload_length, offset + HEADER_SIZE)
-            if len(payload) < header.payload_length or not frame_crc_ok(head, payload):
-                return
-            yield header, head, payload, offset
-            offset += HEADER_SIZE + header.payload_length
+        yield from _frames_in(fd, offset)
     finally:
         os.close(fd)
+
+
+def _frames_in(fd: int, offset: int) -> Iterator[tuple[FrameHeader, bytes, bytes, int]]:
+    """`frames_from` on an open file."""
+    while True:
+        head = os.pread(fd, HEADER_SIZE, offset)
+        if len(head) < HEADER_SIZE:
+            return
+        try:
+            header = decode_header(head)
+        except FrameError:
+            return
+        payload = os.pread(fd, header.payload_length, offset + HEADER_SIZE)
+        if len(payload) < header.payload_length or not frame_crc_ok(head, payload):
+            return
+        yield header, head, payload, offset
+        offset += HEADER_SIZE + header.payload_length
