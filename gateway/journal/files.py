@@ -31,6 +31,11 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 #: file: a resource shortage of the moment, not a failed disk.
 _NO_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 _PAGE = 4096
+#: Bytes per call of a `copy_range`.
+_COPY_BLOCK = 8 * 1024 * 1024
+#: copy_file_range errors meaning "not here" rather than "failed": crossing file
+#: systems (kernels before 5.3), no such call, or a file system without support.
+_NO_COPY_FILE_RANGE = frozenset({errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL})
 
 
 def _refusal(e: OSError, what: str, path: pathlib.Path) -> JournalRefused | None:
@@ -70,6 +75,43 @@ def fsync_directory(directory: pathlib.Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def copy_range(source: pathlib.Path, dest: int, begin: int, end: int) -> int:
+    """Copy the bytes [begin, end) of ``source`` to ``dest`` at its file position; how many.
+
+    Fewer than ``end - begin`` if ``source`` ends before ``end`` (it was cut
+    meanwhile, say): the caller decides what that means. In the kernel with
+    ``copy_file_range`` where the file system can, else read and written here.
+    """
+    done = 0
+    count = end - begin
+    if count <= 0:
+        return 0
+    src = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        try:
+            while done < count:
+                n = os.copy_file_range(src, dest, min(_COPY_BLOCK, count - done), begin + done)
+                if n == 0:
+                    return done
+                done += n
+        except OSError as e:
+            # The failing call copied nothing, so the loop below goes on from
+            # `done` when the kernel only lacks support.
+            if e.errno not in _NO_COPY_FILE_RANGE:
+                raise
+        while done < count:
+            block = os.pread(src, min(_COPY_BLOCK, count - done), begin + done)
+            if not block:
+                break
+            view = memoryview(block)
+            while view:
+                view = view[os.write(dest, view) :]
+            done += len(block)
+    finally:
+        os.close(src)
+    return done
 
 
 class DirectoryLock:

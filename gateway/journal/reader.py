@@ -24,6 +24,7 @@ past the frame before it. A group never spans files.
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import mmap
 import os
@@ -425,28 +426,16 @@ def _pread_frames(
     """The valid frames of a file (header, whole frame, offset) until the first bad one,
     starting where a read for ``from_sequence`` stopped before (if it is still there)."""
     offset = _RESUME.pop((path, from_sequence), 0)
-    first = True
-    while True:
-        head = os.pread(fd, HEADER_SIZE, offset)
-        header = None
-        payload = b""
-        if len(head) == HEADER_SIZE:
-            try:
-                header = decode_header(head)
-            except FrameError:
-                header = None
-        if header is not None:
-            payload = os.pread(fd, header.payload_length, offset + HEADER_SIZE)
-            if len(payload) < header.payload_length or not frame_crc_ok(head, payload):
-                header = None
-        if first and offset and (header is None or header.first_sequence != from_sequence):
-            offset, first = 0, False  # the remembered place is gone: from the start
-            continue
-        first = False
-        if header is None:
+    if offset:
+        frames = _frames_in(fd, offset)
+        first = next(frames, None)
+        if first is not None and first[0].first_sequence == from_sequence:
+            for header, head, payload, at in itertools.chain((first,), frames):
+                yield header, head + payload, at
             return
-        yield header, head + payload, offset
-        offset += HEADER_SIZE + header.payload_length
+        # The remembered place is gone: from the start.
+    for header, head, payload, at in _frames_in(fd, 0):
+        yield header, head + payload, at
 
 
 @dataclass(frozen=True)
@@ -475,16 +464,13 @@ def group_ending_at(files: Sequence[tuple[int, pathlib.Path]], sequence: int) ->
     found: GroupEnd | None = None
     group = -1
     try:
-        for header, payload, at in frames_from(path, 0):
+        for header, head, payload, at in frames_from(path, 0):
             if found is not None:
                 # A frame of the same group follows: not where a group ends.
                 return None if header.group_sequence == group else found
             if header.end_sequence == sequence:
                 end = at + HEADER_SIZE + len(payload)
-                with open(path, "rb") as f:
-                    f.seek(at)
-                    raw = f.read(HEADER_SIZE)
-                found, group = GroupEnd(path, end, raw), header.group_sequence
+                found, group = GroupEnd(path, end, head), header.group_sequence
             elif header.end_sequence > sequence:
                 return None
     except FileNotFoundError:
@@ -492,23 +478,28 @@ def group_ending_at(files: Sequence[tuple[int, pathlib.Path]], sequence: int) ->
     return found
 
 
-def frames_from(path: pathlib.Path, offset: int) -> Iterator[tuple[FrameHeader, bytes, int]]:
-    """The valid frames of a file from ``offset`` (header, payload, the frame's offset),
-    read with ``pread``, until the first bad one or the end."""
+def frames_from(path: pathlib.Path, offset: int) -> Iterator[tuple[FrameHeader, bytes, bytes, int]]:
+    """The valid frames of a file from ``offset`` (header, its bytes as stored, payload,
+    the frame's offset), read with ``pread``, until the first bad one or the end."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        while True:
-            head = os.pread(fd, HEADER_SIZE, offset)
-            if len(head) < HEADER_SIZE:
-                return
-            try:
-                header = decode_header(head)
-            except FrameError:
-                return
-            payload = os.pread(fd, header.payload_length, offset + HEADER_SIZE)
-            if len(payload) < header.payload_length or not frame_crc_ok(head, payload):
-                return
-            yield header, payload, offset
-            offset += HEADER_SIZE + header.payload_length
+        yield from _frames_in(fd, offset)
     finally:
         os.close(fd)
+
+
+def _frames_in(fd: int, offset: int) -> Iterator[tuple[FrameHeader, bytes, bytes, int]]:
+    """`frames_from` on an open file."""
+    while True:
+        head = os.pread(fd, HEADER_SIZE, offset)
+        if len(head) < HEADER_SIZE:
+            return
+        try:
+            header = decode_header(head)
+        except FrameError:
+            return
+        payload = os.pread(fd, header.payload_length, offset + HEADER_SIZE)
+        if len(payload) < header.payload_length or not frame_crc_ok(head, payload):
+            return
+        yield header, head, payload, offset
+        offset += HEADER_SIZE + header.payload_length

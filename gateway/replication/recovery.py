@@ -48,7 +48,12 @@ from gateway.cluster.registry import read_registry
 from gateway.config import Config
 from gateway.errors import GatewayError, NothingToRecover, Unavailable
 from gateway.journal import open_journal
-from gateway.journal.files import DirectoryLock, file_name, fsync_directory, list_files
+from gateway.journal.files import (
+    DirectoryLock,
+    file_name,
+    fsync_directory,
+    list_files,
+)
 from gateway.journal.format import HEADER_SIZE, FrameError, decode_header
 from gateway.journal.reader import frames_from
 from gateway.protocol import wire_pb2 as wire
@@ -412,8 +417,8 @@ def _copy_local(local: _LocalLog, staging: pathlib.Path) -> int:
     """Copy the frames [local.start, local.next) of the host's own log into a journal
     file in ``staging``, checked to run on without a gap; the bytes (worker thread).
 
-    Each file is walked frame by frame (header and CRC), then the bytes of
-    its frames are copied as they are: read, never linked, since the journal
+    Each file is read once, frame by frame (header and CRC), and the frames
+    read are written as they are: copied, never linked, since the journal
     appends to its last file.
     """
     path = staging / file_name(local.start)
@@ -423,14 +428,16 @@ def _copy_local(local: _LocalLog, staging: pathlib.Path) -> int:
         total = 0
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
+            pending: list[bytes] = []
+            size = 0
             for k, jf in enumerate(files):
                 if at >= local.next:
                     break
                 if k + 1 < len(files) and files[k + 1].first_sequence <= at:
                     continue  # wholly before the part copied
-                begin = end = 0
-                for header, _, offset in frames_from(jf.path, 0):
-                    if header.end_sequence <= at and end == 0:
+                copying = False
+                for header, head, payload, _ in frames_from(jf.path, 0):
+                    if header.end_sequence <= at and not copying:
                         continue
                     if header.first_sequence >= local.next:
                         break
@@ -439,11 +446,16 @@ def _copy_local(local: _LocalLog, staging: pathlib.Path) -> int:
                             f"{jf.path.name} holds operation {header.first_sequence} where "
                             f"{at} should be"
                         )
-                    if end == 0:
-                        begin = offset
-                    end = offset + header.frame_length
+                    copying = True
+                    pending += (head, payload)
+                    size += len(head) + len(payload)
                     at = header.end_sequence
-                total += _copy_bytes(jf.path, fd, begin, end)
+                    if size >= _WRITE_BYTES:
+                        _write_all(fd, pending)
+                        total += size
+                        pending, size = [], 0
+            _write_all(fd, pending)
+            total += size
             if at != local.next:
                 # A file gone, or a bad frame: the frames stop early.
                 raise _LocalUnusable(f"it stops at operation {at}, not {local.next}")
@@ -455,28 +467,22 @@ def _copy_local(local: _LocalLog, staging: pathlib.Path) -> int:
         raise _LocalUnusable(str(e)) from e
 
 
-#: Bytes per read and write of a local copy.
-_COPY_BLOCK = 8 * 1024 * 1024
+#: Bytes of frames a local copy gathers before it writes them: few enough to
+#: stay in the CPU's cache (8 MiB was slower on this machine: 200 MB of 60 KB
+#: frames in 0.29-0.58 s, against 0.21-0.24 s).
+_WRITE_BYTES = 256 * 1024
 
 
-def _copy_bytes(source: pathlib.Path, fd: int, begin: int, end: int) -> int:
-    """Append the bytes [begin, end) of ``source`` to ``fd``; how many."""
-    if end <= begin:
-        return 0
-    src = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        at = begin
-        while at < end:
-            block = os.pread(src, min(_COPY_BLOCK, end - at), at)
-            if not block:
-                raise _LocalUnusable(f"{source.name} ends at {at}, before its frames do")
-            view = memoryview(block)
-            while view:
-                view = view[os.write(fd, view) :]
-            at += len(block)
-    finally:
-        os.close(src)
-    return end - begin
+def _write_all(fd: int, buffers: list[bytes]) -> None:
+    """Write ``buffers`` whole at the file position."""
+    iov_max = os.sysconf("SC_IOV_MAX")
+    for k in range(0, len(buffers), iov_max):
+        chunk = buffers[k : k + iov_max]
+        written = os.writev(fd, chunk)
+        if written < sum(map(len, chunk)):
+            rest = memoryview(b"".join(chunk))[written:]
+            while rest:
+                rest = rest[os.write(fd, rest) :]
 
 
 async def _copy_remote(

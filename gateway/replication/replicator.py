@@ -101,11 +101,29 @@ class Peer:
     #: Wait before the next reconnect (doubles while failing, reset by an answer).
     backoff: float = 0.1
     scope: trio.CancelScope | None = None
-    #: Bytes sent and not yet answered, and when the oldest was sent.
+    #: Writes sent and not yet answered, oldest first: (bytes, end, when sent).
+    #: Changed only by `note_sent`, `note_answered` and `forget_unanswered`.
     unanswered: deque[tuple[int, int, float]] = field(default_factory=deque)
+    #: The bytes of ``unanswered``, summed.
+    unanswered_bytes: int = 0
     #: A seeded start is unanswered; the peer refused one (start it whole from now on).
     seeding: bool = False
     seed_refused: bool = False
+
+    def note_sent(self, nbytes: int, end: int, when: float) -> None:
+        """A write of ``nbytes`` of frames, up to ``end``, was sent at ``when``."""
+        self.unanswered.append((nbytes, end, when))
+        self.unanswered_bytes += nbytes
+
+    def note_answered(self) -> None:
+        """The oldest unanswered write was answered."""
+        if self.unanswered:
+            self.unanswered_bytes -= self.unanswered.popleft()[0]
+
+    def forget_unanswered(self) -> None:
+        """The connection is gone, and what it left unanswered with it."""
+        self.unanswered.clear()
+        self.unanswered_bytes = 0
 
 
 @dataclass(frozen=True)
@@ -473,7 +491,7 @@ class Replicator:
         peer.live = False
         peer.errors += 1
         peer.last_error = why
-        peer.unanswered.clear()
+        peer.forget_unanswered()
         self._wake()
 
     def _fence(self, e: GatewayError) -> None:
@@ -545,7 +563,7 @@ class Replicator:
                     await self._wait_window(peer)
                     fut = await client.start(_request(req, frames))
                     last_sent = trio.current_time()
-                    peer.unanswered.append((len(frames), end, trio.current_time()))
+                    peer.note_sent(len(frames), end, trio.current_time())
                     peer.sent = end
                     await answers.send((fut, end, caught))
                     if start:
@@ -567,7 +585,7 @@ class Replicator:
                     )  # fmt: skip
                     told_truncate, told_drop = oldest, self._dropped_before
                     fut = await client.start(_request(req, b""))
-                    peer.unanswered.append((0, peer.sent, trio.current_time()))
+                    peer.note_sent(0, peer.sent, trio.current_time())
                     await answers.send((fut, peer.sent, False))
                     continue
                 with trio.move_on_after(IDLE_INTERVAL):
@@ -629,7 +647,7 @@ class Replicator:
             self._live_bytes -= len(self._live.popleft()[2])
 
     async def _wait_window(self, peer: Peer) -> None:
-        while sum(n for n, _, _ in peer.unanswered) > WINDOW_BYTES:
+        while peer.unanswered_bytes > WINDOW_BYTES:
             await self._progress.wait()
 
     async def _take_answers(self, peer: Peer, receive: trio.MemoryReceiveChannel[Any]) -> None:
@@ -642,8 +660,7 @@ class Replicator:
                     raise GatewayError(f"replica {peer.node} refused the seed ({e}): "
                                        "sending it the whole journal") from e  # fmt: skip
                 raise GatewayError(f"replica {peer.node} lost its place ({e}): catching up") from e
-            if peer.unanswered:
-                peer.unanswered.popleft()
+            peer.note_answered()
             held = response.replica_write.next_sequence
             if held < end:
                 # It no longer holds what it acknowledged (a wiped disk): start over.

@@ -47,7 +47,7 @@ from gateway.errors import (
     ReplicaFenced,
     ReplicaGap,
 )
-from gateway.journal.files import JournalFile, fsync_directory
+from gateway.journal.files import JournalFile, copy_range, fsync_directory
 from gateway.journal.format import HEADER_SIZE, operation_ends
 from gateway.journal.reader import (
     FileEnd,
@@ -583,16 +583,13 @@ def _plant(seed: tuple[ReplicaLog, GroupEnd], rl: ReplicaLog) -> None:
     for first, path in old.files:
         target = rl.directory / path.name
         if path == end.path:
-            with path.open("rb") as src, target.open("wb") as dst:
-                left = end.offset
-                while left:
-                    chunk = src.read(min(left, 1 << 20))
-                    if not chunk:
-                        raise ReplicaGap(rl.source, rl.epoch, 0, rl.next)  # cut meanwhile
-                    dst.write(chunk)
-                    left -= len(chunk)
-                dst.flush()
-                os.fdatasync(dst.fileno())
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+            try:
+                if copy_range(path, fd, 0, end.offset) < end.offset:
+                    raise ReplicaGap(rl.source, rl.epoch, 0, rl.next)  # cut meanwhile
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
             rl.files.append((first, target))
             rl.disk_bytes += end.offset
             break
@@ -610,7 +607,7 @@ def _scan_appends(rl: ReplicaLog, tails: _Tails) -> None:
         path = files[tails.file_index][1]
         last = tails.file_index == len(files) - 1
         try:
-            for header, payload, at in frames_from(path, tails.offset):
+            for header, _, payload, at in frames_from(path, tails.offset):
                 if header.end_sequence > rl.next:
                     return  # not durable yet: scanned later
                 ends = operation_ends(payload) or []

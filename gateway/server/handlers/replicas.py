@@ -11,6 +11,7 @@ log on a node the recovery did not fence (docs/ARCHITECTURE.md,
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from gateway.errors import BadRequest, ReplicaFenced, Unauthorized, Unavailable
@@ -53,37 +54,32 @@ def replica_write(conn: Peer, req: wire.Request) -> Producer:
     store = _store(conn, r.source)
     rid = req.request_id
     check = conn.server.epoch_current if r.start else None
-    if check is None:
-        w = store.submit(r.source, r.epoch, r.first_sequence, r.frames, start=r.start,
-                         caught_up=r.caught_up, truncate_before=r.truncate_before,
-                         drop_before=r.drop_epochs_before, seed_epoch=r.seed_epoch,
-                         seed_header=r.seed_header)  # fmt: skip
 
-        async def produce() -> wire.Response:
-            nxt = await store.wait(w)
-            return wire.Response(
-                request_id=rid, replica_write=wire.ReplicaWriteResponse(next_sequence=nxt)
-            )
+    submit = functools.partial(store.submit, r.source, r.epoch, r.first_sequence, r.frames,
+                               start=r.start, caught_up=r.caught_up,
+                               truncate_before=r.truncate_before,
+                               drop_before=r.drop_epochs_before, seed_epoch=r.seed_epoch,
+                               seed_header=r.seed_header)  # fmt: skip
 
-        return produce
+    # Queued now, in arrival order; a log's start only once Tier 2 is asked.
+    queued = submit() if check is None else None
 
-    async def produce_checked() -> wire.Response:
-        # A log starts only for the source's current epoch: a process
-        # taken over learns it here (a recovery registered a higher one).
-        assert check is not None
-        if not await check(r.source, r.epoch):
-            fence = await store.fence(r.source, r.epoch + 1)
-            raise ReplicaFenced(conn.server.node, r.epoch, r.source, fence)
-        w = store.submit(r.source, r.epoch, r.first_sequence, r.frames, start=True,
-                         caught_up=r.caught_up, truncate_before=r.truncate_before,
-                         drop_before=r.drop_epochs_before, seed_epoch=r.seed_epoch,
-                         seed_header=r.seed_header)  # fmt: skip
+    async def produce() -> wire.Response:
+        w = queued
+        if w is None:
+            # A log starts only for the source's current epoch: a process
+            # taken over learns it here (a recovery registered a higher one).
+            assert check is not None
+            if not await check(r.source, r.epoch):
+                fence = await store.fence(r.source, r.epoch + 1)
+                raise ReplicaFenced(conn.server.node, r.epoch, r.source, fence)
+            w = submit()
         nxt = await store.wait(w)
         return wire.Response(
             request_id=rid, replica_write=wire.ReplicaWriteResponse(next_sequence=nxt)
         )
 
-    return produce_checked
+    return produce
 
 
 @handles("replica_fence")
