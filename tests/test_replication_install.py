@@ -184,6 +184,29 @@ async def test_a_local_log_as_long_as_the_member_s_reads_nothing_over_the_networ
     assert installed(config, 1, info.next) == b"".join(g for _, g in remote)
 
 
+async def test_whole_files_of_the_local_log_are_linked_and_never_written_through(
+    tmp_path: pathlib.Path, journal_config: ConfigFactory
+) -> None:
+    # The files between the first and the last are hard links to the host's
+    # (the fenced epoch never changes); the last is a copy, since the journal
+    # appends to it -- here the fence's epoch, and then the new process's writes.
+    remote = groups_from(1, 80)
+    async with cluster(tmp_path, journal_config, remote, remote) as (address, info, answers, rec):
+        host_dir = tmp_path / "host" / "replicas" / SRC / "e00000000000000000001"
+        before = {f.path.name: f.path.read_bytes() for f in list_files(host_dir)}
+        config, copied = await install(tmp_path, "local", address, info, answers, rec)
+        host_files = list_files(host_dir)
+        assert {f.path.name: f.path.read_bytes() for f in host_files} == before
+    assert len(host_files) >= 4
+    host_inodes = {f.path.stat().st_ino for f in host_files}
+    installed_files = list_files(config.journal_dir)
+    linked = [f for f in installed_files if f.path.stat().st_ino in host_inodes]
+    assert 2 <= len(linked) < len(host_files), [f.path.name for f in installed_files]
+    assert installed_files[-1] not in linked
+    assert copied.local_bytes == size(remote) and rec.reads == []
+    assert installed(config, 1, info.next) == b"".join(g for _, g in remote)
+
+
 async def test_a_longer_local_log_is_copied_only_as_far_as_the_chosen_one(
     tmp_path: pathlib.Path, journal_config: ConfigFactory
 ) -> None:

@@ -29,6 +29,7 @@ falls back to the Tier-2 rebuild.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import pathlib
@@ -50,6 +51,7 @@ from gateway.errors import GatewayError, NothingToRecover, Unavailable
 from gateway.journal import open_journal
 from gateway.journal.files import (
     DirectoryLock,
+    JournalFileName,
     file_name,
     fsync_directory,
     list_files,
@@ -382,7 +384,7 @@ async def _copy_with_local(
     failed: _LocalUnusable | None = None
     remote_failed: GatewayError | OSError | None = None
     remote = (0, 0.0)
-    local_bytes = 0
+    local_bytes = linked = 0
     local_seconds = 0.0
 
     async def tail() -> None:
@@ -398,7 +400,7 @@ async def _copy_with_local(
             nursery.start_soon(tail)
         started = time.monotonic()
         try:
-            local_bytes = await trio.to_thread.run_sync(_copy_local, local, staging)
+            local_bytes, linked = await trio.to_thread.run_sync(_copy_local, local, staging)
         except _LocalUnusable as e:
             failed = e
             nursery.cancel_scope.cancel()
@@ -407,64 +409,105 @@ async def _copy_with_local(
         raise failed
     if remote_failed is not None:
         raise remote_failed
-    log.info("recovery: copied %d bytes (operations %d..%d) of node %s epoch %d from this "
-             "host's own replica log in %.2fs", local_bytes, local.start, local.next - 1, node,
-             info.epoch, local_seconds)  # fmt: skip
+    log.info("recovery: took %d bytes (operations %d..%d; %d bytes of them hard-linked) of "
+             "node %s epoch %d from this host's own replica log in %.2fs", local_bytes,
+             local.start, local.next - 1, linked, node, info.epoch, local_seconds)  # fmt: skip
     return _Copied(local.start, local_bytes, local_seconds, *remote)
 
 
-def _copy_local(local: _LocalLog, staging: pathlib.Path) -> int:
-    """Copy the frames [local.start, local.next) of the host's own log into a journal
-    file in ``staging``, checked to run on without a gap; the bytes (worker thread).
+def _copy_local(local: _LocalLog, staging: pathlib.Path) -> tuple[int, int]:
+    """Put the frames [local.start, local.next) of the host's own log into journal
+    files in ``staging``, checked to run on without a gap: (bytes, of them linked).
+    In a worker thread.
 
-    Each file is read once, frame by frame (header and CRC), and the frames
-    read are written as they are: copied, never linked, since the journal
-    appends to its last file.
+    Every frame is read (header and CRC). A file of the log that lies wholly
+    inside the range and is not the last is hard-linked rather than copied:
+    the source epoch is fenced, so nothing writes to it again, and a link
+    costs no writing and no fsync (the copy was most of a drain's pause:
+    1.0-2.4 s for 268 MB here). The first file (if the range starts inside
+    it) and the last are copied frame by frame -- the journal appends to its
+    last file, which must never be the host's replica file.
     """
-    path = staging / file_name(local.start)
     try:
         files = list_files(local.directory)
         at = local.start
-        total = 0
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            pending: list[bytes] = []
-            size = 0
-            for k, jf in enumerate(files):
-                if at >= local.next:
-                    break
-                if k + 1 < len(files) and files[k + 1].first_sequence <= at:
-                    continue  # wholly before the part copied
-                copying = False
-                for header, head, payload, _ in frames_from(jf.path, 0):
-                    if header.end_sequence <= at and not copying:
-                        continue
-                    if header.first_sequence >= local.next:
-                        break
-                    if header.first_sequence != at:
-                        raise _LocalUnusable(
-                            f"{jf.path.name} holds operation {header.first_sequence} where "
-                            f"{at} should be"
-                        )
-                    copying = True
-                    pending += (head, payload)
-                    size += len(head) + len(payload)
-                    at = header.end_sequence
-                    if size >= _WRITE_BYTES:
-                        _write_all(fd, pending)
-                        total += size
-                        pending, size = [], 0
-            _write_all(fd, pending)
-            total += size
-            if at != local.next:
-                # A file gone, or a bad frame: the frames stop early.
-                raise _LocalUnusable(f"it stops at operation {at}, not {local.next}")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        return total
+        total = linked = 0
+        for k, jf in enumerate(files):
+            if at >= local.next:
+                break
+            following = files[k + 1].first_sequence if k + 1 < len(files) else None
+            if following is not None and following <= at:
+                continue  # wholly before the part copied
+            if jf.first_sequence == at and following is not None and following < local.next:
+                nbytes = _checked_frames(jf, at, following, None)
+                if _link(jf.path, staging / file_name(at)):
+                    total += nbytes
+                    linked += nbytes
+                    at = following
+                    continue
+            # Copied: up to the next file's start, or the end of the range.
+            stop = local.next if following is None else min(following, local.next)
+            fd = os.open(staging / file_name(at),
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)  # fmt: skip
+            try:
+                nbytes = _checked_frames(jf, at, stop, fd)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            total += nbytes
+            at = stop
+        if at != local.next:
+            # A file gone: the frames stop early.
+            raise _LocalUnusable(f"it stops at operation {at}, not {local.next}")
+        return total, linked
     except OSError as e:
         raise _LocalUnusable(str(e)) from e
+
+
+def _checked_frames(jf: JournalFileName, at: int, stop: int, fd: int | None) -> int:
+    """Read the frames [at, stop) of ``jf``, checked to run on from ``at`` without a
+    gap, and write them to ``fd`` (None: only check); their bytes."""
+    pending: list[bytes] = []
+    size = total = 0
+    taking = False
+    for header, head, payload, _ in frames_from(jf.path, 0):
+        if header.end_sequence <= at and not taking:
+            continue  # before the part wanted (the range starts inside this file)
+        if header.first_sequence >= stop:
+            break
+        if header.first_sequence != at:
+            raise _LocalUnusable(
+                f"{jf.path.name} holds operation {header.first_sequence} where {at} should be"
+            )
+        taking = True
+        at = header.end_sequence
+        if fd is None:
+            total += len(head) + len(payload)
+            continue
+        pending += (head, payload)
+        size += len(head) + len(payload)
+        if size >= _WRITE_BYTES:
+            _write_all(fd, pending)
+            total += size
+            pending, size = [], 0
+    if fd is not None:
+        _write_all(fd, pending)
+        total += size
+    if at != stop:
+        # A bad frame, or a file cut short: the frames stop early.
+        raise _LocalUnusable(f"{jf.path.name} stops at operation {at}, not {stop}")
+    return total
+
+
+def _link(source: pathlib.Path, target: pathlib.Path) -> bool:
+    """Hard-link ``source`` as ``target``; False where the file system cannot (copy it)."""
+    try:
+        os.link(source, target)
+    except OSError as e:
+        if e.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            return False
+        raise
+    return True
 
 
 #: Bytes of frames a local copy gathers before it writes them: few enough to
