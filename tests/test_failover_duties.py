@@ -136,6 +136,17 @@ def _kill(c: ReplicatedCluster, node: str) -> float:
     return time.monotonic()
 
 
+async def _kill_holding_one_segment(c: ReplicatedCluster) -> str:
+    """node-c with ``dead/x`` holding ``before``, killed; the node that took it over
+    (as node-a sees it)."""
+    async with open_client(c.daemons["node-c"].address) as cl:
+        await cl.create("dead/x")
+        await cl.append("dead/x", b"before")
+    _kill(c, "node-c")
+    host, _ = await _wait_hosted(c, "node-a", "node-c")
+    return host
+
+
 def _event(i: int) -> bytes:
     return b"event-%06d\n" % i
 
@@ -360,11 +371,7 @@ async def test_exactly_one_survivor_takes_a_dead_node_over(cluster: ReplicatedCl
     container over and runs it (``hosted/node-c`` on its disk); the other says who won,
     or never tried; and that stays so (no second takeover later)."""
     c = cluster
-    async with open_client(c.daemons["node-c"].address) as cl:
-        await cl.create("dead/x")
-        await cl.append("dead/x", b"before")
-    _kill(c, "node-c")
-    host, _ = await _wait_hosted(c, "node-a", "node-c")
+    host = await _kill_holding_one_segment(c)
     assert (await _wait_hosted(c, "node-b", "node-c"))[0] == host  # node-b sees the same
     await trio.sleep(6)  # two more down_after periods: nobody else tries
     survivors = ("node-a", "node-b")

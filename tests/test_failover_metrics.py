@@ -20,7 +20,7 @@ from gateway.embedded import EmbeddedS3
 from tests.helpers.daemon import scrape
 from tests.helpers.replicated import ReplicatedCluster
 from tests.helpers.wait import wait_for
-from tests.test_failover_duties import EXPECTED_ERRORS, _first_append, _kill, _wait_hosted
+from tests.test_failover_duties import EXPECTED_ERRORS, _first_append, _kill_holding_one_segment
 
 pytestmark = pytest.mark.slow
 
@@ -47,11 +47,7 @@ async def test_the_hosts_metrics_show_the_hosted_containers_appends(
     (``appends_total{container="node-c"}``, the right count and bytes), not as the
     host's own; the other survivor shows none of node-c's series."""
     c = cluster
-    async with open_client(c.daemons["node-c"].address) as cl:
-        await cl.create("dead/x")
-        await cl.append("dead/x", b"before")
-    _kill(c, "node-c")
-    host, _ = await _wait_hosted(c, "node-a", "node-c")
+    host = await _kill_holding_one_segment(c)
     other = next(n for n in ("node-a", "node-b") if n != host)
     own_before = scrape(c.daemons[host].metrics_port).get(P + "appends_total", 0)
 
