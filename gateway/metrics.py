@@ -36,7 +36,7 @@ from prometheus_client.core import (
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from gateway.config import parse_host_port
+from gateway.config import METRICS_ADDRESS_FILE, parse_host_port
 from gateway.stats import Histogram
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ PREFIX = "segment_gateway"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: An endpoint bound to port 0 writes its HOST:PORT here, in its node's data
 #: directory (how a host finds its hosted containers' endpoints).
-ADDRESS_FILE = "metrics.address"
+ADDRESS_FILE = METRICS_ADDRESS_FILE
 #: Seconds a scrape waits for each hosted container's /metrics (all fetched
 #: at once); one that has not answered by then is left out of that scrape.
 HOSTED_SCRAPE_TIMEOUT = 1.0

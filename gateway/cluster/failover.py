@@ -58,7 +58,7 @@ import trio
 
 from gateway.cluster.fence import current_epoch
 from gateway.cluster.registry import UP, NodeRecord, now_ms, read_record
-from gateway.config import CLUSTER_PREFIX, Config, parse_host_port
+from gateway.config import CLUSTER_PREFIX, METRICS_ADDRESS_FILE, Config, parse_host_port
 from gateway.errors import BadRequest, ChunkNotFound, GatewayError, Unavailable
 from gateway.storage.layer import ChunkLayer
 from gateway.tier2.untrusted import BadRecord, want_int, want_str
@@ -200,7 +200,7 @@ def hosted_config(config: Config, node: str, directory: pathlib.Path) -> Config:
         server=dataclasses.replace(config.server, listen=listen),
         fuse=dataclasses.replace(config.fuse, mountpoint=""),
         # Loopback, any free port (never the host's): it writes the bound address
-        # to its directory (`gateway.metrics.ADDRESS_FILE`), and the host's
+        # to its directory (`gateway.config.METRICS_ADDRESS_FILE`), and the host's
         # /metrics includes what it serves there (none if the host has none).
         metrics=dataclasses.replace(
             config.metrics, listen="127.0.0.1:0" if config.metrics.listen else ""
@@ -465,12 +465,10 @@ class ContainerHost:
                         shutil.rmtree(child) if child.is_dir() else child.unlink()
 
     async def _run_once(self, h: Hosted) -> int | None:
-        from gateway.metrics import ADDRESS_FILE
-
         started = time.monotonic()
         ready = h.directory / READY_FILE
         ready.unlink(missing_ok=True)
-        metrics = h.directory / ADDRESS_FILE
+        metrics = h.directory / METRICS_ADDRESS_FILE
         metrics.unlink(missing_ok=True)
         h.metrics_address = ""
         h.state = "recovering"

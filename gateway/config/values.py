@@ -271,6 +271,9 @@ def _choice(*choices: str) -> Parser:
 
 #: Tier-2 prefix of the cluster's shared records (registry, names, fences): no node may use it.
 CLUSTER_PREFIX = "_cluster"
+#: A metrics endpoint bound to port 0 writes its HOST:PORT to this file in its
+#: node's data directory (how a host finds its hosted containers' endpoints).
+METRICS_ADDRESS_FILE = "metrics.address"
 
 
 def _node_id(value: Any) -> str:
