@@ -111,7 +111,7 @@ class ClusterView:
         self._registry_read = trio.Event()
         #: Set to read the registry now rather than at the next interval.
         self._registry_wanted = trio.Event()
-        # Set (and replaced) after every registry read (`moving_back`).
+        # Set (and replaced) after every registry read (`await_moved`).
         self._registry_done = trio.Event()
         #: Unexpected failures of the following loops (logged once per kind).
         self._loop_errors: set[str] = set()
