@@ -243,3 +243,33 @@ async def test_a_waiting_append_goes_in_once_bytes_are_freed(
         assert not results  # waiting for room
         await c.truncate("s", 400)
     assert results[0].offset == 400
+
+
+async def test_a_listing_page_is_a_range_of_names_in_order() -> None:
+    """``list`` by prefix and ``start_after`` returns the committed names in order,
+    page by page, whatever order they were created in (the table keeps them sorted),
+    and never a transaction's segment."""
+    c = make()
+    names = [f"p/{i:03d}" for i in range(50)] + ["p", "p0", "o/x", "q/y", "p/"]
+    for name in reversed(names):
+        if name != "p/":  # not a valid segment name; stands for a prefix below
+            await c.create(name)
+    txn = (await c.begin("p/010")).name
+    assert c.info(txn).name == txn  # it exists, and is never listed
+    assert [i.name for i in c.list()] == sorted(n for n in names if n != "p/")
+    assert [i.name for i in c.list("p/")] == [f"p/{i:03d}" for i in range(50)]
+    pages: list[str] = []
+    after = ""
+    while True:
+        page = [i.name for i in c.list("p/", start_after=after, limit=7)]
+        if not page:
+            break
+        pages += page
+        after = page[-1]
+    assert pages == [f"p/{i:03d}" for i in range(50)]
+    # start_after below, equal to and inside the prefix; and past it.
+    assert [i.name for i in c.list("p/", start_after="a", limit=2)] == ["p/000", "p/001"]
+    assert [i.name for i in c.list("p", start_after="p", limit=2)] == ["p/000", "p/001"]
+    assert [i.name for i in c.list("p/", start_after="p/048")] == ["p/049"]
+    assert c.list("p/", start_after="p/049") == [] and c.list("p/", start_after="z") == []
+    assert [i.name for i in c.list("p", limit=1)] == ["p"]

@@ -352,14 +352,15 @@ class SegmentContainer:
     def list(self, prefix: str = "", start_after: str = "", limit: int = 0) -> list[SegmentInfo]:
         """Committed metadata of the segments whose names start with ``prefix``, sorted."""
         validate_prefix(prefix)
-        names = sorted(
-            n
-            for n, s in self._table.by_name.items()
-            if s.durable and not s.hidden and n.startswith(prefix) and n > start_after
-        )
-        if limit:
-            names = names[:limit]
-        return [self._table.by_name[n].info() for n in names]
+        table = self._table
+        out = []
+        for name in table.names_from(prefix, start_after):
+            seg = table.by_name[name]
+            if seg.durable and not seg.hidden:
+                out.append(seg.info())
+                if len(out) == limit:
+                    break
+        return out
 
     @property
     def segment_count(self) -> int:

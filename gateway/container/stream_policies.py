@@ -183,7 +183,7 @@ class StreamPolicies:
             if self.stream_above(name.rpartition("/")[0]) is not None:
                 raise InvalidName(name, "it is inside a stream")
             prefix = name + "/"
-            if any(n.startswith(prefix) for n in self._table.by_name):
+            if next(self._table.names_from(prefix), None) is not None:
                 raise SegmentExists(f"{name} (segments exist below it)")
             base = StreamRecord(created_at_ms=q.now_ms(), next_number=1, codec=codec.number)
         elif stream is None:

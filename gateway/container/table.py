@@ -18,6 +18,8 @@ import bisect
 import pathlib
 from collections.abc import Iterator, Mapping, Sequence
 
+from sortedcontainers import SortedDict
+
 from gateway.buffers import Buffer
 from gateway.container.attributes import EVENT_END
 from gateway.container.outcomes import TransactionOutcomes
@@ -55,7 +57,8 @@ class SegmentTable:
 
     def __init__(self, read_index: ReadIndex) -> None:
         self.read_index = read_index
-        self.by_name: dict[str, Segment] = {}
+        #: In name order: a listing is a range of it (`names_from`).
+        self.by_name: SortedDict[str, Segment] = SortedDict()
         self.by_id: dict[int, Segment] = {}
         self.next_id = 1
         #: Journal file (first sequence number) -> segment id -> end offset of
@@ -101,6 +104,16 @@ class SegmentTable:
             return None
         stream = self.streams.get(member[0])
         return None if stream is None else (stream, member[1])
+
+    def names_from(self, prefix: str, start_after: str = "") -> Iterator[str]:
+        """Names starting with ``prefix`` and above ``start_after``, in order (pending
+        creates included), without looking at any other name."""
+        low = max(prefix, start_after)
+        # ``low`` itself is wanted unless it is ``start_after``.
+        for name in self.by_name.irange(minimum=low, inclusive=(prefix > start_after, True)):
+            if not name.startswith(prefix):
+                return
+            yield name
 
     def committed(self) -> Iterator[Segment]:
         """Every committed live segment."""
@@ -461,7 +474,7 @@ class SegmentTable:
         snap = ContainerSnapshot.FromString(data)
         if snap.version != SNAPSHOT_VERSION:
             raise ContainerCorrupt(f"checkpoint snapshot version {snap.version} is unknown")
-        self.by_name = {}
+        self.by_name = SortedDict()
         self.by_id = {}
         self.streams = {}
         self.transactions = set()

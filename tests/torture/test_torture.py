@@ -29,7 +29,7 @@ and in order (through the protocol and through the mount), and what every
 reader saw was a prefix of it, online `fsck` finds nothing, and the
 daemon's resident memory stays under a bound derived from
 ``server.max_memory``. The CI run
-lasts ``SEGMENT_GATEWAY_TORTURE_SECONDS`` (default 60); ``make torture``
+lasts ``SEGMENT_GATEWAY_TORTURE_SECONDS`` (default 40: about the first pass over every kind); ``make torture``
 runs it for 30 minutes and prints the summary.
 """
 
@@ -68,7 +68,7 @@ pytestmark = pytest.mark.slow
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 # CI's run: every fault kind once in a random order whatever the duration
 # (the loop below), plus a few more rounds at random (~7 s each here).
-SECONDS = float(os.environ.get("SEGMENT_GATEWAY_TORTURE_SECONDS", "60"))
+SECONDS = float(os.environ.get("SEGMENT_GATEWAY_TORTURE_SECONDS", "40"))
 WRITERS = 3
 MiB = 1024 * 1024
 #: The daemon's resident memory must stay under this: what it uses without

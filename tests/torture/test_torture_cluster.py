@@ -54,7 +54,7 @@ stopped by itself after its container moved (exit 0, or 48 when fenced) is
 started again before each check, as systemd would.
 
 The CI run lasts ``SEGMENT_GATEWAY_TORTURE_CLUSTER_SECONDS`` (else
-``SEGMENT_GATEWAY_TORTURE_SECONDS``; default 20) of rounds after every kind
+``SEGMENT_GATEWAY_TORTURE_SECONDS``; default 10) of rounds after every kind
 has run once; ``make torture`` runs it for 30 minutes. The seed is
 ``SEGMENT_GATEWAY_TORTURE_SEED``; ``SEGMENT_GATEWAY_TORTURE_FAULTS=kill_s3,stop_s3``
 injects only the kinds named. The writers' and clients' log goes to
@@ -102,7 +102,7 @@ pytestmark = pytest.mark.slow
 SECONDS = float(
     os.environ.get(
         "SEGMENT_GATEWAY_TORTURE_CLUSTER_SECONDS",
-        os.environ.get("SEGMENT_GATEWAY_TORTURE_SECONDS", "20"),
+        os.environ.get("SEGMENT_GATEWAY_TORTURE_SECONDS", "10"),
     )
 )
 NODES = ("node-a", "node-b", "node-c")
