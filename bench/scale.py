@@ -6,7 +6,7 @@ buckets of their own, each with its mount in the work directory. Two parts:
 
 - **Trickle**: one node (``tier2.flush_interval = "1s"``), N segments
   (--trickle-segments, default 1,000) each getting one small event (a
-  64-byte line) a second for --trickle-seconds (default 180), so each
+  63-byte line) a second for --trickle-seconds (default 180), so each
   segment is flushed many times. Measured: the node's Tier-2 requests by
   operation over the run (its /metrics, ``segment_gateway_tier2_requests``)
   extrapolated to an hour, and, after a clean stop, the chunk objects under
@@ -88,7 +88,7 @@ TABLE_END = "<!-- bench/scale.py:end -->"
 READY_TIMEOUT = 600.0
 STOP_TIMEOUT = 300.0
 SETTLE_TIMEOUT = 1800.0
-EVENT = b'{"sensor":"s0000","t":0000000000,"v":0.000000000000000000000}\n'[:63] + b"\n"
+EVENT = b'{"sensor":"s0000","t":0000000000,"v":0.0000000000000000000000}\n'  # 63 bytes
 TASKS = 64
 CONNECTIONS = 4
 LIST_PAGE = 10_000  # gateway/server/handlers/segments.py MAX_LIST
