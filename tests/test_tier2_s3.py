@@ -178,6 +178,89 @@ def test_concat_failures_leave_nothing_behind(s3_storage: S3Storage) -> None:
     assert uploads_in_progress(s3_storage) == []
 
 
+KiB = 1024
+
+#: Source shapes of a storage-optimizer merge (issue 33): trickle chunks of a
+#: few KiB, 1 MiB flushes, small ones before and after a big merged chunk, an
+#: empty source, and a big one that is padded into the part before it.
+CONCAT_SHAPES = {
+    "trickle 40 x 4 KiB": [4 * KiB] * 39 + [4 * KiB + 7],
+    "16 x 1 MiB": [MIN_PART_SIZE // 5] * 16,
+    "big then trickle": [MIN_PART_SIZE + 3] + [64 * KiB] * 20,
+    "trickle then big then trickle": [3000] * 5 + [MIN_PART_SIZE + 1] + [0] + [1 * 1024 * KiB] * 3,
+    "trickle then big remainder under 5 MiB": [64 * KiB, MIN_PART_SIZE + 100, 10, 20],
+    "small last after big": [MIN_PART_SIZE, 1],
+}
+
+
+class RequestCounter:
+    """Counts the S3 operations a client makes (botocore's before-call event)."""
+
+    def __init__(self, storage: S3Storage) -> None:
+        self.counts: dict[str, int] = {}
+        storage.client.meta.events.register("before-call.s3", self._count)
+
+    def _count(self, model: Any, **kwargs: Any) -> None:
+        self.counts[model.name] = self.counts.get(model.name, 0) + 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", list(CONCAT_SHAPES))
+def test_concat_sources_under_5_mib(s3_storage: S3Storage, shape: str) -> None:
+    """Small sources anywhere in the list are read and uploaded; big ones still copied."""
+    sizes = CONCAT_SHAPES[shape]
+    parts = [blob(100 + i, size) for i, size in enumerate(sizes)]
+    sources = [f"t/src/{i:03d}" for i in range(len(parts))]
+    for key, data in zip(sources, parts, strict=True):
+        s3_storage.write(key, data, {"part": key})
+    s3_storage.concat("t/joined", sources, META)
+    joined = b"".join(parts)
+    assert s3_storage.read("t/joined", 0, len(joined) + 1) == joined
+    info = s3_storage.stat("t/joined")
+    assert (info.size, dict(info.metadata)) == (len(joined), META)
+    for key, data in zip(sources, parts, strict=True):  # the sources stay
+        assert s3_storage.read(key, 0, len(data) + 1) == data
+    # Into its own first source (the optimizer's merge into a segment's first chunk).
+    s3_storage.concat(sources[0], sources, {"merged": "1"})
+    assert s3_storage.read(sources[0], 0, len(joined) + 1) == joined
+    assert uploads_in_progress(s3_storage) == []
+
+
+@pytest.mark.slow
+def test_concat_copies_big_sources_and_reads_only_small_ones(s3_storage: S3Storage) -> None:
+    """A big chunk followed by trickle chunks: the big one never leaves the server."""
+    big = blob(1, MIN_PART_SIZE + 3)
+    small = [blob(2 + i, 4 * KiB) for i in range(30)]
+    sources = ["m/big"] + [f"m/s{i:02d}" for i in range(30)]
+    for key, data in zip(sources, [big, *small], strict=True):
+        s3_storage.write(key, data, {})
+    counter = RequestCounter(s3_storage)
+    s3_storage.concat("m/joined", sources, {}, sizes=[len(big)] + [4 * KiB] * 30)
+    assert s3_storage.read("m/joined", 0, 2 * MIN_PART_SIZE) == big + b"".join(small)
+    # With the sizes given: no HEAD; one copy, 30 small GETs, one part of them.
+    assert counter.counts == {
+        "CreateMultipartUpload": 1,
+        "UploadPartCopy": 1,
+        "GetObject": 30 + 1,  # + the read-back above
+        "UploadPart": 1,
+        "CompleteMultipartUpload": 1,
+    }
+
+
+@pytest.mark.slow
+def test_concat_of_small_sources_only_is_one_put(s3_storage: S3Storage) -> None:
+    """Under 5 MiB in all: N GETs and one PUT, no multipart upload."""
+    parts = [blob(i, 2 * KiB + i) for i in range(10)]
+    sources = [f"p/{i}" for i in range(10)]
+    for key, data in zip(sources, parts, strict=True):
+        s3_storage.write(key, data, {})
+    counter = RequestCounter(s3_storage)
+    s3_storage.concat("p/joined", sources, META)
+    assert counter.counts == {"HeadObject": 10, "GetObject": 10, "PutObject": 1}
+    assert s3_storage.read("p/joined", 0, 1 << 20) == b"".join(parts)
+    assert dict(s3_storage.stat("p/joined").metadata) == META
+
+
 def test_concat_of_nothing_is_empty(s3_storage: S3Storage) -> None:
     s3_storage.concat("c/none", [], {"k": "v"})
     assert s3_storage.read("c/none", 0, 10) == b""
