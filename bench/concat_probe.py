@@ -12,15 +12,16 @@ server the tests use), it asks:
    source; and how conditional writes meet multipart: ``If-None-Match: *``
    and ``If-Match`` on CompleteMultipartUpload and PutObject, the ETag a
    concatenated object gets, ``CopySourceIfMatch`` on UploadPartCopy.
-2. **What merging costs.** N source objects of one size (256 x 4 KiB, 64 x 64 KiB,
-   16 x 1 MiB, 8 x 8 MiB, and 1 x 32 MiB followed by 64 x 64 KiB) made into
-   one object by: the binding's ``S3Storage.concat`` (serial, as the chunk
-   layer would call it); UploadPartCopy of every source, 8 at once; GET every
-   source (serially, or 8 at once) and PUT the joined bytes once; GET 8 at
-   once and upload 8 MiB parts of a multipart upload. Baseline in the same
-   run: one PUT of the same total bytes. Every result is checked byte-exact
-   after the clock; methods the server refuses for a shape are reported with
-   the error, not timed.
+2. **What merging costs.** N source objects made into one (256 x 4 KiB,
+   64 x 64 KiB, 16 x 1 MiB, 8 x 8 MiB, and 1 x 32 MiB followed by
+   64 x 64 KiB) by: ``S3Storage.concat`` (serial, as the chunk layer calls
+   it: HEADs, then `plan_concat`'s copies and re-uploads), the same with the
+   sizes given (no HEADs); UploadPartCopy of every source, 8 at once; GET
+   every source (serially, or 8 at once) and PUT the joined bytes once; GET
+   8 at once and upload 8 MiB parts of a multipart upload. Baseline in the
+   same run: one PUT of the same total bytes. Every result is checked
+   byte-exact after the clock; methods the server refuses for a shape are
+   reported with the error, not timed. Requests are counted per operation.
 
 Prints one JSON document: medians and all times per shape and method, the
 ratio to the baseline, and the requests each method makes.
@@ -28,6 +29,7 @@ ratio to the baseline, and the requests each method makes.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import hashlib
 import pathlib
@@ -35,6 +37,7 @@ import random
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -58,13 +61,14 @@ from common import (  # noqa: E402
 
 from gateway.embedded import EmbeddedS3  # noqa: E402
 from gateway.embedded.process import find_weed  # noqa: E402
-from gateway.storage.s3 import MIN_PART_SIZE, S3Storage  # noqa: E402
+from gateway.storage.s3 import MIN_PART_SIZE, S3Storage, plan_concat  # noqa: E402
 
 KiB = 1024
 MiB = 1024 * KiB
 THREADS = 8
 #: Part size of the re-uploading multipart method.
 UPLOAD_PART = 8 * MiB
+BASELINE = "baseline: one PUT of the same bytes"
 #: (label, [(count, size), ...]): the sources of one concat, in order.
 SHAPES: list[tuple[str, list[tuple[int, int]]]] = [
     ("256 x 4 KiB", [(256, 4 * KiB)]),
@@ -101,6 +105,14 @@ class Probe:
         self.client: Any = self.storage.client
         self.bucket = self.storage.bucket
         self.pool = concurrent.futures.ThreadPoolExecutor(THREADS)
+        #: S3 operations made, by name (botocore's before-call event; threads too).
+        self.requests: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+        self.client.meta.events.register("before-call.s3", self._count)
+
+    def _count(self, model: Any, **kwargs: Any) -> None:
+        with self._lock:
+            self.requests[model.name] += 1
 
     def close(self) -> None:
         self.pool.shutdown()
@@ -385,9 +397,12 @@ class Probe:
             self.put(key, data)
         return keys, b"".join(datas)
 
-    def methods(self, keys: list[str]) -> dict[str, Callable[[str], Any]]:
+    def methods(self, keys: list[str], sizes: list[int]) -> dict[str, Callable[[str], Any]]:
         def binding_concat(target: str) -> None:
             self.storage.concat(target, keys, {})
+
+        def binding_concat_sized(target: str) -> None:
+            self.storage.concat(target, keys, {}, sizes=sizes)
 
         def copy_parallel(target: str) -> None:
             self.multipart(target, [self.copy_part(target, k) for k in keys], parallel=True)
@@ -404,7 +419,8 @@ class Probe:
             self.multipart(target, [self.upload_part(target, p) for p in pieces], parallel=True)
 
         return {
-            "binding_concat (serial UploadPartCopy)": binding_concat,
+            "S3Storage.concat": binding_concat,
+            "S3Storage.concat, sizes given": binding_concat_sized,
             "UploadPartCopy, 8 at once": copy_parallel,
             "GET serial + one PUT": get_put_serial,
             "GET 8 at once + one PUT": get_put_parallel,
@@ -417,15 +433,13 @@ def put_bytes(probe: Probe, data: bytes, target: str) -> None:
     probe.put(target, data)
 
 
-def requests_of(method: str, n: int, total: int) -> int:
-    """Requests one concat of ``n`` sources (``total`` bytes) makes with ``method``."""
-    if method.startswith("binding_concat") or method.startswith("UploadPartCopy"):
-        return n + 2
-    if "8 MiB parts" in method:
-        return n + 2 + -(-total // UPLOAD_PART)
-    if method.startswith("baseline"):
-        return 1
-    return n + 1
+def reuploaded_bytes(method: str, sizes: list[int]) -> int:
+    """Bytes a method reads from the server and uploads again (each way)."""
+    if method.startswith("S3Storage.concat"):
+        return sum(part.size for part in plan_concat(sizes) if not part.copy)
+    if method.startswith("UploadPartCopy"):
+        return 0
+    return sum(sizes)
 
 
 def main() -> None:
@@ -447,10 +461,12 @@ def main() -> None:
             shapes: dict[str, Any] = {}
             for label, shape in SHAPES:
                 keys, expected = probe.sources_of(label.replace(" ", ""), shape)
+                sizes = [size for count, size in shape for _ in range(count)]
                 digest = hashlib.sha256(expected).hexdigest()
-                methods = probe.methods(keys)
-                methods["baseline: one PUT of the same bytes"] = partial(put_bytes, probe, expected)
+                methods = probe.methods(keys, sizes)
+                methods[BASELINE] = partial(put_bytes, probe, expected)
                 times: dict[str, list[float]] = {m: [] for m in methods}
+                requests: dict[str, dict[str, int]] = {}
                 errors: dict[str, Any] = {}
                 names = list(methods)
                 for run in range(args.repeat):
@@ -460,6 +476,7 @@ def main() -> None:
                         if name in errors:
                             continue
                         target = f"out/{uuid.uuid4().hex}"
+                        before = collections.Counter(probe.requests)
                         started = time.perf_counter()
                         try:
                             methods[name](target)
@@ -467,35 +484,26 @@ def main() -> None:
                             errors[name] = error_of(e)
                             continue
                         times[name].append(time.perf_counter() - started)
+                        requests[name] = dict(sorted((probe.requests - before).items()))
                         if hashlib.sha256(probe.get(target)).hexdigest() != digest:
                             raise SystemExit(f"{label}, {name}: wrong bytes")
                         probe.client.delete_object(Bucket=probe.bucket, Key=target)
-                base = statistics.median(times["baseline: one PUT of the same bytes"])
-                n, total = len(keys), len(expected)
-                shapes[label] = {
-                    "sources": n,
-                    "bytes": total,
-                    "methods": {
-                        name: (
-                            {"refused": errors[name]}
-                            if name in errors
-                            else {
-                                "median_s": round(statistics.median(t), 4),
-                                "times_s": [round(x, 4) for x in t],
-                                "ratio_to_one_put": round(statistics.median(t) / base, 2),
-                                "requests": requests_of(name, n, total),
-                                "bytes_through_client": (
-                                    0
-                                    if "UploadPartCopy" in name or "binding" in name
-                                    else 2 * total
-                                )
-                                if not name.startswith("baseline")
-                                else total,
-                            }
-                        )
-                        for name, t in times.items()
-                    },
-                }
+                base = statistics.median(times[BASELINE])
+                shapes[label] = {"sources": len(keys), "bytes": len(expected), "methods": {}}
+                for name, t in times.items():
+                    if name in errors:
+                        shapes[label]["methods"][name] = {"refused": errors[name]}
+                        continue
+                    shapes[label]["methods"][name] = {
+                        "median_s": round(statistics.median(t), 4),
+                        "times_s": [round(x, 4) for x in t],
+                        "ratio_to_one_put": round(statistics.median(t) / base, 2),
+                        "requests": sum(requests[name].values()),
+                        "requests_by_operation": requests[name],
+                        "bytes_read_and_reuploaded": (
+                            0 if name == BASELINE else reuploaded_bytes(name, sizes)
+                        ),
+                    }
             result["shapes"] = shapes
             result["uploads_left"] = probe.uploads_left()
         finally:
