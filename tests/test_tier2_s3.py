@@ -2,12 +2,13 @@
 
 The behaviour every binding shares is in tests/test_tier2_storage.py; here are
 the S3 specifics: ranged reads at and past the end, user metadata, listing
-order, multipart concat with its 5 MiB minimum, prefixes, and which errors
+order, multipart concat around its 5 MiB minimum, prefixes, and which errors
 count as temporary.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -19,9 +20,16 @@ import urllib3.exceptions
 from botocore.exceptions import ClientError
 
 from gateway.embedded import EmbeddedS3
-from gateway.errors import BindingUnsupported, ChunkNotFound
+from gateway.errors import BindingUnsupported, ChunkNotFound, Tier2Error
 from gateway.storage.interface import ChunkStorage
-from gateway.storage.s3 import MIN_PART_SIZE, S3Storage, is_temp_failure, retry_after
+from gateway.storage.s3 import (
+    MAX_PART_SIZE,
+    MIN_PART_SIZE,
+    S3Storage,
+    is_temp_failure,
+    plan_concat,
+    retry_after,
+)
 
 META = {"segment": "streams/one", "offset": "4096", "crc32c": "1c291ca3", "epoch": "3"}
 
@@ -169,13 +177,141 @@ def test_concat_failures_leave_nothing_behind(s3_storage: S3Storage) -> None:
     s3_storage.write("c/small", b"tiny", {})
     with pytest.raises(ChunkNotFound, match="c/missing"):
         s3_storage.concat("c/x", ["c/big", "c/missing"], {})
-    # All but the last part must be >= 5 MiB: a final error, not a retryable one.
-    with pytest.raises(ClientError) as e:
-        s3_storage.concat("c/y", ["c/small", "c/big"], {})
-    assert e.value.response["Error"]["Code"] == "EntityTooSmall"
-    assert not s3_storage.is_temp_failure(e.value)
+    # Missing after parts were uploaded (the sizes given: no HEAD finds it first).
+    with pytest.raises(ChunkNotFound, match="c/missing"):
+        s3_storage.concat(
+            "c/x", ["c/big", "c/small", "c/missing"], {}, sizes=[MIN_PART_SIZE, 4, 10]
+        )
+    # Sources shorter than the caller says: final errors, nothing made, for
+    # a copied source and for a read one.
+    for sources, sizes in [
+        (["c/small", "c/big"], [4, MIN_PART_SIZE + 1]),
+        (["c/big", "c/small", "c/big"], [MIN_PART_SIZE, 5, MIN_PART_SIZE]),
+    ]:
+        with pytest.raises(Tier2Error, match="shorter than") as e:
+            s3_storage.concat("c/y", sources, {}, sizes=sizes)
+        assert not isinstance(e.value, ChunkNotFound)
+        assert not s3_storage.is_temp_failure(e.value)
+    with pytest.raises(ValueError, match="2 sources but 1 sizes"):
+        s3_storage.concat("c/y", ["c/small", "c/big"], {}, sizes=[4])
     assert [i.key for i in s3_storage.list("c/")] == ["c/big", "c/small"]
     assert uploads_in_progress(s3_storage) == []
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        [],
+        [0, 0],
+        [1],
+        [4096] * 3000,
+        [MIN_PART_SIZE - 1, 1, MIN_PART_SIZE - 1, MIN_PART_SIZE, 7],
+        [10, 3 * MIN_PART_SIZE, 10, 0, 2 * MIN_PART_SIZE + 5, MIN_PART_SIZE - 2, 3],
+        [12 * 1024**3, 1],
+    ],
+)
+def test_plan_concat(sizes: list[int]) -> None:
+    """Parts cover the sources in order; all but the last >= 5 MiB; big bytes copied."""
+    plan = plan_concat(sizes)
+    pieces = [piece for part in plan for piece in part.pieces]
+    assert all(start < end <= sizes[index] for index, start, end in pieces)
+    # Contiguous and in order: each piece goes on where the one before ended,
+    # or starts the next source after finishing its own.
+    for (i1, _, e1), (i2, s2, _) in itertools.pairwise(pieces):
+        assert (i2 == i1 and s2 == e1) or (i2 > i1 and s2 == 0 and e1 == sizes[i1])
+    assert [i for i, start, _ in pieces if start == 0] == [i for i, n in enumerate(sizes) if n]
+    assert sum(end - start for _, start, end in pieces) == sum(sizes)
+    for part in plan[:-1]:
+        assert MIN_PART_SIZE <= part.size <= MAX_PART_SIZE
+    assert all(len(part.pieces) == 1 for part in plan if part.copy)
+    # Re-uploaded: the small sources, plus at most 5 MiB per big source after small ones.
+    uploaded = sum(part.size for part in plan if not part.copy)
+    small = sum(size for size in sizes if size < MIN_PART_SIZE)
+    big_count = sum(1 for size in sizes if size >= MIN_PART_SIZE)
+    assert uploaded <= small + big_count * MIN_PART_SIZE
+
+
+KiB = 1024
+
+#: Source shapes of a storage-optimizer merge (issue 33): trickle chunks of a
+#: few KiB, 1 MiB flushes, small ones before and after a big merged chunk, an
+#: empty source, and a big one that is padded into the part before it.
+CONCAT_SHAPES = {
+    "trickle 40 x 4 KiB": [4 * KiB] * 39 + [4 * KiB + 7],
+    "16 x 1 MiB": [MIN_PART_SIZE // 5] * 16,
+    "big then trickle": [MIN_PART_SIZE + 3] + [64 * KiB] * 20,
+    "trickle then big then trickle": [3000] * 5 + [MIN_PART_SIZE + 1] + [0] + [1 * 1024 * KiB] * 3,
+    "trickle then big remainder under 5 MiB": [64 * KiB, MIN_PART_SIZE + 100, 10, 20],
+    "small last after big": [MIN_PART_SIZE, 1],
+}
+
+
+class RequestCounter:
+    """Counts the S3 operations a client makes (botocore's before-call event)."""
+
+    def __init__(self, storage: S3Storage) -> None:
+        self.counts: dict[str, int] = {}
+        storage.client.meta.events.register("before-call.s3", self._count)
+
+    def _count(self, model: Any, **kwargs: Any) -> None:
+        self.counts[model.name] = self.counts.get(model.name, 0) + 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", list(CONCAT_SHAPES))
+def test_concat_sources_under_5_mib(s3_storage: S3Storage, shape: str) -> None:
+    """Small sources anywhere in the list are read and uploaded; big ones still copied."""
+    sizes = CONCAT_SHAPES[shape]
+    parts = [blob(100 + i, size) for i, size in enumerate(sizes)]
+    sources = [f"t/src/{i:03d}" for i in range(len(parts))]
+    for key, data in zip(sources, parts, strict=True):
+        s3_storage.write(key, data, {"part": key})
+    s3_storage.concat("t/joined", sources, META)
+    joined = b"".join(parts)
+    assert s3_storage.read("t/joined", 0, len(joined) + 1) == joined
+    info = s3_storage.stat("t/joined")
+    assert (info.size, dict(info.metadata)) == (len(joined), META)
+    for key, data in zip(sources, parts, strict=True):  # the sources stay
+        assert s3_storage.read(key, 0, len(data) + 1) == data
+    # Into its own first source (the optimizer's merge into a segment's first chunk).
+    s3_storage.concat(sources[0], sources, {"merged": "1"})
+    assert s3_storage.read(sources[0], 0, len(joined) + 1) == joined
+    assert uploads_in_progress(s3_storage) == []
+
+
+@pytest.mark.slow
+def test_concat_copies_big_sources_and_reads_only_small_ones(s3_storage: S3Storage) -> None:
+    """A big chunk followed by trickle chunks: the big one never leaves the server."""
+    big = blob(1, MIN_PART_SIZE + 3)
+    small = [blob(2 + i, 4 * KiB) for i in range(30)]
+    sources = ["m/big"] + [f"m/s{i:02d}" for i in range(30)]
+    for key, data in zip(sources, [big, *small], strict=True):
+        s3_storage.write(key, data, {})
+    counter = RequestCounter(s3_storage)
+    s3_storage.concat("m/joined", sources, {}, sizes=[len(big)] + [4 * KiB] * 30)
+    assert s3_storage.read("m/joined", 0, 2 * MIN_PART_SIZE) == big + b"".join(small)
+    # With the sizes given: no HEAD; one copy, 30 small GETs, one part of them.
+    assert counter.counts == {
+        "CreateMultipartUpload": 1,
+        "UploadPartCopy": 1,
+        "GetObject": 30 + 1,  # + the read-back above
+        "UploadPart": 1,
+        "CompleteMultipartUpload": 1,
+    }
+
+
+@pytest.mark.slow
+def test_concat_of_small_sources_only_is_one_put(s3_storage: S3Storage) -> None:
+    """Under 5 MiB in all: N GETs and one PUT, no multipart upload."""
+    parts = [blob(i, 2 * KiB + i) for i in range(10)]
+    sources = [f"p/{i}" for i in range(10)]
+    for key, data in zip(sources, parts, strict=True):
+        s3_storage.write(key, data, {})
+    counter = RequestCounter(s3_storage)
+    s3_storage.concat("p/joined", sources, META)
+    assert counter.counts == {"HeadObject": 10, "GetObject": 10, "PutObject": 1}
+    assert s3_storage.read("p/joined", 0, 1 << 20) == b"".join(parts)
+    assert dict(s3_storage.stat("p/joined").metadata) == META
 
 
 def test_concat_of_nothing_is_empty(s3_storage: S3Storage) -> None:

@@ -13,8 +13,11 @@ raised as botocore raised them, and the retry policy turns them into
 `Tier2Error`.
 
 S3 has no append. Concatenation is a multipart upload whose parts are copied
-server side (UploadPartCopy), which needs every source but the last to be at
-least 5 MiB on AWS (SeaweedFS enforces the same minimum).
+server side (UploadPartCopy) where they can be: every part but the last must
+be at least 5 MiB on AWS (SeaweedFS enforces the same minimum, and refuses
+the whole upload with EntityTooSmall at completion). Smaller sources are read
+and uploaded, joined into parts of at least 5 MiB (`plan_concat`); when all
+of it is re-uploaded and fits one part, one PUT does instead.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import email.utils
 import io
 import ssl
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -36,13 +40,26 @@ from botocore.exceptions import ClientError
 
 from gateway import __version__
 from gateway.buffers import Buffer
-from gateway.errors import BindingUnsupported, ChunkNotFound
+from gateway.errors import BindingUnsupported, ChunkNotFound, Tier2Error
 from gateway.storage.interface import ObjectInfo
 
-__all__ = ["MIN_PART_SIZE", "S3Storage", "is_temp_failure", "retry_after"]
+__all__ = [
+    "MAX_PARTS",
+    "MAX_PART_SIZE",
+    "MIN_PART_SIZE",
+    "ConcatPart",
+    "S3Storage",
+    "is_temp_failure",
+    "plan_concat",
+    "retry_after",
+]
 
 #: Smallest multipart part S3 accepts, except for the last part of an upload.
 MIN_PART_SIZE = 5 * 1024 * 1024
+#: Largest part (and largest UploadPartCopy range) S3 accepts.
+MAX_PART_SIZE = 5 * 1024 * 1024 * 1024
+#: Most parts one multipart upload may have.
+MAX_PARTS = 10_000
 
 #: S3 error codes that mean "try again later", whatever the HTTP status.
 TEMPORARY_CODES = frozenset(
@@ -114,6 +131,78 @@ def _error_code(exc: ClientError) -> str:
 
 def _is_not_found(exc: ClientError) -> bool:
     return _error_code(exc) in _NOT_FOUND_CODES
+
+
+@dataclass(frozen=True)
+class ConcatPart:
+    """One part of a concatenation: a server-side copy, or bytes read and uploaded.
+
+    ``pieces`` are ``(source index, start, end)`` byte ranges, in order. A
+    copy has exactly one piece (UploadPartCopy with ``CopySourceRange``); an
+    upload joins its pieces, each read with a ranged GET.
+    """
+
+    copy: bool
+    pieces: tuple[tuple[int, int, int], ...]
+
+    @property
+    def size(self) -> int:
+        """Bytes in this part."""
+        return sum(end - start for _, start, end in self.pieces)
+
+
+def plan_concat(
+    sizes: Sequence[int], *, min_part: int = MIN_PART_SIZE, max_part: int = MAX_PART_SIZE
+) -> list[ConcatPart]:
+    """The parts of a multipart upload that concatenates sources of ``sizes``.
+
+    Every part but the last is at least ``min_part`` (S3's rule). Sources of
+    ``min_part`` or more are copied server side; smaller ones are collected
+    into an upload part until it reaches ``min_part``. A big source right
+    after such a collection lends its first bytes to fill that part up to
+    ``min_part``, and the rest of it is still copied if that rest is big
+    enough (or ends the whole). So only bytes of small sources, plus at most
+    ``min_part`` per big source that follows small ones, are read and
+    uploaded. Empty sources are skipped; none at all give no parts.
+    """
+    if any(size < 0 for size in sizes):
+        raise ValueError(f"negative source size in {list(sizes)}")
+    parts: list[ConcatPart] = []
+    pending: list[tuple[int, int, int]] = []
+    pending_size = 0
+    last = max((i for i, size in enumerate(sizes) if size), default=-1)
+
+    def flush() -> None:
+        nonlocal pending, pending_size
+        if pending:
+            parts.append(ConcatPart(copy=False, pieces=tuple(pending)))
+            pending, pending_size = [], 0
+
+    for i, size in enumerate(sizes):
+        start = 0
+        if pending and size >= min_part:
+            # Fill the collected part up from this source's head: cheaper
+            # than reading the whole source, and the part must reach min_part.
+            start = min_part - pending_size
+            pending.append((i, 0, start))
+            flush()
+        rest = size - start
+        if rest <= 0:
+            continue
+        if not pending and (rest >= min_part or i == last):
+            # Copied server side, in ranges S3 accepts: equal pieces of at
+            # most max_part, each over max_part / 2 >= min_part when split.
+            count = -(-rest // max_part)
+            step = -(-rest // count)
+            for begin in range(start, size, step):
+                parts.append(ConcatPart(copy=True, pieces=((i, begin, min(size, begin + step)),)))
+            continue
+        pending.append((i, start, size))
+        pending_size += rest
+        if pending_size >= min_part:
+            flush()
+    flush()
+    return parts
 
 
 class _MemoryviewReader(io.RawIOBase):
@@ -380,18 +469,38 @@ class S3Storage:
         """S3 objects cannot grow: always `BindingUnsupported`."""
         raise BindingUnsupported("s3", "append")
 
-    def concat(self, key: str, sources: Sequence[str], metadata: Mapping[str, str]) -> None:
-        """Create ``key`` from ``sources`` with a multipart upload of server-side part copies.
+    def concat(
+        self,
+        key: str,
+        sources: Sequence[str],
+        metadata: Mapping[str, str],
+        *,
+        sizes: Sequence[int] | None = None,
+    ) -> None:
+        """Create ``key`` as the concatenation of ``sources`` (which stay), of any sizes.
 
-        Every source but the last must be at least `MIN_PART_SIZE` (5 MiB) on
-        AWS and SeaweedFS (S3 answers EntityTooSmall otherwise, a final error).
-        ``key`` may be one of the sources: the parts are copied before the
-        upload completes. On any failure the upload is aborted, so neither
-        ``key`` nor stray parts remain; a missing source raises `ChunkNotFound`
-        naming it. No sources make an empty object.
+        A multipart upload as `plan_concat` lays it out: sources of 5 MiB or
+        more are copied server side (UploadPartCopy), smaller ones are read
+        and uploaded in parts of at least 5 MiB. If everything is re-uploaded
+        and fits one part, it is one PUT instead. ``sizes`` (the sources'
+        lengths, as the caller's metadata has them) saves a HEAD per source;
+        a source shorter than its given size raises `Tier2Error`, and only
+        the given number of bytes of each source is used.
+
+        ``key`` may be one of the sources: every part is read or copied
+        before the upload completes. On any failure the upload is aborted,
+        so neither ``key`` nor stray parts remain; a missing source raises
+        `ChunkNotFound` naming it. No sources make an empty object.
         """
-        if not sources:
-            self.write(key, b"", metadata)
+        if sizes is None:
+            sizes = [self.stat(source).size for source in sources]
+        elif len(sizes) != len(sources):
+            raise ValueError(f"{len(sources)} sources but {len(sizes)} sizes")
+        plan = plan_concat(sizes)
+        if len(plan) > MAX_PARTS:
+            raise Tier2Error(f"concat into {key!r} needs {len(plan)} parts, S3 allows {MAX_PARTS}")
+        if not plan or (len(plan) == 1 and not plan[0].copy):
+            self.write(key, self._read_part(sources, plan[0]) if plan else b"", metadata)
             return
         target = self._key(key)
         upload = self._client.create_multipart_upload(
@@ -399,26 +508,24 @@ class S3Storage:
         )
         upload_id = upload["UploadId"]
         try:
-            parts = []
-            for number, source in enumerate(sources, start=1):
-                try:
-                    copied = self._client.upload_part_copy(
-                        Bucket=self.bucket,
-                        Key=target,
-                        UploadId=upload_id,
-                        PartNumber=number,
-                        CopySource={"Bucket": self.bucket, "Key": self._key(source)},
-                    )
-                except ClientError as e:
-                    if _is_not_found(e):
-                        raise ChunkNotFound(source) from None
-                    raise
-                parts.append({"PartNumber": number, "ETag": copied["CopyPartResult"]["ETag"]})
+            done = []
+            for number, part in enumerate(plan, start=1):
+                if part.copy:
+                    done.append(self._copy_part(target, upload_id, number, sources, part))
+                    continue
+                answer = self._client.upload_part(
+                    Bucket=self.bucket,
+                    Key=target,
+                    UploadId=upload_id,
+                    PartNumber=number,
+                    Body=self._read_part(sources, part),
+                )
+                done.append({"PartNumber": number, "ETag": answer["ETag"]})
             self._client.complete_multipart_upload(
                 Bucket=self.bucket,
                 Key=target,
                 UploadId=upload_id,
-                MultipartUpload={"Parts": parts},
+                MultipartUpload={"Parts": done},
             )
         except BaseException:
             # Parts of an unfinished upload are stored (and billed) until
@@ -429,6 +536,44 @@ class S3Storage:
                     Bucket=self.bucket, Key=target, UploadId=upload_id
                 )
             raise
+
+    def _copy_part(
+        self, target: str, upload_id: str, number: int, sources: Sequence[str], part: ConcatPart
+    ) -> dict[str, Any]:
+        """UploadPartCopy of the one range of ``part``, always with an explicit range.
+
+        The range keeps the part exactly as planned: a source shorter than
+        its size fails (InvalidRange) instead of shifting every later byte.
+        """
+        ((index, start, end),) = part.pieces
+        try:
+            copied = self._client.upload_part_copy(
+                Bucket=self.bucket,
+                Key=target,
+                UploadId=upload_id,
+                PartNumber=number,
+                CopySource={"Bucket": self.bucket, "Key": self._key(sources[index])},
+                CopySourceRange=f"bytes={start}-{end - 1}",
+            )
+        except ClientError as e:
+            if _is_not_found(e):
+                raise ChunkNotFound(sources[index]) from None
+            if _error_code(e) == "InvalidRange":
+                raise Tier2Error(
+                    f"concat source {sources[index]!r} is shorter than {end} bytes"
+                ) from None
+            raise
+        return {"PartNumber": number, "ETag": copied["CopyPartResult"]["ETag"]}
+
+    def _read_part(self, sources: Sequence[str], part: ConcatPart) -> bytes:
+        """The bytes of an upload part: its pieces read with ranged GETs and joined."""
+        pieces = []
+        for index, start, end in part.pieces:
+            data = self.read(sources[index], start, end - start)
+            if len(data) != end - start:
+                raise Tier2Error(f"concat source {sources[index]!r} is shorter than {end} bytes")
+            pieces.append(data)
+        return b"".join(pieces)
 
     def is_temp_failure(self, exc: BaseException) -> bool:
         """See the module function `is_temp_failure`."""
