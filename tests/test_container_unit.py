@@ -273,3 +273,39 @@ async def test_a_listing_page_is_a_range_of_names_in_order() -> None:
     assert [i.name for i in c.list("p/", start_after="p/048")] == ["p/049"]
     assert c.list("p/", start_after="p/049") == [] and c.list("p/", start_after="z") == []
     assert [i.name for i in c.list("p", limit=1)] == ["p"]
+
+
+async def test_changes_since_a_sequence_name_what_changed_and_what_went() -> None:
+    """``changed_since`` walks back from the newest change: segments whose committed
+    view changed after the sequence (each once, at its last change) and the ids and
+    names deleted after it; the live count follows creates, deletes and merges."""
+    c = make()
+    table = c._table
+    for name in ("a", "b", "c", "d"):
+        await c.create(name)
+    assert c.segment_count == 4
+    mark = table.seq
+    assert table.changed_since(mark) == ([], [])
+    await c.append("b", b"x")
+    await c.append("c", b"y")
+    await c.append("b", b"z")
+    await c.delete("d")
+    got = table.changed_since(mark)
+    assert got is not None
+    changed, deleted = got
+    assert [s.name for s in changed] == ["b", "c"]  # newest first, b once
+    assert [name for _, name in deleted] == ["d"]
+    assert c.segment_count == 3
+    txn = (await c.begin("a")).name
+    await c.append(txn, b"t")
+    mark = table.seq
+    await c.commit(txn)
+    await c.wait_settled()
+    got = table.changed_since(mark)
+    assert got is not None
+    assert "a" in [s.name for s in got[0]]
+    # The merged transaction stays until its Tier-2 merge completes (none here).
+    assert c.segment_count == sum(1 for s in table.by_id.values() if s.durable) == 4
+    # A replay loads whole at its checkpoint: older cursors are refused.
+    table.changes_floor = table.seq
+    assert table.changed_since(mark) is None

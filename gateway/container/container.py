@@ -365,7 +365,7 @@ class SegmentContainer:
     @property
     def segment_count(self) -> int:
         """Live segments (committed)."""
-        return sum(1 for s in self._table.by_name.values() if s.durable)
+        return self._table.live_count
 
     def segment_by_id(self, segment_id: int) -> Segment | None:
         """The committed segment with this id, if it is live."""

@@ -42,6 +42,9 @@ from gateway.read.index import ReadIndex
 #: The ContainerSnapshot format version this code writes and reads (the
 #: journal's checkpoints and, inside a MetadataSnapshot, Tier 2's).
 SNAPSHOT_VERSION = 1
+#: Deletions remembered for `SegmentTable.changed_since` (followers further
+#: behind list the node in full).
+KEEP_DELETIONS = 100_000
 #: About one event-boundary index entry per this many bytes of a segment.
 EVENT_INDEX_SPACING = 1024 * 1024
 
@@ -73,8 +76,52 @@ class SegmentTable:
         #: Journal sequence of the operation being applied (set by the caller:
         #: the container, or a replay); attribute changes are tagged with it.
         self.seq = 0
+        #: Live segment id -> journal sequence of its last committed change,
+        #: in the order of those changes (a change moves the id to the end),
+        #: so what changed since a sequence is a walk back from the end
+        #: (`changed_since`). Only changes after `changes_floor` are here.
+        self.changes: dict[int, int] = {}
+        #: Deleted segment id -> (journal sequence of the deletion, name), oldest
+        #: first; the oldest go beyond `KEEP_DELETIONS` (`changes_floor` rises).
+        self.deletions: dict[int, tuple[int, str]] = {}
+        #: `changed_since` answers for sequences at or after this one only: the
+        #: state was loaded whole there (a checkpoint), or deletions were dropped.
+        self.changes_floor = 0
+        #: Live segments (committed, not deleted), kept as segments come and go.
+        self.live_count = 0
 
     # -- membership ----------------------------------------------------------------
+
+    def touch(self, seg: Segment) -> None:
+        """The segment's committed view changed (at `seq`)."""
+        changes = self.changes
+        changes.pop(seg.id, None)
+        changes[seg.id] = self.seq
+
+    def changed_since(self, seq: int) -> tuple[list[Segment], list[tuple[int, str]]] | None:
+        """Segments changed and (id, name) of those deleted after journal sequence
+        ``seq``, newest first; None if that is older than `changes_floor`."""
+        if seq < self.changes_floor:
+            return None
+        changed = []
+        for segment_id in reversed(self.changes):
+            if self.changes[segment_id] <= seq:
+                break
+            changed.append(self.by_id[segment_id])
+        deleted = []
+        for segment_id in reversed(self.deletions):
+            at, name = self.deletions[segment_id]
+            if at <= seq:
+                break
+            deleted.append((segment_id, name))
+        return changed, deleted
+
+    def _note_deletion(self, seg: Segment) -> None:
+        self.changes.pop(seg.id, None)
+        self.deletions[seg.id] = (self.seq, seg.name)
+        if len(self.deletions) > KEEP_DELETIONS:
+            oldest = next(iter(self.deletions))
+            self.changes_floor = max(self.changes_floor, self.deletions.pop(oldest)[0])
 
     def add(self, seg: Segment) -> None:
         """A new segment (pending until its create is durable)."""
@@ -91,7 +138,9 @@ class SegmentTable:
         """Forget the segment (deleted, or its create was refused)."""
         if self.by_name.get(seg.name) is seg:
             del self.by_name[seg.name]
-        self.by_id.pop(seg.id, None)
+        if self.by_id.pop(seg.id, None) is not None and seg.durable:
+            self.live_count -= 1
+            self._note_deletion(seg)
         self.transactions.discard(seg)
         stream = self.stream_of(seg.name)
         if stream is not None and seg in stream[0].members:
@@ -126,10 +175,13 @@ class SegmentTable:
     ) -> None:
         """The segment's create is durable (``attributes_from``: a predecessor's id)."""
         seg.durable = True
+        self.live_count += 1
+        self.touch(seg)
         seg.commit_attributes(values, self.seq)
         pred = self.by_id.get(attributes_from) if attributes_from else None
         if pred is not None:
             seg.attr_index = pred.give_attributes()
+            self.touch(pred)
         stream = self.stream_of(seg.name)
         if stream is not None:
             record = stream[0].record
@@ -150,6 +202,7 @@ class SegmentTable:
         ``where``: the path of that file and where the data lies in it, if known
         (the read index then reads it from there rather than keeping a copy).
         """
+        self.touch(seg)
         if offset != seg.length:
             raise ContainerCorrupt(
                 f"append to segment {seg.name!r} at offset {offset}, but its length is {seg.length}"
@@ -177,12 +230,14 @@ class SegmentTable:
 
     def apply_seal(self, seg: Segment, at_ms: int) -> None:
         """The segment is sealed: its length is final."""
+        self.touch(seg)
         seg.sealed = True
         seg.last_modified_ms = at_ms
         self.read_index.on_change(seg.id)
 
     def apply_truncate(self, seg: Segment, offset: int, at_ms: int) -> list[ChunkRecord]:
         """Raise the start offset; returns the chunks now wholly below it (garbage)."""
+        self.touch(seg)
         seg.start_offset = max(seg.start_offset, offset)
         seg.last_modified_ms = at_ms
         index = seg.event_index
@@ -238,6 +293,7 @@ class SegmentTable:
         as a new one: its object holds the bytes, and the storage writer does
         not delete objects that a segment names.
         """
+        self.touch(seg)
         end = chunk.start_offset + chunk.length
         if end > seg.length:
             raise ContainerCorrupt(
@@ -260,6 +316,7 @@ class SegmentTable:
 
     def apply_storage_sealed(self, seg: Segment) -> None:
         """Every byte of the sealed segment is in Tier 2."""
+        self.touch(seg)
         seg.sealed_in_storage = True
 
     def apply_delete(
@@ -296,6 +353,8 @@ class SegmentTable:
         at_ms: int,
     ) -> None:
         """The sealed ``source`` is appended to ``target`` at ``offset`` (its length)."""
+        self.touch(target)
+        self.touch(source)
         if offset != target.length or not source.sealed or source.merged_into:
             raise ContainerCorrupt(
                 f"merge of {source.name!r} into {target.name!r} at {offset}: the target's "
@@ -331,6 +390,7 @@ class SegmentTable:
 
     def apply_merge_completed(self, target: Segment, source: Segment) -> list[ChunkRecord]:
         """The source's chunks become the target's; returns chunks truncated away (garbage)."""
+        self.touch(target)
         if not target.merges or target.merges[0] is not source:
             raise ContainerCorrupt(
                 f"merge of {source.name!r} into {target.name!r} completes out of order"
@@ -388,6 +448,7 @@ class SegmentTable:
         self, seg: Segment, values: Mapping[bytes, int | None], at_ms: int
     ) -> None:
         """Attribute values changed."""
+        self.touch(seg)
         seg.commit_attributes(values, self.seq)
         seg.last_modified_ms = at_ms
 
@@ -403,6 +464,7 @@ class SegmentTable:
         when the batch no longer applies (the index moved to a successor, or
         another batch went first).
         """
+        self.touch(seg)
         index = seg.attr_index
         old_length = index.length if index is not None else 0
         if chunk.start_offset != old_length or seg.attr_moved:
@@ -476,6 +538,9 @@ class SegmentTable:
             raise ContainerCorrupt(f"checkpoint snapshot version {snap.version} is unknown")
         self.by_name = SortedDict()
         self.by_id = {}
+        self.changes = {}
+        self.deletions = {}
+        self.changes_floor = self.seq
         self.streams = {}
         self.transactions = set()
         self.outcomes.load(snap.txn_outcomes)
@@ -483,6 +548,7 @@ class SegmentTable:
             self.apply_set_stream(sr)
         for r in snap.segments:
             self.add(Segment.from_record(r, self.seq))
+        self.live_count = sum(1 for s in self.by_id.values() if s.durable)
         for seg in sorted(self.by_id.values(), key=lambda s: s.merge_offset):
             if seg.merged_into:
                 target = self.by_id.get(seg.merged_into)
