@@ -57,6 +57,10 @@ class OperationJournal(Protocol):
     def short_of_space(self) -> bool:
         """Whether client operations are refused for want of disk space."""
 
+    @property
+    def bytes_since_checkpoint(self) -> int:
+        """Bytes journaled since the last checkpoint was written."""
+
     def submit(self, parts: Sequence[Buffer], reserved: bool = False) -> JournalTicket:
         """Queue one serialized operation (its parts, concatenated)."""
 

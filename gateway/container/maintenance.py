@@ -6,10 +6,21 @@ it is in Tier 2, and the journal's disk is finite: changes wait for room
 ``container.overload_timeout``, so memory and disk stay bounded.
 
 Checkpoints snapshot the pending view at the moment of submission -- it holds
-exactly the operations before the checkpoint in the journal -- and after one
-is durable the journal is truncated up to the oldest file whose append data
-is still needed: data is needed unless it is in Tier 2 (below the storage
-length), its segment was deleted, or it was truncated away.
+exactly the operations before the checkpoint in the journal. They roll
+(docs/FORMATS.md): each holds the segments changed since the previous one,
+the deletions, and the next share of the unchanged segments in name order, so
+its cost follows the traffic, not the number of segments. Once a pass over
+every name is done, the checkpoints since the pass began hold every live
+segment; that is how far the journal may be truncated, and further only up to
+the oldest file whose append data is still needed: data is needed unless it
+is in Tier 2 (below the storage length), its segment was deleted, or it was
+truncated away.
+
+The unchanged segments a checkpoint rewrites are at least
+``container.checkpoint_min_segments`` and about a quarter of the bytes
+journaled since the previous checkpoint: the journal keeps about four times
+the size of all records, and rewriting them costs about a quarter of the
+journal's write rate, whatever the number of segments.
 """
 
 from __future__ import annotations
@@ -20,7 +31,14 @@ from contextlib import suppress
 import trio
 
 from gateway.container.operations import OperationQueue, PendingOperation
+from gateway.container.segment import Segment
 from gateway.errors import GatewayError, JournalError, Overloaded
+from gateway.protocol.metadata_pb2 import ContainerSnapshot
+
+#: Unchanged record bytes a rolling checkpoint rewrites per byte journaled since
+#: the previous checkpoint: the journal then keeps about 1/this times the
+#: records' size beyond what it needs for data.
+REWRITE_SHARE = 0.25
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +52,19 @@ class Maintenance:
         self._journal = queue.journal
         self.checkpoints = 0
         self.journal_files_truncated = 0
+        #: Rolling checkpoints: the name the next share of unchanged segments
+        #: starts after ("" = a new pass), the sequence of the checkpoint that
+        #: began the pass in progress, and the table's sequence when the previous
+        #: checkpoint was taken (what changed since goes in the next one).
+        self._after = ""
+        self._pass_start = 0
+        self._stamp = self._table.changes_floor
+        self._lock = trio.Lock()
+        #: Average bytes of a segment record in the last checkpoint.
+        self._record_bytes = 200.0
+        #: Checkpoints written whole, and segment records written in all.
+        self.full_checkpoints = 0
+        self.checkpoint_records = 0
 
     # -- throttling ------------------------------------------------------------------
 
@@ -85,6 +116,11 @@ class Maintenance:
         ``roll``: in a new journal file, so every older file may go (see
         `Journal.submit_checkpoint`).
         """
+        # One at a time: each continues the pass of the one before.
+        async with self._lock:
+            return await self._checkpoint(roll)
+
+    async def _checkpoint(self, roll: bool) -> int:
         queue = self._queue
         await self._journal.wait_for_space(64 * len(self._table.by_name) + 1024, reserved=True)
         # The snapshot is the pending view, but chunk lists and storage
@@ -104,16 +140,37 @@ class Maintenance:
                     await last.wait()
             queue.settle()
         queue.start(change=False)
-        ticket = self._journal.submit_checkpoint(self._table.pending_snapshot(), roll)
+        snapshot, completes = self._snapshot(roll)
+        data = snapshot.SerializeToString()
+        ticket = self._journal.submit_checkpoint(data, roll)
         op = PendingOperation(queue, ticket, None)
         op.internal = True
         queue.inflight.append(op)
-        await op.wait()
-        seq = ticket.result()
+        try:
+            await op.wait()
+            seq = ticket.result()
+        except BaseException:
+            # What it held is in no later checkpoint: the next one is whole.
+            self._table.complete_from = None
+            raise
         self.checkpoints += 1
+        self.checkpoint_records += len(snapshot.segments)
+        if snapshot.segments:
+            self._record_bytes = max(50.0, len(data) / len(snapshot.segments))
+        table = self._table
+        if not snapshot.partial:
+            self.full_checkpoints += 1
+            table.complete_from = seq
+        else:
+            if self._pass_start == 0:
+                self._pass_start = seq
+            if completes:
+                table.complete_from = self._pass_start
+                self._pass_start = 0
+        limit = table.complete_from or seq
         keep_from = self._table.oldest_needed_file()
         storage = queue.storage
-        if storage is not None and self._journal.would_truncate(seq, keep_from):
+        if storage is not None and self._journal.would_truncate(limit, keep_from):
             # Files about to go may hold the only durable copy of bytes that
             # Tier 2 acknowledged from its page cache (the embedded server).
             try:
@@ -121,12 +178,63 @@ class Maintenance:
             except GatewayError as e:
                 log.warning("not truncating the journal: %s", e)
                 return seq
-        deleted = await self._journal.truncate(seq, keep_from)
+        deleted = await self._journal.truncate(limit, keep_from)
         if deleted:
             self.journal_files_truncated += deleted
             self._table.forget_files_before(self._journal.oldest_file())
         log.debug("checkpoint at %d; truncated %d journal file(s)", seq, deleted)
         return seq
+
+    def _snapshot(self, roll: bool) -> tuple[ContainerSnapshot, bool]:
+        """The next checkpoint's snapshot, and whether it completes a pass.
+
+        Whole when asked to ``roll`` (it alone must let every older file go),
+        when no complete run of checkpoints is known (the first after a start
+        from an old journal), when what changed is no longer known, or when
+        the share would be everything anyway.
+        """
+        table = self._table
+        changed = table.changed_since(self._stamp)
+        self._stamp = table.seq
+        share = max(
+            self._queue.config.checkpoint_min_segments,
+            int(self._journal.bytes_since_checkpoint * REWRITE_SHARE / self._record_bytes),
+        )
+        names = table.by_name
+        if (
+            roll
+            or table.complete_from is None
+            or changed is None
+            or (not self._after and share >= len(names))
+        ):
+            self._after = ""
+            self._pass_start = 0
+            return table.pending_snapshot(), False
+        segments: dict[int, Segment] = {s.id: s for s in changed[0]}
+        deleted = {segment_id for segment_id, _ in changed[1]}
+        for seg in self._queue.dirty:  # pending changes not yet applied
+            segments[seg.id] = seg
+        completes = True
+        for taken, name in enumerate(
+            names.irange(minimum=self._after or None, inclusive=(False, True))
+        ):
+            if taken >= share:
+                completes = False
+                break
+            seg = names[name]
+            segments[seg.id] = seg
+            self._after = name
+        if completes:
+            self._after = ""
+        for segment_id, seg in list(segments.items()):
+            if seg.p_deleted:
+                del segments[segment_id]
+                deleted.add(segment_id)
+        deleted -= segments.keys()
+        complete_from = table.complete_from
+        if completes and self._pass_start:
+            complete_from = self._pass_start  # this checkpoint ends the pass
+        return table.partial_snapshot(segments.values(), deleted, complete_from), completes
 
     def _checkpoint_for_space(self) -> bool:
         """Whether the disk is full and a checkpoint in a new file would free journal files."""

@@ -1,10 +1,12 @@
 """Replaying the journal into a segment table: at start, for fsck and for export.
 
 The journal hands every durable operation, in order, to `Replayer.replay`
-(from a worker thread: nothing here touches trio). Before the first
-checkpoint of a truncated journal only where appended bytes lie matters; from
-it on, each operation is applied through the same `SegmentTable` methods the
-live container uses, so a replay and the live run cannot disagree.
+(from a worker thread: nothing here touches trio). Until the state is known
+-- a full checkpoint, or the rolling checkpoint that completes the records of
+every live segment (docs/FORMATS.md) -- only where appended bytes lie
+matters; from then on, each operation is applied through the same
+`SegmentTable` methods the live container uses, so a replay and the live run
+cannot disagree.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from gateway.protocol.metadata_pb2 import (
     AttributeValue,
     ChunkRecord,
     ContainerSnapshot,
+    SegmentRecord,
 )
 from gateway.read.index import ReadIndex
 
@@ -38,6 +41,10 @@ class Replayer:
         #: sequence 1, or a checkpoint has been loaded.
         self.based = False
         self.first_seq = 0
+        #: Sequence of the first checkpoint replayed, and the newest record of each
+        #: segment in the rolling checkpoints since (until the state is known).
+        self._first_checkpoint = 0
+        self._records: dict[int, SegmentRecord] = {}
         #: Where the data of the append replayed next lies (`on_data`), if known.
         self._where: tuple[pathlib.Path, int] | None = None
 
@@ -60,8 +67,7 @@ class Replayer:
             self.based = seq == 1
         t.seq = seq
         if kind == "checkpoint":
-            t.load_snapshot(op.checkpoint.snapshot)
-            self.based = True
+            self._checkpoint(seq, ContainerSnapshot.FromString(op.checkpoint.snapshot))
             return
         if kind == "append" and not self.based:
             # Before the first checkpoint of a truncated journal: the state is
@@ -139,6 +145,49 @@ class Replayer:
             t.apply_delete_stream(op.delete_stream.name)
         else:
             raise ContainerCorrupt(f"sequence {seq}: unknown operation kind {kind!r}")
+
+    def _checkpoint(self, seq: int, snap: ContainerSnapshot) -> None:
+        """A full checkpoint is the whole state; a rolling one adds to the records
+        gathered since the first checkpoint of the replay, and once they hold
+        every live segment (its ``complete_from`` is among them) they are the
+        state. Once the state is known, rolling checkpoints repeat what the
+        replayed operations did, and are skipped."""
+        t = self.table
+        if not self._first_checkpoint:
+            self._first_checkpoint = seq
+        if not snap.partial:
+            t.load_snapshot(snap)
+            t.complete_from = seq
+            self._records = {}
+            self._based_here()
+            return
+        if not 0 < snap.complete_from <= seq:
+            raise ContainerCorrupt(
+                f"sequence {seq}: a rolling checkpoint complete from {snap.complete_from}"
+            )
+        t.complete_from = snap.complete_from
+        if self.based:
+            return
+        records = self._records
+        for r in snap.segments:
+            records[r.id] = r
+        for segment_id in snap.deleted_ids:
+            records.pop(segment_id, None)
+        if snap.complete_from >= self._first_checkpoint:
+            t.load_snapshot(snap, records.values())
+            self._records = {}
+            self._based_here()
+
+    def _based_here(self) -> None:
+        """The state is known from here on. The read index holds every append
+        replayed before; the live node had let go of those that were flushed or
+        truncated away by then, and what later operations find there (a
+        truncation's first event) must be the same."""
+        self.based = True
+        index = self.table.read_index
+        for seg in self.table.by_id.values():
+            index.on_truncate(seg.id, seg.start_offset)
+            index.on_flushed(seg.id, seg.storage_length)
 
     def _segment(self, segment_id: int, seq: int) -> Segment:
         seg = self.table.by_id.get(segment_id)

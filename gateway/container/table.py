@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 import pathlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from sortedcontainers import SortedDict
 
@@ -34,6 +34,7 @@ from gateway.protocol.metadata_pb2 import (
     AttributeIndexRecord,
     ChunkRecord,
     ContainerSnapshot,
+    SegmentRecord,
     StreamRecord,
     TransactionOutcomeRecord,
 )
@@ -89,6 +90,10 @@ class SegmentTable:
         self.changes_floor = 0
         #: Live segments (committed, not deleted), kept as segments come and go.
         self.live_count = 0
+        #: The journal sequence from which on the journal's checkpoints hold every
+        #: live segment (`ContainerSnapshot.complete_from`), as a replay found it;
+        #: None if unknown (then the next checkpoint is a full one).
+        self.complete_from: int | None = None
 
     # -- membership ----------------------------------------------------------------
 
@@ -509,17 +514,34 @@ class SegmentTable:
 
     # -- snapshots ---------------------------------------------------------------------
 
-    def pending_snapshot(self) -> bytes:
-        """The pending view: exactly the state after everything submitted so far."""
+    def pending_snapshot(self) -> ContainerSnapshot:
+        """The pending view whole: exactly the state after everything submitted so far."""
+        return self.partial_snapshot(
+            (s for s in self.by_name.values() if not s.p_deleted), (), 0, partial=False
+        )
+
+    def partial_snapshot(
+        self,
+        segments: Iterable[Segment],
+        deleted_ids: Iterable[int],
+        complete_from: int,
+        partial: bool = True,
+    ) -> ContainerSnapshot:
+        """A rolling checkpoint: the pending records of ``segments``, the ids deleted
+        since the previous checkpoint, and the small state (streams, outcomes, next id)
+        whole. ``complete_from``: see `ContainerSnapshot.complete_from`."""
         return ContainerSnapshot(
             version=SNAPSHOT_VERSION,
             next_segment_id=self.next_id,
-            segments=[s.pending_record() for s in self.by_name.values() if not s.p_deleted],
+            segments=[s.pending_record() for s in segments],
             streams=[_pending_record(s) for s in self.streams.values()],
             # Committed records: the operations that add them are applied
             # before a checkpoint is taken (the container waits for them).
             txn_outcomes=self.outcomes.records(),
-        ).SerializeToString()
+            partial=partial,
+            deleted_ids=sorted(deleted_ids),
+            complete_from=complete_from,
+        )
 
     def committed_snapshot(self) -> ContainerSnapshot:
         """The committed view of every segment (Tier-2 metadata snapshots, export)."""
@@ -531,9 +553,12 @@ class SegmentTable:
             txn_outcomes=self.outcomes.records(),
         )
 
-    def load_snapshot(self, data: bytes) -> None:
-        """Replace every segment by those of a checkpoint's snapshot."""
-        snap = ContainerSnapshot.FromString(data)
+    def load_snapshot(
+        self, data: bytes | ContainerSnapshot, records: Iterable[SegmentRecord] | None = None
+    ) -> None:
+        """Replace every segment by those of a checkpoint's full snapshot, or by
+        ``records`` (gathered from rolling checkpoints) with ``data``'s small state."""
+        snap = ContainerSnapshot.FromString(data) if isinstance(data, bytes) else data
         if snap.version != SNAPSHOT_VERSION:
             raise ContainerCorrupt(f"checkpoint snapshot version {snap.version} is unknown")
         self.by_name = SortedDict()
@@ -546,7 +571,7 @@ class SegmentTable:
         self.outcomes.load(snap.txn_outcomes)
         for sr in snap.streams:
             self.apply_set_stream(sr)
-        for r in snap.segments:
+        for r in snap.segments if records is None else records:
             self.add(Segment.from_record(r, self.seq))
         self.live_count = sum(1 for s in self.by_id.values() if s.durable)
         for seg in sorted(self.by_id.values(), key=lambda s: s.merge_offset):

@@ -180,6 +180,11 @@ class Journal:
         return self._room.short_of_space
 
     @property
+    def bytes_since_checkpoint(self) -> int:
+        """Bytes journaled since the last checkpoint was written."""
+        return self._bytes_since_checkpoint
+
+    @property
     def refusals(self) -> int:
         """Groups refused (disk full, no descriptors) without failing the journal."""
         return self._room.refusals

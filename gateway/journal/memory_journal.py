@@ -72,6 +72,7 @@ class MemoryJournal:
         self._pending: list[tuple[MemoryTicket, bytes]] = []
         self._held = False
         self._since_checkpoint = 0
+        self._bytes_since_checkpoint = 0
         self._checkpoints: set[int] = set()
         self.truncated_files = 0
 
@@ -116,7 +117,9 @@ class MemoryJournal:
         ticket = MemoryTicket(self._next)
         self._next += 1
         self._since_checkpoint += 1
-        self._pending.append((ticket, b"".join(bytes(p) for p in parts)))
+        data = b"".join(bytes(p) for p in parts)
+        self._bytes_since_checkpoint += len(data)
+        self._pending.append((ticket, data))
         if not self._held:
             self.commit()
         return ticket
@@ -129,7 +132,13 @@ class MemoryJournal:
         ticket = self.submit((op.SerializeToString(),), reserved=True)
         self._checkpoints.add(ticket.sequence)
         self._since_checkpoint = 0
+        self._bytes_since_checkpoint = 0
         return ticket
+
+    @property
+    def bytes_since_checkpoint(self) -> int:
+        """Bytes submitted since the last checkpoint."""
+        return self._bytes_since_checkpoint
 
     def has_space(self, nbytes: int, reserved: bool = False) -> bool:
         """Room unless short of space (and not ``reserved``)."""
@@ -193,7 +202,7 @@ class MemoryJournal:
             pending_bytes=sum(len(d) for _, d in self._pending),
             queued_groups=len(self._pending),
             frames_since_checkpoint=self._since_checkpoint,
-            bytes_since_checkpoint=0,
+            bytes_since_checkpoint=self._bytes_since_checkpoint,
             last_checkpoint=max(self._checkpoints, default=0),
             failed=str(self.failed) if self.failed else None,
             short_of_space=self.short_of_space,

@@ -117,18 +117,24 @@ class StreamRecord(_message.Message):
     def __init__(self, name: _Optional[str] = ..., created_at_ms: _Optional[int] = ..., roll_size: _Optional[int] = ..., roll_age_ms: _Optional[int] = ..., retain_size: _Optional[int] = ..., retain_age_ms: _Optional[int] = ..., next_number: _Optional[int] = ..., codec: _Optional[int] = ...) -> None: ...
 
 class ContainerSnapshot(_message.Message):
-    __slots__ = ("version", "next_segment_id", "segments", "streams", "txn_outcomes")
+    __slots__ = ("version", "next_segment_id", "segments", "streams", "txn_outcomes", "partial", "deleted_ids", "complete_from")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NEXT_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
     TXN_OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    DELETED_IDS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FROM_FIELD_NUMBER: _ClassVar[int]
     version: int
     next_segment_id: int
     segments: _containers.RepeatedCompositeFieldContainer[SegmentRecord]
     streams: _containers.RepeatedCompositeFieldContainer[StreamRecord]
     txn_outcomes: _containers.RepeatedCompositeFieldContainer[TransactionOutcomeRecord]
-    def __init__(self, version: _Optional[int] = ..., next_segment_id: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentRecord, _Mapping]]] = ..., streams: _Optional[_Iterable[_Union[StreamRecord, _Mapping]]] = ..., txn_outcomes: _Optional[_Iterable[_Union[TransactionOutcomeRecord, _Mapping]]] = ...) -> None: ...
+    partial: bool
+    deleted_ids: _containers.RepeatedScalarFieldContainer[int]
+    complete_from: int
+    def __init__(self, version: _Optional[int] = ..., next_segment_id: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentRecord, _Mapping]]] = ..., streams: _Optional[_Iterable[_Union[StreamRecord, _Mapping]]] = ..., txn_outcomes: _Optional[_Iterable[_Union[TransactionOutcomeRecord, _Mapping]]] = ..., partial: _Optional[bool] = ..., deleted_ids: _Optional[_Iterable[int]] = ..., complete_from: _Optional[int] = ...) -> None: ...
 
 class TransactionOutcomeRecord(_message.Message):
     __slots__ = ("name", "parent", "outcome", "segment", "offset", "length", "at_ms")

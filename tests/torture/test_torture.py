@@ -28,9 +28,9 @@ After every round: every acknowledged event is in its segment exactly once
 and in order (through the protocol and through the mount), and what every
 reader saw was a prefix of it, online `fsck` finds nothing, and the
 daemon's resident memory stays under a bound derived from
-``server.max_memory``. The CI run
-lasts ``SEGMENT_GATEWAY_TORTURE_SECONDS`` (default 40: about the first pass over every kind); ``make torture``
-runs it for 30 minutes and prints the summary.
+``server.max_memory``. The CI run lasts ``SEGMENT_GATEWAY_TORTURE_SECONDS``
+(default 40: about the first pass over every kind); ``make torture`` runs it
+for 30 minutes and prints the summary.
 """
 
 from __future__ import annotations
