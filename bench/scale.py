@@ -529,8 +529,54 @@ def window(node: Daemon, seconds: float) -> dict[str, float]:
     return {"cpu_share": (c1 - c0) / seconds, "connections": t1["connections"], **per_s}
 
 
+def bulk_install(node: Daemon, n: int, steps: dict[str, float]) -> list[str]:
+    """Install ``n`` sealed, flushed segments on the stopped, empty ``node``
+    (`tests.helpers.bulk`): a tenth (at most 10^5) members of the stream
+    ``big``, 1% left active at the end; their names."""
+    from tests.helpers import bulk
+
+    members = min(n // 10, 100_000)
+    config = node.dir / "gateway.toml"
+    config.write_text(node.config_text.replace("@CACHE@", str(node.dir / "cache0")))
+    t = time.monotonic()
+    subprocess.run(
+        [sys.executable, "-m", "tests.helpers.bulk", "--config", str(config),
+         "--data-dir", str(node.dir / "data"), "--segments", str(n), "--stream", "big",
+         "--members", str(members), "--active", str(max(1, n // 100))],
+        cwd=ROOT, env={**os.environ, **node.env}, check=True, timeout=SETTLE_TIMEOUT,
+        stdout=sys.stderr,
+    )  # fmt: skip
+    steps["bulk_install_s"] = round(time.monotonic() - t, 2)
+    log(f"{n}: installed in {steps['bulk_install_s']:.1f} s")
+    return bulk.names(n, "big", members)
+
+
+def make_segments(node: Daemon, names: list[str], active: int, budget: float,
+                  out: dict[str, Any]) -> None:  # fmt: skip
+    """Create, append to and seal ``names`` through the protocol (all but ``active``)."""
+    n = len(names)
+    steps = out["steps"]
+    payload = b"x" * 99 + b"\n"
+    t = time.monotonic()
+    passes_s: dict[str, float] = {}
+    out["passes_s"] = passes_s
+    passes = timed(f"{n}: create, append, seal", steps)(
+        lambda: trio.run(
+            create_all, node.address, names, payload, lambda i: i >= active, budget, passes_s
+        )
+    )
+    took = time.monotonic() - t
+    if passes < 3:
+        raise RuntimeError(
+            f"creating {n:,} segments did not finish within the {budget:.0f} s budget "
+            f"(stopped in pass {passes + 1} of 3: create, append, seal)"
+        )
+    out["segments_per_s"] = n / took
+
+
 def run_scale(work: pathlib.Path, s3: Any, env: dict[str, str], n: int,
-              follow_seconds: float, budget: float, tier2: str) -> dict[str, Any]:  # fmt: skip
+              follow_seconds: float, budget: float, tier2: str,
+              bulk: bool = False) -> dict[str, Any]:  # fmt: skip
     out: dict[str, Any] = {"segments": n, "steps": {}}
     steps = out["steps"]
     names = scale_names(n)
@@ -543,34 +589,19 @@ def run_scale(work: pathlib.Path, s3: Any, env: dict[str, str], n: int,
                           node_config("node-f", bucket, s3.endpoint_url, ""), env,
                           mount=False)  # fmt: skip
         try:
-            steps["first_start_s"] = round(node.start(), 2)
-            payload = b"x" * 99 + b"\n"
-            t = time.monotonic()
-            passes_s: dict[str, float] = {}
-            out["passes_s"] = passes_s
-            passes = timed(f"{n}: create, append, seal", steps)(
-                lambda: trio.run(
-                    create_all,
-                    node.address,
-                    names,
-                    payload,
-                    lambda i: i >= active,
-                    budget,
-                    passes_s,
-                )
-            )
-            took = time.monotonic() - t
-            if passes < 3:
-                raise RuntimeError(
-                    f"creating {n:,} segments did not finish within the {budget:.0f} s budget "
-                    f"(stopped in pass {passes + 1} of 3: create, append, seal)"
-                )
-            out["segments_per_s"] = n / took
+            if bulk:
+                names = bulk_install(node, n, steps)
+                steps["first_start_s"] = round(node.start(), 2)
+                active_name = names[-1]
+            else:
+                steps["first_start_s"] = round(node.start(), 2)
+                make_segments(node, names, active, budget, out)
+                active_name = names[0]
             steps["flushed_wait_s"] = round(wait_for(lambda: flushed(node), "flushed"), 2)
             out["rss_mib_loaded"] = node.rss_mib()
             log(f"{n}: RSS {out['rss_mib_loaded']:.0f} MiB")
             lat = timed(f"{n}: {CHECKPOINT_APPENDS} appends one at a time", steps)(
-                lambda: trio.run(one_at_a_time, node.address, names[0], CHECKPOINT_APPENDS)
+                lambda: trio.run(one_at_a_time, node.address, active_name, CHECKPOINT_APPENDS)
             )
             med = statistics.median(lat)
             out["checkpoint_stall"] = {
@@ -767,6 +798,9 @@ def main() -> int:
     parser.add_argument("--million", action="store_true", help="also 10^6 segments")
     parser.add_argument("--follow-seconds", type=float, default=30.0)
     parser.add_argument("--skip-trickle", action="store_true")
+    parser.add_argument("--bulk", action="store_true",
+                        help="install each size's segments (tests/helpers/bulk.py: "
+                        "sealed, flushed, one shared chunk), not one by one")  # fmt: skip
     parser.add_argument("--create-budget", type=float, default=1500.0,
                         help="seconds each size may spend creating (default 1500)")  # fmt: skip
     parser.add_argument("--tier2-concurrency", type=int, default=32,
@@ -797,7 +831,8 @@ def main() -> int:
             for n in args.sizes:
                 t = time.monotonic()
                 r = run_scale(work, s3, env, n, args.follow_seconds, args.create_budget,
-                              f"max_concurrency = {args.tier2_concurrency}")  # fmt: skip
+                              f"max_concurrency = {args.tier2_concurrency}",
+                              args.bulk)  # fmt: skip
                 r["total_s"] = time.monotonic() - t
                 log(f"{n}: done in {r['total_s']:.0f} s")
                 result["scale"].append(r)

@@ -55,6 +55,7 @@ from gateway.replication.store import ReplicaStore
 from gateway.server import Server
 from gateway.storage.layer import ChunkLayer
 from gateway.tier2.bindings import open_tier2
+from gateway.tier2.storage_writer import StorageWriter
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +84,20 @@ def _write_ready_file(path: pathlib.Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def status_line(container: SegmentContainer) -> str:
+def unflushed_bytes(container: SegmentContainer, writer: StorageWriter | None) -> int:
+    """Bytes not yet in Tier 2: from the storage writer's segments waiting for a
+    flush (without Tier 2, every segment's)."""
+    if writer is not None:
+        return writer.unflushed_bytes()
+    return sum(s.length - max(s.storage_length, s.start_offset) for s in container.segments())
+
+
+def status_line(container: SegmentContainer, writer: StorageWriter | None = None) -> str:
     """What ``systemctl status`` shows: segments, unflushed bytes, journal size."""
-    segments = container.segments()
-    unflushed = sum(s.length - max(s.storage_length, s.start_offset) for s in segments)
+    unflushed = unflushed_bytes(container, writer)
     journal = container.journal_statistics()
     return (
-        f"{len(segments)} segments, {unflushed / 2**20:.1f} MiB pending flush, "
+        f"{container.segment_count} segments, {unflushed / 2**20:.1f} MiB pending flush, "
         f"journal {journal.disk_bytes / 2**20:.1f} MiB in {journal.files} file(s)"
     )
 
@@ -388,8 +396,7 @@ async def _maintain_claims(claims: NameClaims, container: SegmentContainer, conf
 def _progress(node: Node) -> tuple[int, int]:
     """(segments, unflushed bytes) for the heartbeat."""
     container = node.container
-    unflushed = sum(s.length - s.storage_length for s in container.segments())
-    return container.segment_count, unflushed
+    return container.segment_count, unflushed_bytes(container, node.storage_writer)
 
 
 async def check_tier2(tier2: ChunkLayer, config: Config) -> None:
@@ -447,10 +454,10 @@ class _Lifecycle:
                 failpoints.hit("watchdog_ping_5")
             await trio.sleep(interval)
 
-    async def report_status(self, container: SegmentContainer) -> None:
+    async def report_status(self, node: Node) -> None:
         while True:
             await trio.sleep(STATUS_INTERVAL)
-            self.notifier.status(status_line(container))
+            self.notifier.status(status_line(node.container, node.storage_writer))
 
     def reload(self, load: Callable[[], Config], node: Node) -> None:
         """SIGHUP: apply the log level and the flush/offload policy of the file now."""
@@ -460,7 +467,7 @@ class _Lifecycle:
             new = load()
         except GatewayError as e:
             log.error("reload: keeping the running configuration: %s", e)
-            self.notifier.ready(status_line(container))
+            self.notifier.ready(status_line(container, node.storage_writer))
             return
         logging.getLogger().setLevel(new.logging.level.upper())
         old_t2, new_t2 = self.config.tier2, new.tier2
@@ -488,7 +495,7 @@ class _Lifecycle:
         log.info("reloaded: %s", ", ".join(changed) or "nothing changed")
         if restart:
             log.warning("reload: %s take effect at the next start", ", ".join(restart))
-        self.notifier.ready(status_line(container))
+        self.notifier.ready(status_line(container, node.storage_writer))
 
 
 async def run_daemon(
@@ -653,11 +660,11 @@ async def run_daemon(
                              container.segment_count, host, port)  # fmt: skip
                     if ready_file is not None:
                         _write_ready_file(ready_file, f"{host}:{port}\n")
-                    notifier.ready(status_line(container))
+                    notifier.ready(status_line(container, node.storage_writer))
                     if claims is not None:
                         nursery.start_soon(_maintain_claims, claims, container, config)
                     nursery.start_soon(life.watchdog)
-                    nursery.start_soon(life.report_status, container)
+                    nursery.start_soon(life.report_status, node)
                     async for signum in signals:
                         if signum != signal.SIGHUP:
                             log.info("received %s: shutting down", signal.Signals(signum).name)

@@ -162,6 +162,16 @@ class StorageWriter:
             return 0.0
         return max(0.0, trio.current_time() - min(self._unflushed.values()))
 
+    def unflushed_bytes(self) -> int:
+        """Bytes of live segments not yet in Tier 2: of those waiting for a flush
+        only, so the cost follows the active segments, not all of them."""
+        total = 0
+        for seg_id in self._unflushed:
+            seg = self.container.segment_by_id(seg_id)
+            if seg is not None:
+                total += max(0, seg.length - max(seg.storage_length, seg.start_offset))
+        return total
+
     def reconfigure(self, config: Tier2Config) -> None:
         """Take a new flush/offload policy (SIGHUP): sizes, intervals, concurrency, GC.
 
