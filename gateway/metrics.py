@@ -172,11 +172,8 @@ class GatewayCollector(Collector):
             "From validating an append to its being durable (the ack)",
             c.append_latency,
         )
-        segments = c.segments()
-        yield g(f"{PREFIX}_segments", "Live segments", value=len(segments))
-        yield g(
-            f"{PREFIX}_sealed_segments", "Sealed segments", value=sum(s.sealed for s in segments)
-        )
+        yield g(f"{PREFIX}_segments", "Live segments", value=c.segment_count)
+        yield g(f"{PREFIX}_sealed_segments", "Sealed segments", value=c.sealed_count)
 
         st = c.statistics()
         yield g(f"{PREFIX}_streams", "Streams", value=st["streams"])

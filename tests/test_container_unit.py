@@ -309,3 +309,22 @@ async def test_changes_since_a_sequence_name_what_changed_and_what_went() -> Non
     # A replay loads whole at its checkpoint: older cursors are refused.
     table.changes_floor = table.seq
     assert table.changed_since(mark) is None
+
+
+async def test_the_counts_metrics_read_follow_creates_seals_deletes_and_a_replay() -> None:
+    journal = MemoryJournal()
+    c = make(journal)
+    for name in ("a", "b", "c"):
+        await c.create(name)
+    await c.seal("a")
+    await c.seal("b")
+    await c.delete("b")
+    txn = (await c.begin("c")).name
+    assert (c.segment_count, c.sealed_count) == (3, 1)  # a, c and the transaction
+    assert c.statistics()["transactions_open"] == 1
+    await c.append(txn, b"t")
+    await c.commit(txn)  # sealed, merged: still here until its Tier-2 merge
+    assert c.statistics()["transactions_open"] == 0
+    want = (c.segment_count, c.sealed_count)
+    again = restart(journal)
+    assert (again.segment_count, again.sealed_count) == want == (3, 2)

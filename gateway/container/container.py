@@ -367,6 +367,11 @@ class SegmentContainer:
         """Live segments (committed)."""
         return self._table.live_count
 
+    @property
+    def sealed_count(self) -> int:
+        """Live segments (committed) that are sealed."""
+        return self._table.sealed_count
+
     def segment_by_id(self, segment_id: int) -> Segment | None:
         """The committed segment with this id, if it is live."""
         seg = self._table.by_id.get(segment_id)
@@ -376,9 +381,17 @@ class SegmentContainer:
         """Every committed live segment (for the storage writer and GC)."""
         return builtins.list(self._table.committed())
 
-    def committed_snapshot(self) -> ContainerSnapshot:
-        """The committed view of every segment (Tier-2 metadata snapshots)."""
-        return self._table.committed_snapshot()
+    def committed_snapshot(self, segments: bool = True) -> ContainerSnapshot:
+        """The committed view of every segment (Tier-2 metadata snapshots); without
+        ``segments``, all but their records."""
+        return self._table.committed_snapshot(segments)
+
+    def changed_since(
+        self, seq: int
+    ) -> tuple[builtins.list[Segment], builtins.list[tuple[int, str]]] | None:
+        """Segments whose committed view changed after journal sequence ``seq``, and
+        (id, name) of those deleted since; None if that is too long ago to tell."""
+        return self._table.changed_since(seq)
 
     async def read(
         self,
@@ -751,7 +764,9 @@ class SegmentContainer:
             "journal_files_in_use": len(self._table.file_usage),
             "streams": sum(1 for s in self._table.streams.values() if s.durable),
             "rolls": self.rolls,
-            "transactions_open": sum(1 for s in self._table.committed() if s.hidden and not s.gone),
+            "transactions_open": sum(
+                1 for s in self._table.transactions if s.durable and s.hidden and not s.gone
+            ),
             "txn_begun": self.txn_begun,
             "txn_committed": self.txn_committed,
             "txn_aborted": self.txn_aborted,

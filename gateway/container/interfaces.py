@@ -61,6 +61,10 @@ class OperationJournal(Protocol):
     def bytes_since_checkpoint(self) -> int:
         """Bytes journaled since the last checkpoint was written."""
 
+    @property
+    def max_operation_bytes(self) -> int:
+        """The largest operation `submit` takes."""
+
     def submit(self, parts: Sequence[Buffer], reserved: bool = False) -> JournalTicket:
         """Queue one serialized operation (its parts, concatenated)."""
 

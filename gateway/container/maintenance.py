@@ -32,6 +32,7 @@ import trio
 
 from gateway.container.operations import OperationQueue, PendingOperation
 from gateway.container.segment import Segment
+from gateway.container.table import split_checkpoint
 from gateway.errors import GatewayError, JournalError, Overloaded
 from gateway.protocol.metadata_pb2 import ContainerSnapshot
 
@@ -39,6 +40,9 @@ from gateway.protocol.metadata_pb2 import ContainerSnapshot
 #: the previous checkpoint: the journal then keeps about 1/this times the
 #: records' size beyond what it needs for data.
 REWRITE_SHARE = 0.25
+#: A checkpoint larger than this (or half of ``journal.max_operation_bytes``) is
+#: written in pieces (`split_checkpoint`).
+MAX_PIECE_BYTES = 8 * 1024 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +69,7 @@ class Maintenance:
         #: Checkpoints written whole, and segment records written in all.
         self.full_checkpoints = 0
         self.checkpoint_records = 0
+        self.checkpoint_bytes = 0
 
     # -- throttling ------------------------------------------------------------------
 
@@ -141,29 +146,38 @@ class Maintenance:
             queue.settle()
         queue.start(change=False)
         snapshot, completes = self._snapshot(roll)
-        data = snapshot.SerializeToString()
-        ticket = self._journal.submit_checkpoint(data, roll)
-        op = PendingOperation(queue, ticket, None)
+        table = self._table
+        # In pieces if need be, one right after the other (no await between:
+        # all of them are of this instant).
+        limit = min(MAX_PIECE_BYTES, self._journal.max_operation_bytes // 2)
+        pieces = split_checkpoint(snapshot, limit)
+        written = 0
+        tickets = []
+        for i, piece in enumerate(pieces):
+            data = piece.SerializeToString()
+            written += len(data)
+            tickets.append(self._journal.submit_checkpoint(data, roll and i == 0))
+        op = PendingOperation(queue, tickets[-1], None)
         op.internal = True
         queue.inflight.append(op)
         try:
             await op.wait()
-            seq = ticket.result()
+            first, seq = tickets[0].result(), tickets[-1].result()
         except BaseException:
             # What it held is in no later checkpoint: the next one is whole.
-            self._table.complete_from = None
+            table.complete_from = None
             raise
         self.checkpoints += 1
         self.checkpoint_records += len(snapshot.segments)
+        self.checkpoint_bytes += written
         if snapshot.segments:
-            self._record_bytes = max(50.0, len(data) / len(snapshot.segments))
-        table = self._table
+            self._record_bytes = max(50.0, written / len(snapshot.segments))
         if not snapshot.partial:
             self.full_checkpoints += 1
-            table.complete_from = seq
+            table.complete_from = first
         else:
             if self._pass_start == 0:
-                self._pass_start = seq
+                self._pass_start = first
             if completes:
                 table.complete_from = self._pass_start
                 self._pass_start = 0

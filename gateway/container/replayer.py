@@ -45,6 +45,10 @@ class Replayer:
         #: segment in the rolling checkpoints since (until the state is known).
         self._first_checkpoint = 0
         self._records: dict[int, SegmentRecord] = {}
+        #: The records of the pieces of a whole checkpoint read so far, and the
+        #: sequence of its first piece.
+        self._whole: dict[int, SegmentRecord] | None = None
+        self._whole_from = 0
         #: Where the data of the append replayed next lies (`on_data`), if known.
         self._where: tuple[pathlib.Path, int] | None = None
 
@@ -147,11 +151,12 @@ class Replayer:
             raise ContainerCorrupt(f"sequence {seq}: unknown operation kind {kind!r}")
 
     def _checkpoint(self, seq: int, snap: ContainerSnapshot) -> None:
-        """A full checkpoint is the whole state; a rolling one adds to the records
-        gathered since the first checkpoint of the replay, and once they hold
-        every live segment (its ``complete_from`` is among them) they are the
-        state. Once the state is known, rolling checkpoints repeat what the
-        replayed operations did, and are skipped."""
+        """A full checkpoint is the whole state, and so are the pieces of a whole
+        one once its last is read; a rolling one adds to the records gathered
+        since the first checkpoint of the replay, and once they hold every live
+        segment (its ``complete_from`` is among them) they are the state. Once
+        the state is known, later checkpoints repeat what the replayed
+        operations did, and are skipped."""
         t = self.table
         if not self._first_checkpoint:
             self._first_checkpoint = seq
@@ -161,11 +166,16 @@ class Replayer:
             self._records = {}
             self._based_here()
             return
-        if not 0 < snap.complete_from <= seq:
+        if not 0 <= snap.complete_from <= seq or snap.piece > snap.whole_pieces:
             raise ContainerCorrupt(
-                f"sequence {seq}: a rolling checkpoint complete from {snap.complete_from}"
+                f"sequence {seq}: a rolling checkpoint complete from {snap.complete_from}, "
+                f"piece {snap.piece} of {snap.whole_pieces}"
             )
-        t.complete_from = snap.complete_from
+        if snap.complete_from:
+            t.complete_from = snap.complete_from
+        if snap.whole_pieces:
+            self._whole_piece(seq, snap)
+            return
         if self.based:
             return
         records = self._records
@@ -173,10 +183,31 @@ class Replayer:
             records[r.id] = r
         for segment_id in snap.deleted_ids:
             records.pop(segment_id, None)
-        if snap.complete_from >= self._first_checkpoint:
+        if snap.complete_from and snap.complete_from >= self._first_checkpoint:
             t.load_snapshot(snap, records.values())
             self._records = {}
             self._based_here()
+
+    def _whole_piece(self, seq: int, snap: ContainerSnapshot) -> None:
+        """A piece of a whole checkpoint: its records alone make the state, once
+        all its pieces were read, one right after the other."""
+        if snap.piece == 1:
+            self._whole = {}
+            self._whole_from = seq
+        elif self._whole is None or seq != self._whole_from + snap.piece - 1:
+            self._whole = None  # its first pieces are not in this replay: no use
+            return
+        if snap.piece < snap.whole_pieces:
+            if not self.based:
+                self._whole.update((r.id, r) for r in snap.segments)
+            return
+        self.table.complete_from = self._whole_from
+        if not self.based:
+            self._whole.update((r.id, r) for r in snap.segments)
+            self.table.load_snapshot(snap, self._whole.values())
+            self._records = {}
+            self._based_here()
+        self._whole = None
 
     def _based_here(self) -> None:
         """The state is known from here on. The read index holds every append

@@ -88,8 +88,10 @@ class SegmentTable:
         #: `changed_since` answers for sequences at or after this one only: the
         #: state was loaded whole there (a checkpoint), or deletions were dropped.
         self.changes_floor = 0
-        #: Live segments (committed, not deleted), kept as segments come and go.
+        #: Live segments (committed, not deleted), and how many of them are
+        #: sealed, kept as segments come and go (metrics read them per scrape).
         self.live_count = 0
+        self.sealed_count = 0
         #: The journal sequence from which on the journal's checkpoints hold every
         #: live segment (`ContainerSnapshot.complete_from`), as a replay found it;
         #: None if unknown (then the next checkpoint is a full one).
@@ -145,6 +147,7 @@ class SegmentTable:
             del self.by_name[seg.name]
         if self.by_id.pop(seg.id, None) is not None and seg.durable:
             self.live_count -= 1
+            self.sealed_count -= seg.sealed
             self._note_deletion(seg)
         self.transactions.discard(seg)
         stream = self.stream_of(seg.name)
@@ -236,6 +239,7 @@ class SegmentTable:
     def apply_seal(self, seg: Segment, at_ms: int) -> None:
         """The segment is sealed: its length is final."""
         self.touch(seg)
+        self.sealed_count += not seg.sealed
         seg.sealed = True
         seg.last_modified_ms = at_ms
         self.read_index.on_change(seg.id)
@@ -543,12 +547,13 @@ class SegmentTable:
             complete_from=complete_from,
         )
 
-    def committed_snapshot(self) -> ContainerSnapshot:
-        """The committed view of every segment (Tier-2 metadata snapshots, export)."""
+    def committed_snapshot(self, segments: bool = True) -> ContainerSnapshot:
+        """The committed view of every segment (Tier-2 metadata snapshots, export);
+        without ``segments``, all but their records."""
         return ContainerSnapshot(
             version=SNAPSHOT_VERSION,
             next_segment_id=self.next_id,
-            segments=[s.committed_record() for s in self.committed()],
+            segments=[s.committed_record() for s in self.committed()] if segments else (),
             streams=[s.record for s in self.streams.values() if s.durable],
             txn_outcomes=self.outcomes.records(),
         )
@@ -574,6 +579,7 @@ class SegmentTable:
         for r in snap.segments if records is None else records:
             self.add(Segment.from_record(r, self.seq))
         self.live_count = sum(1 for s in self.by_id.values() if s.durable)
+        self.sealed_count = sum(1 for s in self.by_id.values() if s.durable and s.sealed)
         for seg in sorted(self.by_id.values(), key=lambda s: s.merge_offset):
             if seg.merged_into:
                 target = self.by_id.get(seg.merged_into)
@@ -601,6 +607,50 @@ class SegmentTable:
                 check_chunks(seg)
         if check:
             index.check_coverage([s.view() for s in self.by_name.values()])
+
+
+def split_checkpoint(snap: ContainerSnapshot, limit: int) -> list[ContainerSnapshot]:
+    """``snap`` as checkpoints of about ``limit`` bytes at most, in journal order.
+
+    One that fits is itself. Otherwise its records are shared out over pieces
+    and only the last carries the rest of the state (streams, outcomes, and
+    for a rolling one its ``complete_from``): a replay can take the state
+    from the last piece only. A whole one's pieces are numbered
+    (`ContainerSnapshot.whole_pieces`, `piece`); a rolling one's deletions go
+    in its first piece. A record larger than the room left is a piece of its own.
+    """
+    if snap.ByteSize() <= limit:
+        return [snap]
+    head = ContainerSnapshot(streams=snap.streams, txn_outcomes=snap.txn_outcomes).ByteSize()
+    room = max(limit - head - 64, limit // 4)
+    groups: list[list[SegmentRecord]] = [[]]
+    size = 0
+    for r in snap.segments:
+        n = r.ByteSize() + 8
+        if groups[-1] and size + n > room:
+            groups.append([])
+            size = 0
+        groups[-1].append(r)
+        size += n
+    whole = not snap.partial
+    pieces = []
+    for i, records in enumerate(groups):
+        last = i == len(groups) - 1
+        pieces.append(
+            ContainerSnapshot(
+                version=snap.version,
+                next_segment_id=snap.next_segment_id,
+                segments=records,
+                streams=snap.streams if last else (),
+                txn_outcomes=snap.txn_outcomes if last else (),
+                partial=True,
+                deleted_ids=snap.deleted_ids if i == 0 else (),
+                complete_from=snap.complete_from if last and not whole else 0,
+                whole_pieces=len(groups) if whole else 0,
+                piece=i + 1 if whole else 0,
+            )
+        )
+    return pieces
 
 
 def check_chunks(seg: Segment) -> None:

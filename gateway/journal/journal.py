@@ -185,6 +185,11 @@ class Journal:
         return self._bytes_since_checkpoint
 
     @property
+    def max_operation_bytes(self) -> int:
+        """The largest operation `submit` takes (``journal.max_operation_bytes``)."""
+        return self._cfg.max_operation_bytes
+
+    @property
     def refusals(self) -> int:
         """Groups refused (disk full, no descriptors) without failing the journal."""
         return self._room.refusals

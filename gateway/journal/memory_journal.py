@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import trio
 
 from gateway.buffers import Buffer
-from gateway.errors import JournalError
+from gateway.errors import JournalError, OperationTooLarge
 from gateway.journal.groups import JournalStatistics
 from gateway.protocol.journal_pb2 import Checkpoint, Operation
 
@@ -73,6 +73,8 @@ class MemoryJournal:
         self._held = False
         self._since_checkpoint = 0
         self._bytes_since_checkpoint = 0
+        #: The largest operation taken (a test may lower it).
+        self.max_operation_bytes = 16 * 1024 * 1024
         self._checkpoints: set[int] = set()
         self.truncated_files = 0
 
@@ -118,6 +120,8 @@ class MemoryJournal:
         self._next += 1
         self._since_checkpoint += 1
         data = b"".join(bytes(p) for p in parts)
+        if len(data) > self.max_operation_bytes:
+            raise OperationTooLarge(len(data), self.max_operation_bytes)
         self._bytes_since_checkpoint += len(data)
         self._pending.append((ticket, data))
         if not self._held:

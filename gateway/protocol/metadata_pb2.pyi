@@ -117,7 +117,7 @@ class StreamRecord(_message.Message):
     def __init__(self, name: _Optional[str] = ..., created_at_ms: _Optional[int] = ..., roll_size: _Optional[int] = ..., roll_age_ms: _Optional[int] = ..., retain_size: _Optional[int] = ..., retain_age_ms: _Optional[int] = ..., next_number: _Optional[int] = ..., codec: _Optional[int] = ...) -> None: ...
 
 class ContainerSnapshot(_message.Message):
-    __slots__ = ("version", "next_segment_id", "segments", "streams", "txn_outcomes", "partial", "deleted_ids", "complete_from")
+    __slots__ = ("version", "next_segment_id", "segments", "streams", "txn_outcomes", "partial", "deleted_ids", "complete_from", "whole_pieces", "piece")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NEXT_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,8 @@ class ContainerSnapshot(_message.Message):
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
     DELETED_IDS_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FROM_FIELD_NUMBER: _ClassVar[int]
+    WHOLE_PIECES_FIELD_NUMBER: _ClassVar[int]
+    PIECE_FIELD_NUMBER: _ClassVar[int]
     version: int
     next_segment_id: int
     segments: _containers.RepeatedCompositeFieldContainer[SegmentRecord]
@@ -134,7 +136,9 @@ class ContainerSnapshot(_message.Message):
     partial: bool
     deleted_ids: _containers.RepeatedScalarFieldContainer[int]
     complete_from: int
-    def __init__(self, version: _Optional[int] = ..., next_segment_id: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentRecord, _Mapping]]] = ..., streams: _Optional[_Iterable[_Union[StreamRecord, _Mapping]]] = ..., txn_outcomes: _Optional[_Iterable[_Union[TransactionOutcomeRecord, _Mapping]]] = ..., partial: _Optional[bool] = ..., deleted_ids: _Optional[_Iterable[int]] = ..., complete_from: _Optional[int] = ...) -> None: ...
+    whole_pieces: int
+    piece: int
+    def __init__(self, version: _Optional[int] = ..., next_segment_id: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentRecord, _Mapping]]] = ..., streams: _Optional[_Iterable[_Union[StreamRecord, _Mapping]]] = ..., txn_outcomes: _Optional[_Iterable[_Union[TransactionOutcomeRecord, _Mapping]]] = ..., partial: _Optional[bool] = ..., deleted_ids: _Optional[_Iterable[int]] = ..., complete_from: _Optional[int] = ..., whole_pieces: _Optional[int] = ..., piece: _Optional[int] = ...) -> None: ...
 
 class TransactionOutcomeRecord(_message.Message):
     __slots__ = ("name", "parent", "outcome", "segment", "offset", "length", "at_ms")

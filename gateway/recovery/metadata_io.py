@@ -38,7 +38,9 @@ from google.protobuf import json_format
 
 from gateway.cluster.fence import current_epoch
 from gateway.config import Config
+from gateway.container.maintenance import MAX_PIECE_BYTES
 from gateway.container.replayer import replay_metadata
+from gateway.container.table import split_checkpoint
 from gateway.errors import GatewayError, NodeNotEmpty, NothingToRecover, SnapshotInvalid
 from gateway.journal import open_journal
 from gateway.journal.files import DirectoryLock, fsync_directory, list_files
@@ -207,8 +209,11 @@ async def install(config: Config, container: ContainerSnapshot, min_epoch: int) 
         staging = journal_dir / STAGING
         if staging.exists():  # left by an interrupted import: never moved, so never used
             await trio.to_thread.run_sync(shutil.rmtree, staging)
+        # In pieces if large (a whole checkpoint of 10^6 segments is ~150 MB).
+        limit = min(MAX_PIECE_BYTES, config.journal.max_operation_bytes // 2)
         async with open_journal(staging, config.journal, min_epoch=min_epoch) as journal:
-            await journal.checkpoint(container.SerializeToString())
+            for piece in split_checkpoint(container, limit):
+                await journal.checkpoint(piece.SerializeToString())
             epoch = journal.epoch
         await trio.to_thread.run_sync(_move_into_place, staging, journal_dir)
     finally:

@@ -27,7 +27,7 @@ from gateway.read.chunks import ChunkReader
 from gateway.storage import object_keys as names
 from gateway.storage.layer import ChunkLayer
 from gateway.tier2 import gc
-from gateway.tier2.snapshots import build_snapshot, object_metadata
+from gateway.tier2.snapshots import SnapshotEncoder, object_metadata
 
 
 class WriterState(Protocol):
@@ -62,6 +62,8 @@ class Housekeeper:
         self._deletes: deque[tuple[str, int]] = deque()
         self._deletes_ready = trio.Event()
         self._flushed_since_snapshot = trio.Event()
+        #: Keeps each segment's encoded record between snapshots.
+        self._encoder = SnapshotEncoder()
         self.chunks_deleted = 0
         self.delete_failures = 0
         self.snapshots = 0
@@ -150,9 +152,10 @@ class Housekeeper:
         # between the two): recovery tells by it whether an attribute index
         # batch the snapshot does not name holds newer values than its records.
         applied_seq = w.container.applied_seq
-        snapshot = build_snapshot(
-            w.container.committed_snapshot(), w.node, w.epoch, at_ms
-        ).SerializeToString()
+        head, records = self._encoder.capture(w.container)
+        snapshot = await trio.to_thread.run_sync(
+            SnapshotEncoder.encode, head, records, w.node, w.epoch, at_ms
+        )
         key = names.snapshot_key(w.node, at_ms, w.epoch)
         crc = await crc32c_of(snapshot)
         await w.layer.write(

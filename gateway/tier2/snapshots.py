@@ -10,8 +10,11 @@ It wraps the container's own checkpoint snapshot (`ContainerSnapshot`,
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 import gateway
+from gateway.container.segment import Segment
 from gateway.container.segment_names import validate_name
 from gateway.container.table import SNAPSHOT_VERSION
 from gateway.errors import InvalidName, SnapshotInvalid
@@ -24,6 +27,7 @@ METADATA_VERSION = 1
 __all__ = [
     "METADATA_VERSION",
     "SNAPSHOT_VERSION",
+    "SnapshotEncoder",
     "build_snapshot",
     "check_snapshot",
     "object_metadata",
@@ -106,3 +110,83 @@ def check_snapshot(snap: MetadataSnapshot, what: str) -> MetadataSnapshot:
                 raise SnapshotInvalid(what, f"segment {r.name!r} has no chunk at offset {end}")
             end = max(end, c.start_offset + c.length)
     return snap
+
+
+class CommittedView(Protocol):
+    """What `SnapshotEncoder` reads of a segment container."""
+
+    @property
+    def applied_seq(self) -> int:
+        """Journal sequence of the last operation applied to the committed view."""
+
+    def segments(self) -> Sequence[Segment]:
+        """Every committed live segment."""
+
+    def changed_since(self, seq: int) -> tuple[list[Segment], list[tuple[int, str]]] | None:
+        """What changed and what was deleted after ``seq`` (None: too long ago)."""
+
+    def committed_snapshot(self, segments: bool = True) -> ContainerSnapshot:
+        """The committed view (``segments=False``: without the records)."""
+
+
+def _field(number: int, data: bytes) -> bytes:
+    """``data`` as a length-delimited protobuf field (wire type 2)."""
+    n = len(data)
+    out = bytearray([number << 3 | 2])
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out) + data
+
+
+#: `ContainerSnapshot.segments` and `MetadataSnapshot.container`.
+_SEGMENTS_FIELD = ContainerSnapshot.DESCRIPTOR.fields_by_name["segments"].number
+_CONTAINER_FIELD = MetadataSnapshot.DESCRIPTOR.fields_by_name["container"].number
+
+
+class SnapshotEncoder:
+    """Builds a node's Tier-2 metadata snapshots, encoding only the segment records
+    that changed since the previous one (the container's change log) and reusing
+    the bytes of the others, so that a snapshot of a node whose million segments
+    mostly sleep costs the event loop the changed records and a list of the rest;
+    the bytes are joined by `encode`, off the event loop."""
+
+    def __init__(self) -> None:
+        #: Segment id -> its encoded committed record, as of ``_stamp``.
+        self._records: dict[int, bytes] = {}
+        self._stamp = -1
+        #: Records encoded in all (the unchanged ones are not).
+        self.encoded = 0
+
+    def capture(self, view: CommittedView) -> tuple[ContainerSnapshot, list[bytes]]:
+        """The committed view now: all but the records, and the records' bytes
+        (no await: the two are of the same instant)."""
+        changed = view.changed_since(self._stamp) if self._stamp >= 0 else None
+        records = self._records
+        if changed is None:
+            records.clear()
+            self._encode(view.segments())
+        else:
+            self._encode(changed[0])
+            for segment_id, _ in changed[1]:
+                records.pop(segment_id, None)
+        self._stamp = view.applied_seq
+        return view.committed_snapshot(segments=False), list(records.values())
+
+    def _encode(self, segments: Iterable[Segment]) -> None:
+        records = self._records
+        for seg in segments:
+            if seg.durable:
+                records[seg.id] = seg.committed_record().SerializeToString()
+                self.encoded += 1
+
+    @staticmethod
+    def encode(
+        head: ContainerSnapshot, records: list[bytes], node: str, epoch: int, at_ms: int
+    ) -> bytes:
+        """The MetadataSnapshot bytes of a `capture` (blocking: run it in a thread)."""
+        container = head.SerializeToString() + b"".join(_field(_SEGMENTS_FIELD, r) for r in records)
+        wrapper = build_snapshot(ContainerSnapshot(), node, epoch, at_ms)
+        wrapper.ClearField("container")
+        return wrapper.SerializeToString() + _field(_CONTAINER_FIELD, container)
