@@ -511,6 +511,24 @@ class GatewayCollector(Collector):
         for node in view.nodes.values():
             remote.add_metric([node.node_id, str(int(node.tail_available))], len(node.segments))
         yield remote
+        follow = CounterMetricFamily(
+            f"{PREFIX}_cluster_follow_requests",
+            "Requests this node sent following another node's segments (full listings, "
+            "records fetched after one, change-feed pages)",
+            labels=["node", "kind"],
+        )
+        records = CounterMetricFamily(
+            f"{PREFIX}_cluster_follow_feed_records",
+            "Segment records another node's change feed brought",
+            labels=["node"],
+        )
+        for node in view.nodes.values():
+            follow.add_metric([node.node_id, "list"], node.listings)
+            follow.add_metric([node.node_id, "get_record"], node.records_fetched)
+            follow.add_metric([node.node_id, "changes"], node.feed_requests)
+            records.add_metric([node.node_id], node.feed_records)
+        yield follow
+        yield records
         yield GaugeMetricFamily(
             f"{PREFIX}_cluster_fenced",
             "1 once another process took this node id over",
