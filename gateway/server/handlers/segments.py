@@ -209,9 +209,12 @@ def _page_bytes(conn: Peer) -> int:
 
 
 def _changes_bytes(conn: Peer, req: wire.Request) -> int:
-    # The records of a page, as objects and on the wire (a page may pass
-    # its size by one change), and the stream names.
-    return 3 * _page_bytes(conn)
+    # The records of a page, as objects and on the wire (a page may pass its
+    # size by one change): an estimate like a listing's, for the changes a
+    # page may hold, within the page's bound.
+    limit = min(req.changes.limit or feed.DEFAULT_LIMIT, feed.MAX_LIMIT)
+    most = min(limit, conn.server.container.segment_count + 1)
+    return min(3 * _page_bytes(conn), 2 * most * LIST_ENTRY_BYTES)
 
 
 @handles("changes", answer_bytes=_changes_bytes)
