@@ -7,10 +7,12 @@ their mounts is in tests/test_cluster_feed.py.
 
 from __future__ import annotations
 
+import pathlib
 from typing import Any
 
 import pytest
 
+from gateway.client.client import open_client
 from gateway.cluster import feed
 from gateway.cluster.remote import MountIds, RemoteNode
 from gateway.container import table as table_module
@@ -19,9 +21,13 @@ from gateway.container.streams import TXN_DIR
 from gateway.journal.memory_journal import MemoryJournal
 from gateway.protocol import wire_pb2 as wire
 from gateway.protocol.metadata_pb2 import SegmentRecord
+from gateway.server import hello
+from gateway.server.registry import HANDLERS
 from gateway.storage.layer import ChunkLayer
 from gateway.storage.memory_storage import MemoryStorage
 from tests.helpers.container import DirectContainer
+from tests.helpers.inprocess import served
+from tests.helpers.segments import make_config
 from tests.test_container_unit import make, restart
 
 pytestmark = pytest.mark.timeout(60)
@@ -312,3 +318,44 @@ async def test_a_rejected_record_from_the_feed_keeps_the_segment_as_it_was(
     seg = node.by_name("a")
     assert seg is not None and seg.length == 5  # the last good record stands
     assert node.rejections.bad_now() == {"segment record from node o": 1}
+
+
+def test_a_page_stops_growing_past_its_bytes() -> None:
+    c = Changes()
+    for seq in range(1, 6):
+        record = SegmentRecord(id=seq, name=f"{seq}" * 100)  # about 100 bytes each
+        c.log.append((seq, Segment.from_record(record)))
+    cursor = wire.ChangeCursor(incarnation=feed.incarnation(c), sequence=0)  # type: ignore[arg-type]
+    request = wire.ChangesRequest(cursor=cursor, limit=1000)
+    page = feed.changes_page(c, request, page_bytes=250)  # type: ignore[arg-type]
+    assert [r.id for r in page.records] == [1, 2, 3] and page.more  # one past the bound
+    assert page.cursor.sequence == 3
+    request.cursor.sequence = 3
+    page = feed.changes_page(c, request, page_bytes=250)  # type: ignore[arg-type]
+    assert [r.id for r in page.records] == [4, 5] and not page.more
+
+
+@pytest.mark.parametrize("feed_served", [True, False], ids=["feed", "old server"])
+async def test_a_follower_over_the_protocol_uses_the_feed_only_where_served(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, feed_served: bool
+) -> None:
+    """A server that does not name "changes" in Hello (an older version) is listed
+    at every refresh, over the same connection; one that does is followed."""
+    if not feed_served:
+        monkeypatch.setattr(hello, "FEATURES", ())
+        monkeypatch.delitem(HANDLERS, "changes")  # asked anyway, it would fail the test
+    async with served(make_config(tmp_path)) as s, open_client(s.address) as client:
+        assert client.serves("changes") == feed_served
+        c = s.container
+        for i in range(5):
+            await c.create(f"p/{i}")
+        node = RemoteNode("o", ChunkLayer(MemoryStorage(), retry_deadline=1.0), None, MountIds())
+        for i in range(3):
+            await c.append("p/1", b"x" * (i + 1))
+            await c.delete(f"p/{i + 2}")
+            await node.refresh_live(client)
+            assert view_of(node) == owner_view(c)
+        assert node.listings == (1 if feed_served else 3)
+        assert node.feed_requests == (3 if feed_served else 0)
+        assert s.server.requests.get("changes", 0) == node.feed_requests
+        assert s.server.requests["list"] == node.listings
