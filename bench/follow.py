@@ -31,6 +31,7 @@ from common import (
     argument_parser,
     log,
     print_result,
+    replace_table,
     result_header,
     running_daemon,
     stop_on_signals,
@@ -43,6 +44,20 @@ from gateway.storage.layer import ChunkLayer
 from gateway.storage.memory_storage import MemoryStorage
 
 TICK = 0.01  # seconds per /proc clock tick (USER_HZ 100)
+TABLE_START = "<!-- bench/follow.py:start -->"
+TABLE_END = "<!-- bench/follow.py:end -->"
+SECTION = """
+## Following another node: `bench/follow.py`
+
+What one node costs another by following it (its mount shows the other's
+segments), per refresh (every `cluster.refresh_interval`, 0.5 s by default),
+with one segment changing between refreshes: before the change feed (a full
+listing, then the records that changed: what a follower still does with an
+owner of an older version) and with it, in the same run. The follower runs
+in the benchmark's process (`RemoteNode` over one connection); the owner is
+a real daemon.
+
+"""
 
 
 class Counting:
@@ -139,6 +154,40 @@ async def follow(address: str, pid: int, feed: bool, refreshes: int) -> dict[str
         return out
 
 
+def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
+    """Rewrite the section's table in ``path`` (add the section at the end if missing)."""
+    runs = {(r["segments"], r["mode"]): r for r in result["runs"]}
+    counts = sorted({r["segments"] for r in result["runs"]})
+    head = " | ".join(f"{n:,}: listing | {n:,}: feed" for n in counts)
+    lines = [
+        TABLE_START,
+        f"Run {result['when']} on {result['machine']}, software {result['version']}; "
+        f"one run, {result['refreshes']} refreshes per mode, each after one append.",
+        "",
+        f"| per refresh | {head} |",
+        "|---|" + "---|---|" * len(counts),
+    ]
+    rows = (
+        ("follower CPU, ms", "follower_cpu_ms", "{:.2f}"),
+        ("owner CPU, ms (10 ms ticks, averaged)", "owner_cpu_ms", "{:.1f}"),
+        ("refresh, wall ms", "refresh_ms", "{:.1f}"),
+        ("`list` requests (pages)", "list_requests", "{:g}"),
+        ("`get_record` requests", "get_record_requests", "{:g}"),
+        ("`stream` (names) requests", "stream_requests", "{:g}"),
+        ("`changes` requests", "changes_requests", "{:g}"),
+        ("records received", "records", "{:g}"),
+    )
+    for label, key, form in rows:
+        cells = " | ".join(
+            form.format(runs[n, mode][key]) for n in counts for mode in ("listing", "feed")
+        )
+        lines.append(f"| {label} | {cells} |")
+    lines.append(TABLE_END)
+    if TABLE_START not in path.read_text():
+        path.write_text(path.read_text().rstrip("\n") + "\n" + SECTION + TABLE_START + TABLE_END)
+    replace_table(path, TABLE_START, TABLE_END, lines)
+
+
 def main() -> None:
     parser = argument_parser(__doc__, repeat=None, quick_help="10 and 2,000 segments only")
     parser.add_argument("--counts", default="10,2000,10000")
@@ -162,6 +211,8 @@ def main() -> None:
                     runs.append({"segments": count, "mode": mode, **got})
     result["runs"] = runs
     print_result(result)
+    if args.write_table:
+        write_table(result, args.write_table)
 
 
 if __name__ == "__main__":
