@@ -359,3 +359,37 @@ async def test_a_follower_over_the_protocol_uses_the_feed_only_where_served(
         assert node.feed_requests == (3 if feed_served else 0)
         assert s.server.requests.get("changes", 0) == node.feed_requests
         assert s.server.requests["list"] == node.listings
+
+
+async def test_a_stream_deleted_goes_after_its_segments_across_pages() -> None:
+    c = make()
+    node = RemoteNode("o", ChunkLayer(MemoryStorage(), retry_deadline=1.0), None, MountIds())
+    seen: list[tuple[str, str]] = []
+
+    class Watch:
+        def on_created(self, seg: Segment) -> None: ...
+        def on_sealed(self, seg: Segment) -> None: ...
+        def on_truncated(self, seg: Segment) -> None: ...
+        def on_deleted(self, seg: Segment) -> None:
+            seen.append(("deleted", seg.name))
+
+        def on_stream_created(self, name: str) -> None:
+            seen.append(("stream created", name))
+
+        def on_stream_deleted(self, name: str) -> None:
+            seen.append(("stream deleted", name))
+
+    node.watchers.append(Watch())  # type: ignore[arg-type]
+    owner = Owner(c)
+    client: Any = owner
+    await node.refresh_live(client)
+    await c.create_stream("logs", {})
+    for _ in range(10):
+        await c.append("logs", b"event\n")
+        await c.roll("logs")
+    await node.refresh_live(client)
+    assert seen == [("stream created", "logs")] and len(node.segments) == 10
+    await c.delete_stream("logs")
+    await node.refresh_live(client)  # pages of 7 changes
+    assert owner.asked["changes"] >= 1 + 2 + 2 and not node.segments and not node.streams
+    assert seen[-1] == ("stream deleted", "logs") and len(seen) == 1 + 10 + 1

@@ -403,12 +403,15 @@ class RemoteNode:
                 if held is not None and self._remote_ids.get(held) != record.id:
                     self._remove(held)  # its deletion is not in the feed: not its self
                 self._put(record, proven_only=False)
+            self._cursor = page.cursor
+            if page.more:
+                continue
+            # After the segments, from the last page: a deleted stream's
+            # segments have gone by now.
             if page.streams_changed:
                 self._streams_digest = page.streams_digest
                 self._set_streams(set(page.streams))
-            self._cursor = page.cursor
-            if not page.more:
-                break
+            break
         return None
 
     async def _refresh_by_listing(self, client: Client) -> None:
