@@ -615,6 +615,7 @@ async def run_daemon(
                         collector = GatewayCollector(node)
                         collector.cluster = cluster
                         collector.claims = claims
+                        collector.server = server
                         metrics = MetricsServer(collector, config.metrics.listen)
                         await nursery.start(metrics.serve)
                     if config.fuse.mountpoint:

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from gateway.node import Node
     from gateway.replication.replicator import Replicator
     from gateway.replication.store import ReplicaStore
+    from gateway.server import Server
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,8 @@ class GatewayCollector(Collector):
         self.replicas: ReplicaStore | None = None
         #: Other nodes' containers run here after a takeover (None: takes none over).
         self.containers: ContainerHost | None = None
+        #: The protocol server, once it is made (its requests by kind).
+        self.server: Server | None = None
         #: Fetches of a hosted container's /metrics that failed or timed out, by node.
         self.hosted_failures: dict[str, int] = {}
 
@@ -241,6 +244,14 @@ class GatewayCollector(Collector):
         cache_bytes.add_metric(["block"], cache.block_bytes)
         yield cache_bytes
         yield g(f"{PREFIX}_cache_budget_bytes", "Cache budget", value=cache.budget_bytes)
+
+        if self.server is not None:
+            requests = CounterMetricFamily(
+                f"{PREFIX}_requests", "Protocol requests taken, by kind", labels=["kind"]
+            )
+            for kind, n in sorted(self.server.requests.items()):
+                requests.add_metric([kind], n)
+            yield requests
 
         yield from self._tier2()
         yield from self._embedded_s3()
@@ -497,6 +508,24 @@ class GatewayCollector(Collector):
         for node in view.nodes.values():
             remote.add_metric([node.node_id, str(int(node.tail_available))], len(node.segments))
         yield remote
+        follow = CounterMetricFamily(
+            f"{PREFIX}_cluster_follow_requests",
+            "Requests this node sent following another node's segments (full listings, "
+            "records fetched after one, change-feed pages)",
+            labels=["node", "kind"],
+        )
+        records = CounterMetricFamily(
+            f"{PREFIX}_cluster_follow_feed_records",
+            "Segment records another node's change feed brought",
+            labels=["node"],
+        )
+        for node in view.nodes.values():
+            follow.add_metric([node.node_id, "list"], node.listings)
+            follow.add_metric([node.node_id, "get_record"], node.records_fetched)
+            follow.add_metric([node.node_id, "changes"], node.feed_requests)
+            records.add_metric([node.node_id], node.feed_records)
+        yield follow
+        yield records
         yield GaugeMetricFamily(
             f"{PREFIX}_cluster_fenced",
             "1 once another process took this node id over",

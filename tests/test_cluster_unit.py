@@ -425,6 +425,9 @@ class FakeOwner:
     async def stream_names(self) -> list[str]:
         return sorted(self.streams)
 
+    def serves(self, kind: str) -> bool:
+        return False  # a version from before the change feed: listings only
+
 
 class Events:
     def __init__(self) -> None:

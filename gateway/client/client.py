@@ -236,6 +236,23 @@ class Client(Connection):
         """A segment's whole committed record: chunk list, attributes, event index."""
         return (await self._call(get_record=wire.GetRecordRequest(segment=segment))).record
 
+    def serves(self, kind: str) -> bool:
+        """Whether the server named request ``kind`` among its features in Hello
+        (kinds added after protocol version 1's first set, such as "changes")."""
+        hello = self.server_hello
+        return hello is not None and kind in hello.features
+
+    async def changes(
+        self, cursor: wire.ChangeCursor | None = None, limit: int = 0, streams_digest: int = 0
+    ) -> wire.ChangesResponse:
+        """One page of what changed among the connected node's own segments since
+        ``cursor`` (None: none yet; answered ``resync``): docs/FORMATS.md, "Change feed".
+
+        Ask only if `serves` ("changes"): an older server closes the connection.
+        """
+        request = wire.ChangesRequest(cursor=cursor, limit=limit, streams_digest=streams_digest)
+        return (await self._call(changes=request)).changes
+
     async def cluster(self, take_over: str = "", forget: str = "") -> list[wire.NodeStatus]:
         """The cluster's nodes as the connected node sees them in the registry.
 

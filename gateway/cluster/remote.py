@@ -2,10 +2,16 @@
 
 A `RemoteNode` keeps the committed metadata of one other node's segments:
 
-- while the node answers over the protocol, from it: a listing every
-  ``cluster.refresh_interval``, and the whole record (chunk list,
-  attributes, event index) of each segment that changed; then the names of
-  its streams (directories in the mount before their first segment);
+- while the node answers over the protocol, from it, every
+  ``cluster.refresh_interval``: what changed since the last refresh, from
+  its change feed (`gateway.cluster.feed`: the whole record -- chunk list,
+  attributes, event index -- of each segment that changed, the ids and
+  names of those deleted, its stream names when they changed), so a
+  refresh costs what changed, not what the node holds. The first refresh
+  of a connection, and any the owner answers "resync", list the node in
+  full and fetch the record of each segment that differs from the view;
+  so does every refresh of an owner that does not serve the feed (older
+  versions);
 - when it does not (down, stopped, or cut off), from what can be proven
   without it: its newest metadata snapshot in Tier 2, merged with the chunk
   lists already learnt from it. Each file then ends at its flushed length.
@@ -36,6 +42,7 @@ import trio
 
 from gateway.buffers import Buffer
 from gateway.client.client import Client
+from gateway.cluster import feed
 from gateway.cluster.fence import FenceTimes
 from gateway.container.interfaces import AttributeStore, NamespaceWatcher
 from gateway.container.results import ReadResult, SegmentInfo
@@ -49,6 +56,7 @@ from gateway.errors import (
     SegmentTruncated,
     SnapshotInvalid,
 )
+from gateway.protocol import wire_pb2 as wire
 from gateway.protocol.metadata_pb2 import MetadataSnapshot, SegmentRecord
 from gateway.read.chunks import ChunkReader
 from gateway.read.index import SegmentView
@@ -85,6 +93,10 @@ class MountIds:
     def forget(self, node: str, remote_id: int) -> None:
         """The segment is gone: drop its entry (its id is never given out again)."""
         self._ids.pop((node, remote_id), None)
+
+    def find(self, node: str, remote_id: int) -> int | None:
+        """The local id of segment ``remote_id`` of ``node``, if it has one."""
+        return self._ids.get((node, remote_id))
 
     def get(self, node: str, remote_id: int) -> int:
         """The local id of segment ``remote_id`` of ``node`` (a new one the first time)."""
@@ -172,6 +184,16 @@ class RemoteNode:
         self._live_done = 0
         self._live_finished = trio.Event()
         self._refresh_wanted = trio.Event()
+        #: Where the change feed of the owner goes on from (None: list it in
+        #: full first), and the digest of the stream names it last sent.
+        self._cursor: wire.ChangeCursor | None = None
+        self._streams_digest = 0
+        #: What following the owner cost: full listings, record requests,
+        #: change-feed requests, records the feed brought.
+        self.listings = 0
+        self.records_fetched = 0
+        self.feed_requests = 0
+        self.feed_records = 0
 
     @property
     def tail_available(self) -> bool:
@@ -183,6 +205,9 @@ class RemoteNode:
         self.client = client
         self._live_scope = scope
         self.lost_reason = ""
+        # The view may have been cut to what Tier 2 proves meanwhile: list
+        # the owner in full before following its changes again.
+        self._cursor = None
         self._attached.set()
 
     async def wait_attached(self, seconds: float) -> bool:
@@ -330,9 +355,68 @@ class RemoteNode:
         self._refresh_wanted = trio.Event()
 
     async def refresh_live(self, client: Client) -> None:
-        """Bring the view up to date from the owner (a listing, then changed records)."""
+        """Bring the view up to date from the owner: its changes since the last
+        refresh, or (first, on "resync", or from an owner without the feed) a
+        listing and the records that changed."""
         self._live_started += 1
         started = self._live_started
+        cursor = await self._follow_changes(client) if self._cursor is not None else None
+        if self._cursor is None:
+            if cursor is None and client.serves(feed.FEATURE):
+                self.feed_requests += 1
+                cursor = (await client.changes(streams_digest=self._streams_digest)).cursor
+            # The cursor is from before the listing: what changes in between comes again.
+            await self._refresh_by_listing(client)
+            self._cursor = cursor
+        self.refreshes += 1
+        self._live_done = started
+        self._live_finished.set()
+        self._live_finished = trio.Event()
+
+    async def _follow_changes(self, client: Client) -> wire.ChangeCursor | None:
+        """Apply the owner's changes since the cursor, page by page. If the owner
+        says to resync, forget the cursor and return the one to list from."""
+        while self._cursor is not None:
+            self.feed_requests += 1
+            page = await client.changes(self._cursor, streams_digest=self._streams_digest)
+            if page.resync:
+                self._cursor = None
+                return page.cursor
+            # Removals first: a name deleted and created again must not meet its old self.
+            for gone in page.deleted:
+                mount_id = self.ids.find(self.node_id, gone.id)
+                if mount_id in self.segments:
+                    self._remove(mount_id)
+                elif mount_id is not None:
+                    self.ids.forget(self.node_id, gone.id)
+            self.feed_records += len(page.records)
+            for record in page.records:
+                if record.txn_parent:
+                    continue  # transactions are the owner's business until committed
+                problem = record_problem(record)
+                if problem is not None:
+                    self.rejections.reject(f"segment record from node {self.node_id}",
+                                           record.name, problem,
+                                           (record.length, record.last_modified_ms))  # fmt: skip
+                    continue
+                held = self._by_name.get(record.name)
+                if held is not None and self._remote_ids.get(held) != record.id:
+                    self._remove(held)  # its deletion is not in the feed: not its self
+                self._put(record, proven_only=False)
+            self._cursor = page.cursor
+            if page.more:
+                continue
+            # After the segments, from the last page: a deleted stream's
+            # segments have gone by now.
+            if page.streams_changed:
+                self._streams_digest = page.streams_digest
+                self._set_streams(set(page.streams))
+            break
+        return None
+
+    async def _refresh_by_listing(self, client: Client) -> None:
+        """The whole view from the owner: a listing, then the records that changed."""
+        self.listings += 1
         infos = await client.list(local_only=True)
         seen: set[int] = set()
         changed: list[SegmentInfo] = []
@@ -353,6 +437,7 @@ class RemoteNode:
             except GatewayError as e:
                 failures.append(e)  # raised below as itself, not in a group
 
+        self.records_fetched += len(changed)
         async with trio.open_nursery() as nursery:
             for info in changed:
                 nursery.start_soon(fetch, info.name)
@@ -373,11 +458,9 @@ class RemoteNode:
             elif self.ids.get(self.node_id, info.id) not in self.segments:
                 self.ids.forget(self.node_id, info.id)  # deleted before we saw it
         # After the segments: a deleted stream's segments have gone by now.
-        self._set_streams(set(await client.stream_names()))
-        self.refreshes += 1
-        self._live_done = started
-        self._live_finished.set()
-        self._live_finished = trio.Event()
+        names = await client.stream_names()
+        self._streams_digest = feed.streams_digest(names)
+        self._set_streams(set(names))
 
     async def refresh_proven(self, fence_epoch: int = 0, deadline: float | None = None) -> None:
         """The view without the owner: its newest trusted snapshot and the chunks already known.

@@ -349,6 +349,21 @@ class SegmentContainer:
         """One segment's whole committed record (chunks, attributes, event index)."""
         return self._committed(name).committed_record()
 
+    def changes_since(
+        self, seq: int
+    ) -> tuple[list[tuple[int, Segment]], list[tuple[int, int, str]]] | None:
+        """What changed in the committed view after journal sequence ``seq``, newest
+        first: (sequence of its last change, segment) and (sequence, id, name) of
+        those deleted; None if that is before what the table keeps (a follower's
+        change feed, `gateway.cluster.feed`)."""
+        table = self._table
+        found = table.changed_since(seq)
+        if found is None:
+            return None
+        changes, deletions = table.changes, table.deletions
+        changed = [(changes[s.id], s) for s in found[0]]
+        return changed, [(deletions[i][0], i, name) for i, name in found[1]]
+
     def list(self, prefix: str = "", start_after: str = "", limit: int = 0) -> list[SegmentInfo]:
         """Committed metadata of the segments whose names start with ``prefix``, sorted."""
         validate_prefix(prefix)

@@ -119,7 +119,7 @@ REPLICA_GAP: ErrorCode
 NO_QUORUM: ErrorCode
 
 class Request(_message.Message):
-    __slots__ = ("request_id", "hello", "create", "append", "seal", "truncate", "delete", "update_attributes", "get_info", "list", "get_attributes", "read", "flush", "fsck", "export_metadata", "get_record", "cluster", "stream", "transaction", "replica_write", "replica_fence", "replica_read")
+    __slots__ = ("request_id", "hello", "create", "append", "seal", "truncate", "delete", "update_attributes", "get_info", "list", "get_attributes", "read", "flush", "fsck", "export_metadata", "get_record", "cluster", "stream", "transaction", "replica_write", "replica_fence", "replica_read", "changes")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +142,7 @@ class Request(_message.Message):
     REPLICA_WRITE_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FENCE_FIELD_NUMBER: _ClassVar[int]
     REPLICA_READ_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     hello: Hello
     create: CreateSegmentRequest
@@ -164,7 +165,8 @@ class Request(_message.Message):
     replica_write: ReplicaWriteRequest
     replica_fence: ReplicaFenceRequest
     replica_read: ReplicaReadRequest
-    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., create: _Optional[_Union[CreateSegmentRequest, _Mapping]] = ..., append: _Optional[_Union[AppendRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., truncate: _Optional[_Union[TruncateRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteRequest, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributesRequest, _Mapping]] = ..., get_info: _Optional[_Union[GetInfoRequest, _Mapping]] = ..., list: _Optional[_Union[ListSegmentsRequest, _Mapping]] = ..., get_attributes: _Optional[_Union[GetAttributesRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ..., flush: _Optional[_Union[FlushRequest, _Mapping]] = ..., fsck: _Optional[_Union[FsckRequest, _Mapping]] = ..., export_metadata: _Optional[_Union[ExportMetadataRequest, _Mapping]] = ..., get_record: _Optional[_Union[GetRecordRequest, _Mapping]] = ..., cluster: _Optional[_Union[ClusterRequest, _Mapping]] = ..., stream: _Optional[_Union[StreamRequest, _Mapping]] = ..., transaction: _Optional[_Union[TransactionRequest, _Mapping]] = ..., replica_write: _Optional[_Union[ReplicaWriteRequest, _Mapping]] = ..., replica_fence: _Optional[_Union[ReplicaFenceRequest, _Mapping]] = ..., replica_read: _Optional[_Union[ReplicaReadRequest, _Mapping]] = ...) -> None: ...
+    changes: ChangesRequest
+    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., create: _Optional[_Union[CreateSegmentRequest, _Mapping]] = ..., append: _Optional[_Union[AppendRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., truncate: _Optional[_Union[TruncateRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteRequest, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributesRequest, _Mapping]] = ..., get_info: _Optional[_Union[GetInfoRequest, _Mapping]] = ..., list: _Optional[_Union[ListSegmentsRequest, _Mapping]] = ..., get_attributes: _Optional[_Union[GetAttributesRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ..., flush: _Optional[_Union[FlushRequest, _Mapping]] = ..., fsck: _Optional[_Union[FsckRequest, _Mapping]] = ..., export_metadata: _Optional[_Union[ExportMetadataRequest, _Mapping]] = ..., get_record: _Optional[_Union[GetRecordRequest, _Mapping]] = ..., cluster: _Optional[_Union[ClusterRequest, _Mapping]] = ..., stream: _Optional[_Union[StreamRequest, _Mapping]] = ..., transaction: _Optional[_Union[TransactionRequest, _Mapping]] = ..., replica_write: _Optional[_Union[ReplicaWriteRequest, _Mapping]] = ..., replica_fence: _Optional[_Union[ReplicaFenceRequest, _Mapping]] = ..., replica_read: _Optional[_Union[ReplicaReadRequest, _Mapping]] = ..., changes: _Optional[_Union[ChangesRequest, _Mapping]] = ...) -> None: ...
 
 class ReplicaWriteRequest(_message.Message):
     __slots__ = ("source", "epoch", "first_sequence", "frames", "truncate_before", "start", "caught_up", "drop_epochs_before", "seed_epoch", "seed_header")
@@ -456,6 +458,52 @@ class ClusterRequest(_message.Message):
     forget: str
     def __init__(self, take_over: _Optional[str] = ..., forget: _Optional[str] = ...) -> None: ...
 
+class ChangesRequest(_message.Message):
+    __slots__ = ("cursor", "limit", "streams_digest")
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    cursor: ChangeCursor
+    limit: int
+    streams_digest: int
+    def __init__(self, cursor: _Optional[_Union[ChangeCursor, _Mapping]] = ..., limit: _Optional[int] = ..., streams_digest: _Optional[int] = ...) -> None: ...
+
+class ChangeCursor(_message.Message):
+    __slots__ = ("incarnation", "sequence")
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    incarnation: int
+    sequence: int
+    def __init__(self, incarnation: _Optional[int] = ..., sequence: _Optional[int] = ...) -> None: ...
+
+class DeletedSegment(_message.Message):
+    __slots__ = ("id", "name")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    name: str
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
+
+class ChangesResponse(_message.Message):
+    __slots__ = ("cursor", "resync", "records", "deleted", "more", "streams_digest", "streams_changed", "streams")
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    RESYNC_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    cursor: ChangeCursor
+    resync: bool
+    records: _containers.RepeatedCompositeFieldContainer[_metadata_pb2.SegmentRecord]
+    deleted: _containers.RepeatedCompositeFieldContainer[DeletedSegment]
+    more: bool
+    streams_digest: int
+    streams_changed: bool
+    streams: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, cursor: _Optional[_Union[ChangeCursor, _Mapping]] = ..., resync: _Optional[bool] = ..., records: _Optional[_Iterable[_Union[_metadata_pb2.SegmentRecord, _Mapping]]] = ..., deleted: _Optional[_Iterable[_Union[DeletedSegment, _Mapping]]] = ..., more: _Optional[bool] = ..., streams_digest: _Optional[int] = ..., streams_changed: _Optional[bool] = ..., streams: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ListSegmentsRequest(_message.Message):
     __slots__ = ("prefix", "limit", "start_after", "local_only")
     PREFIX_FIELD_NUMBER: _ClassVar[int]
@@ -495,7 +543,7 @@ class ReadRequest(_message.Message):
     def __init__(self, segment: _Optional[str] = ..., offset: _Optional[int] = ..., max_length: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class Response(_message.Message):
-    __slots__ = ("request_id", "error", "hello", "append", "info", "list", "attributes", "done", "read", "fsck", "metadata", "record", "cluster", "stream", "streams", "transaction", "replica_write", "replica_holdings", "replica_frames")
+    __slots__ = ("request_id", "error", "hello", "append", "info", "list", "attributes", "done", "read", "fsck", "metadata", "record", "cluster", "stream", "streams", "transaction", "replica_write", "replica_holdings", "replica_frames", "changes")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
@@ -515,6 +563,7 @@ class Response(_message.Message):
     REPLICA_WRITE_FIELD_NUMBER: _ClassVar[int]
     REPLICA_HOLDINGS_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     error: Error
     hello: HelloResponse
@@ -534,7 +583,8 @@ class Response(_message.Message):
     replica_write: ReplicaWriteResponse
     replica_holdings: ReplicaHoldings
     replica_frames: ReplicaFrames
-    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., hello: _Optional[_Union[HelloResponse, _Mapping]] = ..., append: _Optional[_Union[AppendResponse, _Mapping]] = ..., info: _Optional[_Union[SegmentInfo, _Mapping]] = ..., list: _Optional[_Union[SegmentList, _Mapping]] = ..., attributes: _Optional[_Union[Attributes, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., read: _Optional[_Union[ReadResponse, _Mapping]] = ..., fsck: _Optional[_Union[FsckResponse, _Mapping]] = ..., metadata: _Optional[_Union[ExportMetadataResponse, _Mapping]] = ..., record: _Optional[_Union[_metadata_pb2.SegmentRecord, _Mapping]] = ..., cluster: _Optional[_Union[ClusterStatus, _Mapping]] = ..., stream: _Optional[_Union[StreamInfo, _Mapping]] = ..., streams: _Optional[_Union[StreamList, _Mapping]] = ..., transaction: _Optional[_Union[TransactionInfo, _Mapping]] = ..., replica_write: _Optional[_Union[ReplicaWriteResponse, _Mapping]] = ..., replica_holdings: _Optional[_Union[ReplicaHoldings, _Mapping]] = ..., replica_frames: _Optional[_Union[ReplicaFrames, _Mapping]] = ...) -> None: ...
+    changes: ChangesResponse
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., hello: _Optional[_Union[HelloResponse, _Mapping]] = ..., append: _Optional[_Union[AppendResponse, _Mapping]] = ..., info: _Optional[_Union[SegmentInfo, _Mapping]] = ..., list: _Optional[_Union[SegmentList, _Mapping]] = ..., attributes: _Optional[_Union[Attributes, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., read: _Optional[_Union[ReadResponse, _Mapping]] = ..., fsck: _Optional[_Union[FsckResponse, _Mapping]] = ..., metadata: _Optional[_Union[ExportMetadataResponse, _Mapping]] = ..., record: _Optional[_Union[_metadata_pb2.SegmentRecord, _Mapping]] = ..., cluster: _Optional[_Union[ClusterStatus, _Mapping]] = ..., stream: _Optional[_Union[StreamInfo, _Mapping]] = ..., streams: _Optional[_Union[StreamList, _Mapping]] = ..., transaction: _Optional[_Union[TransactionInfo, _Mapping]] = ..., replica_write: _Optional[_Union[ReplicaWriteResponse, _Mapping]] = ..., replica_holdings: _Optional[_Union[ReplicaHoldings, _Mapping]] = ..., replica_frames: _Optional[_Union[ReplicaFrames, _Mapping]] = ..., changes: _Optional[_Union[ChangesResponse, _Mapping]] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
     __slots__ = ("id", "advertise", "state", "epoch", "version", "segments", "unflushed_bytes", "heartbeat_age_ms", "started_at_ms", "self", "ensemble", "quorum", "replicas_of", "hosted_by")
@@ -671,16 +721,18 @@ class Error(_message.Message):
     def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ..., expected_offset: _Optional[int] = ..., last_event_number: _Optional[int] = ..., owner: _Optional[str] = ..., owner_address: _Optional[str] = ...) -> None: ...
 
 class HelloResponse(_message.Message):
-    __slots__ = ("protocol_version", "server", "max_message_bytes", "max_append_bytes")
+    __slots__ = ("protocol_version", "server", "max_message_bytes", "max_append_bytes", "features")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SERVER_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_APPEND_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     server: str
     max_message_bytes: int
     max_append_bytes: int
-    def __init__(self, protocol_version: _Optional[int] = ..., server: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., max_append_bytes: _Optional[int] = ...) -> None: ...
+    features: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, protocol_version: _Optional[int] = ..., server: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., max_append_bytes: _Optional[int] = ..., features: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AppendResponse(_message.Message):
     __slots__ = ("offset", "length", "segment")

@@ -274,6 +274,8 @@ class Connection:
         """Prepare one request, in arrival order: it enters the journal now."""
         kind = str(req.WhichOneof("kind"))
         handler = HANDLERS.get(kind)
+        requests = self.server.requests
+        requests[kind] = requests.get(kind, 0) + 1
         if handler is None:
             return error_item(
                 req.request_id, Unsupported(f"request kind {kind!r} is not served here")

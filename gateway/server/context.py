@@ -54,6 +54,8 @@ class ServerParts(Protocol):
     replicator: Replicator | None
     #: Other nodes' containers run on this host (None: this node takes none over).
     containers: ContainerHost | None
+    #: Requests taken since the start, by kind (Hello left out).
+    requests: dict[str, int]
 
 
 class Peer(Protocol):

@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = wire.PROTOCOL_VERSION_1
+#: Request kinds served beyond version 1's first set (HelloResponse.features):
+#: a client asks for one only if the server names it, so that it works with
+#: servers from before it (an unknown kind closes the connection).
+FEATURES = ("changes",)
 #: Seconds a client has to complete the TLS handshake, and then to send Hello.
 HANDSHAKE_TIMEOUT = 10.0
 #: The first message (Hello) may be at most this large, whatever max_message_bytes says.
@@ -95,6 +99,7 @@ def answer_hello(conn: Peer, rid: int, hello: wire.Hello) -> Item:
             server=f"segment-gateway {__version__}",
             max_message_bytes=config.max_message_bytes,
             max_append_bytes=conn.server.container_config_max_append,
+            features=FEATURES,
         ),
     )
     return Item(rid, 0, ready(response))

@@ -119,6 +119,8 @@ class Server:
         self.replicas = replicas
         #: Other nodes' containers run on this host (None: this node takes none over).
         self.containers: ContainerHost | None = None
+        #: Requests taken since the start, by kind (wire.proto's Request.kind; Hello left out).
+        self.requests: dict[str, int] = {}
         #: Whether a source's epoch is its current one in Tier 2 (before a log starts).
         self.epoch_current = epoch_current
         #: This node's journal's replication (None: not replicated), for the status.

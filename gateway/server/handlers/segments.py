@@ -1,4 +1,4 @@
-"""Segments: create, append, read, seal, truncate, delete, info, record, list.
+"""Segments: create, append, read, seal, truncate, delete, info, record, list, changes.
 
 Each handler prepares its request now (in arrival order: validation and
 journal submission happen here) and returns how to answer it later.
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from gateway.buffers import Buffer
+from gateway.cluster import feed
 from gateway.cluster.remote import TAIL_READ_TIMEOUT
 from gateway.container import AppendResult
 from gateway.container.results import ReadResult
@@ -201,6 +202,35 @@ def get_record(conn: Peer, req: wire.Request) -> Producer:
         record=conn.server.container.record(req.get_record.segment),
     )
     return ready(response)
+
+
+def _page_bytes(conn: Peer) -> int:
+    return min(feed.PAGE_BYTES, conn.server.config.max_message_bytes // 2)
+
+
+def _changes_bytes(conn: Peer, req: wire.Request) -> int:
+    # The records of a page, as objects and on the wire (a page may pass its
+    # size by one change): an estimate like a listing's, for the changes a
+    # page may hold, within the page's bound.
+    limit = min(req.changes.limit or feed.DEFAULT_LIMIT, feed.MAX_LIMIT)
+    most = min(limit, conn.server.container.segment_count + 1)
+    return min(3 * _page_bytes(conn), 2 * most * LIST_ENTRY_BYTES)
+
+
+@handles("changes", answer_bytes=_changes_bytes)
+def changes(conn: Peer, req: wire.Request) -> Producer:
+    """What changed among this node's own segments since a cursor (how nodes follow it)."""
+    rid = req.request_id
+    container = conn.server.container
+    page_bytes = _page_bytes(conn)
+
+    async def produce() -> wire.Response:
+        # Built at its turn, like a listing: it includes everything this
+        # connection asked for before.
+        page = feed.changes_page(container, req.changes, page_bytes)
+        return wire.Response(request_id=rid, changes=page)
+
+    return produce
 
 
 def _list_bytes(conn: Peer, req: wire.Request) -> int:
