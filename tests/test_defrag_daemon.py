@@ -15,6 +15,7 @@ from gateway.client.sync import SyncClient
 from gateway.embedded import EmbeddedS3
 from gateway.storage import object_keys as names
 from gateway.storage.s3 import S3Storage
+from tests.helpers.cluster import Cluster
 from tests.helpers.daemon import Daemon
 from tests.helpers.mount import MountedDaemon, require_fuse, run
 from tests.helpers.wait import wait_for
@@ -198,3 +199,55 @@ def test_crash_during_a_merge_loses_nothing_and_gc_cleans_up(
     finally:
         daemon.kill()
     assert_clean(fsck(daemon.config_path, "--deep", env=env))
+
+
+@pytest.mark.timeout(180)
+def test_another_nodes_mount_reads_every_byte_while_the_owner_defragments(
+    tmp_path: pathlib.Path, seaweedfs: EmbeddedS3
+) -> None:
+    """node-b trickles and merges; node-a's mount reads the segment throughout (the old
+    objects outlive its stale chunk list by GC's grace), then again with its cache wiped."""
+    require_fuse()
+    cluster = Cluster(tmp_path, seaweedfs, nodes=("node-a", "node-b"))
+    owner = cluster.daemons["node-b"]
+    owner.config_path.write_text(
+        owner.config_path.read_text().replace(
+            "[tier2]\n",
+            '[tier2]\nflush_size = "64 KiB"\nmax_chunk_size = "64 KiB"\ngc_grace = "2s"\n'
+            'gc_interval = "300ms"\ndefrag_min_chunks = 4\ndefrag_interval = "100ms"\n',
+        )
+    )
+    reader = cluster.daemons["node-a"]
+    name = "node-b/slow"
+    path = reader.mnt / name
+    rng = random.Random(3)
+    try:
+        cluster.start()
+        with cluster.client("node-b") as c:
+            c.create(name)
+            data = b""
+            for _ in range(5):
+                data = trickle(c, name, 6, rng, data)
+                # The remote view catches up with every byte, whatever chunk list it holds.
+                size = len(data)
+                wait_for(
+                    lambda: path.exists() and path.stat().st_size == size,
+                    10,
+                    "node-a's view of the segment",
+                )
+                assert run("cat", path).stdout == data
+            # Sealed: a final merge packs it into chunks of max_chunk_size (64 KiB).
+            c.seal(name)
+            c.flush(name)
+            wait_for(lambda: c.info(name).chunk_count == 1, 20, "the owner's final merge")
+            assert run("cat", path).stdout == data
+            merged = c.info(name).chunk_count
+        # Cold: node-a reads the merged objects with its cache wiped.
+        reader.stop()
+        shutil.rmtree(reader.data_dir / "cache")
+        reader.start(timeout=60)
+        wait_for(lambda: path.exists() and path.stat().st_size == len(data), 10, "node-a's view")
+        assert run("cat", path).stdout == data
+        assert merged == 1
+    finally:
+        cluster.teardown()

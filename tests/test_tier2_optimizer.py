@@ -7,6 +7,7 @@ and call `Optimizer.optimize` directly instead of waiting for its interval.
 
 from __future__ import annotations
 
+import math
 import pathlib
 import random
 import shutil
@@ -74,6 +75,56 @@ def test_pick_run_needs_adjacent_offsets() -> None:
     chunks = records(1, 1, 1, 1, 1, 1)
     chunks[3].start_offset += 5  # a gap (cannot happen in a sound list; never merged over)
     assert pick_run(chunks, CFG, include_last=True) is None
+
+
+def test_pick_run_leaves_a_chunk_holding_half_the_stretch_until_it_would_double() -> None:
+    # 8 KiB merged before, then 4 flushes of 1 KiB: merging the 8 KiB again now
+    # would copy it for 4 KiB of news; the 4 small ones alone are a stretch.
+    chunks = records(8 * KiB, *([KiB] * 4), 1)
+    assert pick_run(chunks, CFG, include_last=False) == (1, 4)
+    # Once the rest holds as much as it, it is merged along.
+    chunks = records(8 * KiB, 4 * KiB, *([KiB] * 4), 1)
+    assert pick_run(chunks, CFG, include_last=False) == (0, 6)
+    chunks = records(8 * KiB, 4 * KiB, 2 * KiB, KiB, 1)
+    assert pick_run(chunks, CFG, include_last=False) is None
+
+
+def test_pick_run_final_packs_a_sealed_segment_into_chunks_of_max_size() -> None:
+    chunks = records(8 * KiB, 4 * KiB, 2 * KiB)
+    assert pick_run(chunks, CFG, include_last=True) is None
+    assert pick_run(chunks, CFG, include_last=True, final=True) == (0, 3)
+    assert pick_run(records(20 * KiB, KiB), CFG, include_last=True, final=True) == (0, 2)
+    assert pick_run(records(60 * KiB, 5 * KiB), CFG, include_last=True, final=True) is None
+
+
+def simulate_trickle(flushes: int, size: int, cfg: Tier2Config) -> tuple[float, int]:
+    """A segment flushed ``flushes`` times, merged after each flush as the optimizer
+    would: (bytes rewritten / bytes, chunks at the end)."""
+    chunks: list[ChunkRecord] = []
+    rewritten = 0
+    for k in range(flushes):
+        chunks.append(ChunkRecord(name=f"c{k}", start_offset=k * size, length=size))
+        while (run := pick_run(chunks, cfg, include_last=False)) is not None:
+            first, count = run
+            merged = chunks[first : first + count]
+            length = sum(c.length for c in merged)
+            rewritten += length
+            chunks[first : first + count] = [
+                ChunkRecord(name=f"m{k}", start_offset=merged[0].start_offset, length=length)
+            ]
+    return rewritten / (flushes * size), len(chunks)
+
+
+def test_a_trickle_is_rewritten_a_logarithmic_number_of_times() -> None:
+    """Default policy scaled down 64x (max 1 MiB, small 256 KiB, 16 chunks), 1 KB flushes:
+    each byte is copied about log2(small / flush) times at most, and the chunks stay few.
+    (Merging any 16 small chunks, the merged prefix was copied again every 16 flushes
+    until it reached defrag_small: 9x here, ~490x at the real sizes.)"""
+    cfg = Tier2Config(max_chunk_size=MiB, defrag_min_chunks=16)
+    amplification, count = simulate_trickle(4000, 1000, cfg)
+    assert amplification <= math.log2(256 * KiB / 1000)
+    # Full-ish chunks (>= small), a chain of halving ones, < 16 new ones, the tail.
+    assert count <= 4000 * 1000 // (256 * KiB) + math.log2(256 * KiB / 1000) + 16 + 1
 
 
 def test_crc32c_combine_is_the_crc_of_the_concatenation() -> None:

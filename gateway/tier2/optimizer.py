@@ -6,9 +6,10 @@ a GET for every cold reader and an entry in every checkpoint. In the
 background, beside the storage writer, the optimizer
 
 1. picks a run of at least ``defrag_min_chunks`` adjacent chunks of a segment,
-   each smaller than ``defrag_small`` (`pick_run`; never the chunk a flush
-   may still extend: the last one of a segment not sealed in Tier 2), at most
-   ``max_chunk_size`` together;
+   each smaller than ``defrag_small``, none more than half of the run's bytes
+   (`pick_run`: each byte is rewritten at most log2(``defrag_small`` / flush
+   size) times), never the chunk a flush may still extend (the last one of a
+   segment not sealed in Tier 2), at most ``max_chunk_size`` together;
 2. concatenates their objects into a NEW object under a fresh chunk key (the
    binding's concat: S3 multipart with UploadPartCopy for parts >= 5 MiB,
    reading and re-uploading smaller ones; the filesystem copies), whose
@@ -86,16 +87,30 @@ def small_limit(cfg: Tier2Config) -> int:
 
 
 def pick_run(
-    chunks: Sequence[ChunkRecord], cfg: Tier2Config, include_last: bool
+    chunks: Sequence[ChunkRecord], cfg: Tier2Config, include_last: bool, final: bool = False
 ) -> tuple[int, int] | None:
-    """The first run of chunks worth merging, as (first index, count); None if none is.
+    """The first stretch of chunks worth merging, as (first index, count); None if none is.
 
-    A run is at least ``defrag_min_chunks`` adjacent chunks, each below
-    `small_limit`, contiguous in offsets; it is merged in pieces of at most
-    ``max_chunk_size`` (the first piece is returned: the caller picks again
-    after each merge). The last chunk counts only with ``include_last``.
+    A stretch lies within a run of adjacent chunks each below `small_limit`
+    (contiguous in offsets); it is the longest one from its first chunk that
+    fits ``max_chunk_size``, and is worth merging when it has at least
+    ``defrag_min_chunks`` chunks and none of them holds more than half its
+    bytes. That last rule bounds the rewriting: a byte is copied again only
+    into a chunk at least twice the size of the one it was in, so at most
+    log2(``defrag_small`` / flush size) times, rather than every time a few
+    more flushes arrive (a merged chunk growing by ``defrag_min_chunks``
+    flushes per merge would be rewritten thousands of times on its way to
+    ``defrag_small``). The first stretch is returned: the caller picks again
+    after each merge. The last chunk counts only with ``include_last``.
+
+    ``final`` (a segment sealed in Tier 2: nothing more arrives): any two or
+    more adjacent chunks that fit ``max_chunk_size`` together are merged,
+    whatever their sizes, so the segment ends with at most 2 x size /
+    ``max_chunk_size`` + 1 objects (usually about size / ``max_chunk_size``).
     """
-    small = small_limit(cfg)
+    # Final: packed into chunks of up to max_chunk_size, whatever is small.
+    small = cfg.max_chunk_size if final else small_limit(cfg)
+    least = 2 if final else cfg.defrag_min_chunks
     usable = len(chunks) if include_last else len(chunks) - 1
     i = 0
     while i < usable:
@@ -109,14 +124,15 @@ def pick_run(
             and chunks[j].start_offset == chunks[j - 1].start_offset + chunks[j - 1].length
         ):
             j += 1
-        if j - i >= cfg.defrag_min_chunks:
-            total = 0
-            k = i
-            while k < j and total + chunks[k].length <= cfg.max_chunk_size:
-                total += chunks[k].length
-                k += 1
-            if k - i >= 2:
-                return i, k - i
+        for first in range(i, j - least + 1):
+            total = largest = 0
+            end = first
+            while end < j and total + chunks[end].length <= cfg.max_chunk_size:
+                total += chunks[end].length
+                largest = max(largest, chunks[end].length)
+                end += 1
+            if end - first >= least and (final or 2 * largest <= total):
+                return first, end - first
         i = j
     return None
 
@@ -219,7 +235,8 @@ class Optimizer:
             seg = self._writer.container.segment_by_id(seg_id)
             if seg is None or seg.txn_parent or seg.merged_into or seg.merges:
                 return merged
-            run = pick_run(seg.chunks, self._writer.cfg, include_last=seg.sealed_in_storage)
+            final = seg.sealed_in_storage
+            run = pick_run(seg.chunks, self._writer.cfg, include_last=final, final=final)
             if run is None:
                 return merged
             first, count = run

@@ -444,6 +444,7 @@ class StorageWriter:
             await self._upload(seg, start, data, crc, extends)
         if seg.sealed and not seg.sealed_in_storage and seg.storage_length >= seg.length:
             await self.container.prepare_storage_sealed(seg.id).wait()
+            self.optimizer.on_chunk_added(seg.id)  # a final merge may be due
         await self._flush_attributes(seg_id)
 
     async def _flush_attributes(self, seg_id: int) -> None:
