@@ -16,7 +16,7 @@ from gateway.embedded import EmbeddedS3
 from gateway.storage import object_keys as names
 from gateway.storage.s3 import S3Storage
 from tests.helpers.cluster import Cluster
-from tests.helpers.daemon import Daemon
+from tests.helpers.daemon import Daemon, scrape
 from tests.helpers.mount import MountedDaemon, require_fuse, run
 from tests.helpers.wait import wait_for
 from tests.test_fsck import assert_clean, fsck
@@ -139,6 +139,14 @@ def test_trickle_segment_is_defragmented_while_read(
             )
             after = len(objects(s3_storage))
             print(f"objects for {len(data)} bytes: {before} before, {after} after")
+            m = scrape(daemon.metrics_port)
+            p = "segment_gateway_defrag_"
+            assert m[p + "runs_total"] >= 1
+            assert m[p + "chunks_replaced_total"] >= before - after
+            # Sources under 5 MiB: read and uploaded again, none copied inside S3.
+            assert m[p + 'bytes_total{how="reuploaded"}'] >= len(data) // 2
+            assert m[p + 'bytes_total{how="copied"}'] == 0
+            assert m[p + "failures_total"] == 0
             assert after <= -(-len(data) // (64 * KiB)) + 1 + 5
         assert daemon.stop() == 0, daemon.log()
         # Cold: the cache wiped, every byte from the merged objects.
