@@ -22,6 +22,7 @@ import trio
 from gateway.config import Config, Tier2Config
 from gateway.container.segment import Segment
 from gateway.container.table import SegmentTable, check_chunks
+from gateway.fsck.online import live_target
 from gateway.protocol.metadata_pb2 import ChunkRecord
 from gateway.storage import object_keys as names
 from gateway.storage.filesystem import FileStorage
@@ -359,6 +360,9 @@ async def test_readers_holding_the_old_list_read_until_the_grace_ends(
         result = await writer.collect_garbage()
         assert result is not None and not result.deleted_keys
         assert writer.optimizer.statistics().retired == 5
+        # Online fsck counts them as GC does (not garbage overdue for deletion).
+        target = live_target(c, writer=writer)
+        assert {ch.name for ch in old} <= target.referenced()
 
 
 async def test_optimizer_leaves_a_binding_without_concat_alone(tmp_path: pathlib.Path) -> None:

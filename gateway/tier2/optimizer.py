@@ -41,7 +41,7 @@ import trio.lowlevel
 from gateway import failpoints
 from gateway.config import Tier2Config
 from gateway.container.segment import Segment
-from gateway.errors import GatewayError, Tier2Error
+from gateway.errors import ChunkNotFound, GatewayError, Tier2Error
 from gateway.protocol.metadata_pb2 import ChunkRecord
 from gateway.storage import object_keys as names
 
@@ -268,7 +268,14 @@ class Optimizer:
         w.check_fence()
         w.uploading.add(key)
         try:
-            await w.layer.concat(key, sources, metadata, sizes=sizes)
+            try:
+                await w.layer.concat(key, sources, metadata, sizes=sizes)
+            except ChunkNotFound:
+                if self._holds(seg.id, sources):
+                    raise
+                # Truncated or deleted meanwhile, and the objects with it.
+                self.runs_abandoned += 1
+                return False
             failpoints.hit("after_defrag_concat")
             replaced = await w.journal_upload(
                 lambda: w.container.prepare_chunks_replaced(seg.id, sources, record)
@@ -299,6 +306,11 @@ class Optimizer:
             key,
         )
         return True
+
+    def _holds(self, seg_id: int, sources: list[str]) -> bool:
+        """Whether the segment still names every one of ``sources``."""
+        seg = self._writer.container.segment_by_id(seg_id)
+        return seg is not None and set(sources) <= {c.name for c in seg.chunks}
 
     def _copied_bytes(self, sizes: list[int]) -> int:
         """How many of the merged bytes the binding copied without reading them here."""
