@@ -283,9 +283,14 @@ async def test_optimizer_on_the_filesystem_binding_across_epochs(tmp_path: pathl
             data += piece
     async with running(config, storage) as (c, writer):
         assert len(c._committed("s").chunks) == 6
+        before = list(c._committed("s").chunks)
         assert await writer.optimizer.optimize() == 1
         chunks = list(c._committed("s").chunks)
         assert len(chunks) == 2
+        # The merged chunk carries the run's newest epoch (older than this process's), so
+        # recovery from Tier 2 can still chain the older last chunk after it.
+        assert chunks[0].epoch == max(ch.epoch for ch in before[:-1]) < writer.epoch
+        assert names.chunk_epoch(chunks[0].name) == chunks[0].epoch
         assert object_bytes(storage, chunks) == data
         assert (await c.read("s", 0, len(data))).data == data
         # A flush after the merge appends to the (kept) last chunk, never to the merged one.

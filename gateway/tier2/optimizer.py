@@ -260,9 +260,13 @@ class Optimizer:
         length = sum(c.length for c in run)
         await self._pace(length)
         crc = await trio.to_thread.run_sync(crc32c_combine, [(c.crc32c, c.length) for c in run])
-        key = names.chunk_key(w.node, seg.id, start, w.epoch)
-        record = ChunkRecord(name=key, start_offset=start, length=length, crc32c=crc, epoch=w.epoch)
-        metadata = names.chunk_metadata(seg.name, start, length, crc, w.epoch)
+        # The run's newest epoch, not this process's: recovery from Tier 2
+        # chains a chunk only onto one of the same or an older epoch, and
+        # the chunks after the run may be older than this process.
+        epoch = max(c.epoch for c in run)
+        key = names.chunk_key(w.node, seg.id, start, epoch)
+        record = ChunkRecord(name=key, start_offset=start, length=length, crc32c=crc, epoch=epoch)
+        metadata = names.chunk_metadata(seg.name, start, length, crc, epoch)
         sources = [c.name for c in run]
         sizes = [c.length for c in run]
         w.check_fence()
