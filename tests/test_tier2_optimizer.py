@@ -387,3 +387,25 @@ async def test_sealed_segment_merges_its_last_chunk_too(tmp_path: pathlib.Path) 
         assert await writer.optimizer.optimize() == 1
         chunks = c._committed("s").chunks
         assert len(chunks) == 1 and object_bytes(storage, chunks) == data
+
+
+async def test_recovery_from_tier2_chains_a_merged_chunk_with_older_ones_after_it() -> None:
+    """A snapshot from before a merge: the merged object (the run's newest epoch) is chained
+    by recovery from Tier 2 whether or not the replaced objects are still there, and the
+    older-epoch chunk after it still follows."""
+    from tests.test_tier2_rebuild import Tier2, by_name, segment, spans
+
+    for replaced_left in (True, False):
+        t2 = Tier2()
+        a0 = t2.chunk(1, "a", 0, 100, 1)
+        t2.snapshot(1, 2, segment(1, "a", a0))
+        run = [t2.chunk(1, "a", 100, 50, 1), t2.chunk(1, "a", 150, 50, 2)]
+        t2.chunk(1, "a", 200, 50, 2)  # the last chunk, not merged
+        # Merged by a later process (epoch 3): the record and key carry epoch 2.
+        t2.chunk(1, "a", 100, 100, max(c.epoch for c in run))
+        if not replaced_left:
+            for c in run:
+                t2.storage.delete(c.name)
+        a = by_name(await t2.recover())["a"]
+        assert spans(a) == [(0, 100, 1), (100, 200, 2), (200, 250, 2)]
+        assert a.length == 250
