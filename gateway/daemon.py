@@ -72,6 +72,11 @@ RELOADABLE_TIER2 = frozenset(
         "gc_interval",
         "gc_grace",
         "stop_flush_timeout",
+        "defrag",
+        "defrag_min_chunks",
+        "defrag_small",
+        "defrag_rate",
+        "defrag_interval",
     }
 )
 

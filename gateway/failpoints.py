@@ -32,6 +32,8 @@ KNOWN = {
     "txn_commit_merged": "a transaction's merge is durable, nothing moved in Tier 2",
     "before_merge_completed": "a merge's bytes are all in Tier 2, MergeCompleted not journaled",
     "after_merge_completed": "MergeCompleted is durable (the source's chunks are the target's)",
+    "after_defrag_concat": "a merged chunk is in Tier 2, its ChunksReplaced not journaled",
+    "after_chunks_replaced": "ChunksReplaced is durable, the replaced objects not yet deleted",
 }
 ACTIONS = ("kill", "stall")
 

@@ -300,6 +300,33 @@ class GatewayCollector(Collector):
         yield CounterMetricFamily(
             f"{PREFIX}_tier2_flush_failures", "Flushes that failed", value=w.flush_failures
         )
+        o = writer.optimizer.statistics()
+        yield CounterMetricFamily(
+            f"{PREFIX}_defrag_runs",
+            "Runs of small chunks merged by the optimizer",
+            value=o.runs_merged,
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_defrag_chunks_replaced",
+            "Chunks replaced by merged ones (objects deleted after tier2.gc_grace)",
+            value=o.chunks_replaced,
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_defrag_objects_deleted",
+            "Replaced chunk objects deleted by the optimizer",
+            value=o.objects_deleted,
+        )
+        defrag_bytes = CounterMetricFamily(
+            f"{PREFIX}_defrag_bytes",
+            "Bytes of merged chunks, by how Tier 2 got them",
+            labels=["how"],
+        )
+        defrag_bytes.add_metric(["copied"], o.bytes_copied)
+        defrag_bytes.add_metric(["reuploaded"], o.bytes_reuploaded)
+        yield defrag_bytes
+        yield CounterMetricFamily(
+            f"{PREFIX}_defrag_failures", "Merges that failed (retried later)", value=o.failures
+        )
         ai = writer.attributes.statistics()
         lookups = CounterMetricFamily(
             f"{PREFIX}_attribute_index_lookups",

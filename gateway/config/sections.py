@@ -207,6 +207,19 @@ class Tier2Config:
     stop_flush_timeout: float = _key(
         30.0, _duration_in(0.0, 86400), "at stop: time to flush unflushed data to Tier 2 (0: none)"
     )
+    defrag: bool = _key(True, _bool, "merge runs of small adjacent chunks (bindings with concat)")
+    defrag_min_chunks: int = _key(
+        16, _int_in(2, 100_000), "merge a run of at least this many adjacent small chunks"
+    )
+    defrag_small: int = _key(
+        0, _size_in(0, 5 * GiB), "a chunk below this is small; 0 = max_chunk_size / 4"
+    )
+    defrag_rate: int = _key(
+        16 * MiB, _size_in(4 * KiB, 100 * GiB), "at most this many bytes merged per second"
+    )
+    defrag_interval: float = _key(
+        60.0, _duration_in(0.01, 86400), "time between the optimizer's looks at flushed segments"
+    )
     embedded_port: int = _key(
         0, _int_in(0, 55535), "embedded S3 port (0 = a free one; gRPC ports are +10000)"
     )

@@ -195,6 +195,7 @@ class SegmentContainer:
         self.prepare_abort = self._transactions.prepare_abort
         self.prepare_merge_completed = self._storage_ops.prepare_merge_completed
         self.prepare_chunk_added = self._storage_ops.prepare_chunk_added
+        self.prepare_chunks_replaced = self._storage_ops.prepare_chunks_replaced
         self.prepare_attribute_index_updated = self._storage_ops.prepare_attribute_index_updated
         self.prepare_storage_sealed = self._storage_ops.prepare_storage_sealed
         self.wait_for_capacity = self._maintenance.wait_for_capacity

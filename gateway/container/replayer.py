@@ -143,6 +143,11 @@ class Replayer:
                 start=ai.start,
             )
             t.apply_attribute_index(self._segment(ai.segment_id, seq), state, chunk, ai.through_seq)
+        elif kind == "chunks_replaced":
+            cr = op.chunks_replaced
+            chunk = ChunkRecord()
+            chunk.CopyFrom(cr.chunk)
+            t.apply_chunks_replaced(self._segment(cr.segment_id, seq), list(cr.replaced), chunk)
         elif kind == "set_stream":
             t.apply_set_stream(op.set_stream.stream)
         elif kind == "delete_stream":

@@ -19,6 +19,7 @@ from gateway.errors import SegmentNotFound
 from gateway.protocol.journal_pb2 import (
     AttributeIndexUpdated,
     ChunkAdded,
+    ChunksReplaced,
     MergeCompleted,
     Operation,
     StorageSealed,
@@ -85,6 +86,31 @@ class StorageOperations:
 
         pending = _bookkeeping(q.track(ticket, None, apply, seg))
         return pending._with_result(lambda: added[0])
+
+    def prepare_chunks_replaced(
+        self, segment_id: int, replaced: list[str], chunk: ChunkRecord
+    ) -> PendingOperation:
+        """Swap merged chunks for their merge (the storage optimizer).
+
+        Result: the replaced records (garbage once GC's grace is over), or
+        None when the swap did not apply (``chunk``'s object is garbage).
+        """
+        q = self._queue
+        q.start(change=False)
+        seg = q.pending_by_id(segment_id)
+        op = Operation(
+            chunks_replaced=ChunksReplaced(segment_id=segment_id, replaced=replaced, chunk=chunk)
+        )
+        # Reserved like every Tier-2 record: it shrinks checkpoints, never grows the journal's need.
+        ticket = q.submit((op.SerializeToString(),), reserved=True)
+        result: list[list[ChunkRecord] | None] = []
+
+        def apply(seq: int) -> None:
+            result.append(self._table.apply_chunks_replaced(seg, replaced, chunk))
+            failpoints.hit("after_chunks_replaced")
+
+        pending = _bookkeeping(q.track(ticket, None, apply, seg))
+        return pending._with_result(lambda: result[0])
 
     def prepare_attribute_index_updated(
         self, segment_id: int, state: AttributeIndexRecord, chunk: ChunkRecord, through_seq: int

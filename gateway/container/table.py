@@ -323,6 +323,35 @@ class SegmentTable:
         self.read_index.on_flushed(seg.id, seg.storage_length)
         return True
 
+    def apply_chunks_replaced(
+        self, seg: Segment, replaced: Sequence[str], chunk: ChunkRecord
+    ) -> list[ChunkRecord] | None:
+        """Swap a run of adjacent chunks for one merged chunk (the storage optimizer).
+
+        Only if the segment still holds exactly the chunks named ``replaced``,
+        adjacent and in order, covering exactly ``chunk``'s range; returns the
+        replaced records (their objects are garbage now), or None when it
+        does not apply (a truncation, delete or merge came between: then
+        ``chunk``'s object is the garbage).
+        """
+        chunks = seg.chunks
+        if not replaced:
+            return None
+        first = next((i for i, c in enumerate(chunks) if c.name == replaced[0]), None)
+        if first is None or first + len(replaced) > len(chunks):
+            return None
+        run = chunks[first : first + len(replaced)]
+        end = chunk.start_offset
+        for c, name in zip(run, replaced, strict=True):
+            if c.name != name or c.start_offset != end:
+                return None
+            end = c.start_offset + c.length
+        if run[0].start_offset != chunk.start_offset or end != chunk.start_offset + chunk.length:
+            return None
+        self.touch(seg)
+        chunks[first : first + len(replaced)] = [chunk]  # in place: readers hold the list
+        return run
+
     def apply_storage_sealed(self, seg: Segment) -> None:
         """Every byte of the sealed segment is in Tier 2."""
         self.touch(seg)

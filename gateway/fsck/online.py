@@ -74,7 +74,8 @@ def live_target(
         layer=writer.layer,
         store=store,
         chunks_now=chunks_now,
-        uploading=lambda: set(writer.uploading),
+        # Objects the optimizer replaced are kept through GC's grace too.
+        uploading=lambda: set(writer.uploading) | set(writer.optimizer.retired),
         forget_chunk=forget_chunk,
     )
 

@@ -158,7 +158,8 @@ class Target:
     store: CacheStore | None
     #: Chunk records the metadata names now, by object key.
     chunks_now: Callable[[], dict[str, ChunkRecord]]
-    #: Keys being uploaded (named soon; a running daemon only).
+    #: Keys being uploaded (named soon), or replaced by the storage optimizer
+    #: and kept through GC's grace for readers of the old list (a running daemon only).
     uploading: Callable[[], set[str]] = set
     #: A chunk's cached blocks were dropped: forget copies held in memory too.
     forget_chunk: Callable[[str], None] = lambda key: None

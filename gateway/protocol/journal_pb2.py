@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from gateway.protocol import metadata_pb2 as gateway_dot_protocol_dot_metadata__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1egateway/protocol/journal.proto\x12\x17segment_gateway.journal\x1a\x1fgateway/protocol/metadata.proto\"?\n\x05\x46rame\x12\x36\n\noperations\x18\x01 \x03(\x0b\x32\".segment_gateway.journal.Operation\"\xe0\x07\n\tOperation\x12>\n\repoch_started\x18\x01 \x01(\x0b\x32%.segment_gateway.journal.EpochStartedH\x00\x12\x39\n\ncheckpoint\x18\x02 \x01(\x0b\x32#.segment_gateway.journal.CheckpointH\x00\x12\x31\n\x06\x61ppend\x18\n \x01(\x0b\x32\x1f.segment_gateway.journal.AppendH\x00\x12@\n\x0e\x63reate_segment\x18\x0b \x01(\x0b\x32&.segment_gateway.journal.CreateSegmentH\x00\x12<\n\x0cseal_segment\x18\x0c \x01(\x0b\x32$.segment_gateway.journal.SealSegmentH\x00\x12\x44\n\x10truncate_segment\x18\r \x01(\x0b\x32(.segment_gateway.journal.TruncateSegmentH\x00\x12@\n\x0e\x64\x65lete_segment\x18\x0e \x01(\x0b\x32&.segment_gateway.journal.DeleteSegmentH\x00\x12\x46\n\x11update_attributes\x18\x0f \x01(\x0b\x32).segment_gateway.journal.UpdateAttributesH\x00\x12:\n\x0b\x63hunk_added\x18\x10 \x01(\x0b\x32#.segment_gateway.journal.ChunkAddedH\x00\x12@\n\x0estorage_sealed\x18\x11 \x01(\x0b\x32&.segment_gateway.journal.StorageSealedH\x00\x12>\n\rmerge_segment\x18\x12 \x01(\x0b\x32%.segment_gateway.journal.MergeSegmentH\x00\x12\x42\n\x0fmerge_completed\x18\x13 \x01(\x0b\x32\'.segment_gateway.journal.MergeCompletedH\x00\x12\x38\n\nset_stream\x18\x14 \x01(\x0b\x32\".segment_gateway.journal.SetStreamH\x00\x12>\n\rdelete_stream\x18\x15 \x01(\x0b\x32%.segment_gateway.journal.DeleteStreamH\x00\x12Q\n\x17\x61ttribute_index_updated\x18\x16 \x01(\x0b\x32..segment_gateway.journal.AttributeIndexUpdatedH\x00\x42\x06\n\x04kind\"N\n\x0c\x45pochStarted\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x15\n\rstarted_at_ms\x18\x02 \x01(\x03\x12\x18\n\x10software_version\x18\x03 \x01(\t\"\x1e\n\nCheckpoint\x12\x10\n\x08snapshot\x18\x01 \x01(\x0c\"\x87\x01\n\x06\x41ppend\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12<\n\nattributes\x18\x03 \x03(\x0b\x32(.segment_gateway.metadata.AttributeValue\x12\r\n\x05\x61t_ms\x18\x04 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x0f \x01(\x0c\"\xcc\x01\n\rCreateSegment\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x15\n\rcreated_at_ms\x18\x03 \x01(\x03\x12<\n\nattributes\x18\x04 \x03(\x0b\x32(.segment_gateway.metadata.AttributeValue\x12\x12\n\ntxn_parent\x18\x05 \x01(\t\x12\x17\n\x0ftxn_deadline_ms\x18\x06 \x01(\x03\x12\x17\n\x0f\x61ttributes_from\x18\x07 \x01(\x04\"0\n\x0bSealSegment\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12\r\n\x05\x61t_ms\x18\x02 \x01(\x03\"D\n\x0fTruncateSegment\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\r\n\x05\x61t_ms\x18\x03 \x01(\x03\"I\n\rDeleteSegment\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12\x15\n\rtxn_timed_out\x18( \x01(\x08\x12\r\n\x05\x61t_ms\x18) \x01(\x03\"s\n\x10UpdateAttributes\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12<\n\nattributes\x18\x02 \x03(\x0b\x32(.segment_gateway.metadata.AttributeValue\x12\r\n\x05\x61t_ms\x18\x03 \x01(\x03\"l\n\nChunkAdded\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12\x34\n\x05\x63hunk\x18\x02 \x01(\x0b\x32%.segment_gateway.metadata.ChunkRecord\x12\x14\n\x0c\x65xtends_last\x18\x03 \x01(\x08\"\xbf\x01\n\x15\x41ttributeIndexUpdated\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12\x13\n\x0broot_offset\x18\x02 \x01(\x04\x12\x13\n\x0broot_length\x18\x03 \x01(\r\x12\x0e\n\x06length\x18\x04 \x01(\x04\x12\r\n\x05start\x18\x05 \x01(\x04\x12\x34\n\x05\x63hunk\x18\x06 \x01(\x0b\x32%.segment_gateway.metadata.ChunkRecord\x12\x13\n\x0bthrough_seq\x18\x07 \x01(\x04\"#\n\rStorageSealed\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\"\x91\x01\n\x0cMergeSegment\x12\x11\n\ttarget_id\x18\x01 \x01(\x04\x12\x11\n\tsource_id\x18\x02 \x01(\x04\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12<\n\nattributes\x18\x04 \x03(\x0b\x32(.segment_gateway.metadata.AttributeValue\x12\r\n\x05\x61t_ms\x18\x05 \x01(\x03\"6\n\x0eMergeCompleted\x12\x11\n\ttarget_id\x18\x01 \x01(\x04\x12\x11\n\tsource_id\x18\x02 \x01(\x04\"C\n\tSetStream\x12\x36\n\x06stream\x18\x01 \x01(\x0b\x32&.segment_gateway.metadata.StreamRecord\"\x1c\n\x0c\x44\x65leteStream\x12\x0c\n\x04name\x18\x01 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1egateway/protocol/journal.proto\x12\x17segment_gateway.journal\x1a\x1fgateway/protocol/metadata.proto\"?\n\x05\x46rame\x12\x36\n\noperations\x18\x01 \x03(\x0b\x32\".segment_gateway.journal.Operation\"\xa4\x08\n\tOperation\x12>\n\repoch_started\x18\x01 \x01(\x0b\x32%.segment_gateway.journal.EpochStartedH\x00\x12\x39\n\ncheckpoint\x18\x02 \x01(\x0b\x32#.segment_gateway.journal.CheckpointH\x00\x12\x31\n\x06\x61ppend\x18\n \x01(\x0b\x32\x1f.segment_gateway.journal.AppendH\x00\x12@\n\x0e\x63reate_segment\x18\x0b \x01(\x0b\x32&.segment_gateway.journal.CreateSegmentH\x00\x12<\n\x0cseal_segment\x18\x0c \x01(\x0b\x32$.segment_gateway.journal.SealSegmentH\x00\x12\x44\n\x10truncate_segment\x18\r \x01(\x0b\x32(.segment_gateway.journal.TruncateSegmentH\x00\x12@\n\x0e\x64\x65lete_segment\x18\x0e \x01(\x0b\x32&.segment_gateway.journal.DeleteSegmentH\x00\x12\x46\n\x11update_attributes\x18\x0f \x01(\x0b\x32).segment_gateway.journal.UpdateAttributesH\x00\x12:\n\x0b\x63hunk_added\x18\x10 \x01(\x0b\x32#.segment_gateway.journal.ChunkAddedH\x00\x12@\n\x0estorage_sealed\x18\x11 \x01(\x0b\x32&.segment_gateway.journal.StorageSealedH\x00\x12>\n\rmerge_segment\x18\x12 \x01(\x0b\x32%.segment_gateway.journal.MergeSegmentH\x00\x12\x42\n\x0fmerge_completed\x18\x13 \x01(\x0b\x32\'.segment_gateway.journal.MergeCompletedH\x00\x12\x38\n\nset_stream\x18\x14 \x01(\x0b\x32\".segment_gateway.journal.SetStreamH\x00\x12>\n\rdelete_stream\x18\x15 \x01(\x0b\x32%.segment_gateway.journal.DeleteStreamH\x00\x12Q\n\x17\x61ttribute_index_updated\x18\x16 \x01(\x0b\x32..segment_gateway.journal.AttributeIndexUpdatedH\x00\x12\x42\n\x0f\x63hunks_replaced\x18\x17 \x01(\x0b\x32\'.segment_gateway.journal.ChunksReplacedH\x00\x42\x06\n\x04kind\"N\n\x0c\x45pochStarted\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x15\n\rstarted_at_ms\x18\x02 \x01(\x03\x12\x18\n\x10software_version\x18\x03 \x01(\t\"\x1e\n\nCheckpoint\x12\x10\n\x08snapshot\x18\x01 \x01(\x0c\"\x87\x01\n\x06\x41ppend\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12<\n\nattributes\x18\x03 \x03(\x0b\x32(.segment_gateway.metadata.AttributeValue\x12\r\n\x05\x61t_ms\x18\x04 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x0f \x01(\x0c\"\xcc\x01\n\rCreateSegment\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x15\n\rcreated_at_ms\x18\x03 \x01(\x03\x12<\n\nattributes\x18\x04 \x03(\x0b\x32(.segment_gateway.metadata.AttributeValue\x12\x12\n\ntxn_parent\x18\x05 \x01(\t\x12\x17\n\x0ftxn_deadline_ms\x18\x06 \x01(\x03\x12\x17\n\x0f\x61ttributes_from\x18\x07 \x01(\x04\"0\n\x0bSealSegment\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12\r\n\x05\x61t_ms\x18\x02 \x01(\x03\"D\n\x0fTruncateSegment\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\r\n\x05\x61t_ms\x18\x03 \x01(\x03\"I\n\rDeleteSegment\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12\x15\n\rtxn_timed_out\x18( \x01(\x08\x12\r\n\x05\x61t_ms\x18) \x01(\x03\"s\n\x10UpdateAttributes\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12<\n\nattributes\x18\x02 \x03(\x0b\x32(.segment_gateway.metadata.AttributeValue\x12\r\n\x05\x61t_ms\x18\x03 \x01(\x03\"l\n\nChunkAdded\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12\x34\n\x05\x63hunk\x18\x02 \x01(\x0b\x32%.segment_gateway.metadata.ChunkRecord\x12\x14\n\x0c\x65xtends_last\x18\x03 \x01(\x08\"\xbf\x01\n\x15\x41ttributeIndexUpdated\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12\x13\n\x0broot_offset\x18\x02 \x01(\x04\x12\x13\n\x0broot_length\x18\x03 \x01(\r\x12\x0e\n\x06length\x18\x04 \x01(\x04\x12\r\n\x05start\x18\x05 \x01(\x04\x12\x34\n\x05\x63hunk\x18\x06 \x01(\x0b\x32%.segment_gateway.metadata.ChunkRecord\x12\x13\n\x0bthrough_seq\x18\x07 \x01(\x04\"#\n\rStorageSealed\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\"\x91\x01\n\x0cMergeSegment\x12\x11\n\ttarget_id\x18\x01 \x01(\x04\x12\x11\n\tsource_id\x18\x02 \x01(\x04\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12<\n\nattributes\x18\x04 \x03(\x0b\x32(.segment_gateway.metadata.AttributeValue\x12\r\n\x05\x61t_ms\x18\x05 \x01(\x03\"6\n\x0eMergeCompleted\x12\x11\n\ttarget_id\x18\x01 \x01(\x04\x12\x11\n\tsource_id\x18\x02 \x01(\x04\"l\n\x0e\x43hunksReplaced\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12\x10\n\x08replaced\x18\x02 \x03(\t\x12\x34\n\x05\x63hunk\x18\x03 \x01(\x0b\x32%.segment_gateway.metadata.ChunkRecord\"C\n\tSetStream\x12\x36\n\x06stream\x18\x01 \x01(\x0b\x32&.segment_gateway.metadata.StreamRecord\"\x1c\n\x0c\x44\x65leteStream\x12\x0c\n\x04name\x18\x01 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,35 +35,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FRAME']._serialized_start=92
   _globals['_FRAME']._serialized_end=155
   _globals['_OPERATION']._serialized_start=158
-  _globals['_OPERATION']._serialized_end=1150
-  _globals['_EPOCHSTARTED']._serialized_start=1152
-  _globals['_EPOCHSTARTED']._serialized_end=1230
-  _globals['_CHECKPOINT']._serialized_start=1232
-  _globals['_CHECKPOINT']._serialized_end=1262
-  _globals['_APPEND']._serialized_start=1265
-  _globals['_APPEND']._serialized_end=1400
-  _globals['_CREATESEGMENT']._serialized_start=1403
-  _globals['_CREATESEGMENT']._serialized_end=1607
-  _globals['_SEALSEGMENT']._serialized_start=1609
-  _globals['_SEALSEGMENT']._serialized_end=1657
-  _globals['_TRUNCATESEGMENT']._serialized_start=1659
-  _globals['_TRUNCATESEGMENT']._serialized_end=1727
-  _globals['_DELETESEGMENT']._serialized_start=1729
-  _globals['_DELETESEGMENT']._serialized_end=1802
-  _globals['_UPDATEATTRIBUTES']._serialized_start=1804
-  _globals['_UPDATEATTRIBUTES']._serialized_end=1919
-  _globals['_CHUNKADDED']._serialized_start=1921
-  _globals['_CHUNKADDED']._serialized_end=2029
-  _globals['_ATTRIBUTEINDEXUPDATED']._serialized_start=2032
-  _globals['_ATTRIBUTEINDEXUPDATED']._serialized_end=2223
-  _globals['_STORAGESEALED']._serialized_start=2225
-  _globals['_STORAGESEALED']._serialized_end=2260
-  _globals['_MERGESEGMENT']._serialized_start=2263
-  _globals['_MERGESEGMENT']._serialized_end=2408
-  _globals['_MERGECOMPLETED']._serialized_start=2410
-  _globals['_MERGECOMPLETED']._serialized_end=2464
-  _globals['_SETSTREAM']._serialized_start=2466
-  _globals['_SETSTREAM']._serialized_end=2533
-  _globals['_DELETESTREAM']._serialized_start=2535
-  _globals['_DELETESTREAM']._serialized_end=2563
+  _globals['_OPERATION']._serialized_end=1218
+  _globals['_EPOCHSTARTED']._serialized_start=1220
+  _globals['_EPOCHSTARTED']._serialized_end=1298
+  _globals['_CHECKPOINT']._serialized_start=1300
+  _globals['_CHECKPOINT']._serialized_end=1330
+  _globals['_APPEND']._serialized_start=1333
+  _globals['_APPEND']._serialized_end=1468
+  _globals['_CREATESEGMENT']._serialized_start=1471
+  _globals['_CREATESEGMENT']._serialized_end=1675
+  _globals['_SEALSEGMENT']._serialized_start=1677
+  _globals['_SEALSEGMENT']._serialized_end=1725
+  _globals['_TRUNCATESEGMENT']._serialized_start=1727
+  _globals['_TRUNCATESEGMENT']._serialized_end=1795
+  _globals['_DELETESEGMENT']._serialized_start=1797
+  _globals['_DELETESEGMENT']._serialized_end=1870
+  _globals['_UPDATEATTRIBUTES']._serialized_start=1872
+  _globals['_UPDATEATTRIBUTES']._serialized_end=1987
+  _globals['_CHUNKADDED']._serialized_start=1989
+  _globals['_CHUNKADDED']._serialized_end=2097
+  _globals['_ATTRIBUTEINDEXUPDATED']._serialized_start=2100
+  _globals['_ATTRIBUTEINDEXUPDATED']._serialized_end=2291
+  _globals['_STORAGESEALED']._serialized_start=2293
+  _globals['_STORAGESEALED']._serialized_end=2328
+  _globals['_MERGESEGMENT']._serialized_start=2331
+  _globals['_MERGESEGMENT']._serialized_end=2476
+  _globals['_MERGECOMPLETED']._serialized_start=2478
+  _globals['_MERGECOMPLETED']._serialized_end=2532
+  _globals['_CHUNKSREPLACED']._serialized_start=2534
+  _globals['_CHUNKSREPLACED']._serialized_end=2642
+  _globals['_SETSTREAM']._serialized_start=2644
+  _globals['_SETSTREAM']._serialized_end=2711
+  _globals['_DELETESTREAM']._serialized_start=2713
+  _globals['_DELETESTREAM']._serialized_end=2741
 # @@protoc_insertion_point(module_scope)

@@ -14,7 +14,7 @@ class Frame(_message.Message):
     def __init__(self, operations: _Optional[_Iterable[_Union[Operation, _Mapping]]] = ...) -> None: ...
 
 class Operation(_message.Message):
-    __slots__ = ("epoch_started", "checkpoint", "append", "create_segment", "seal_segment", "truncate_segment", "delete_segment", "update_attributes", "chunk_added", "storage_sealed", "merge_segment", "merge_completed", "set_stream", "delete_stream", "attribute_index_updated")
+    __slots__ = ("epoch_started", "checkpoint", "append", "create_segment", "seal_segment", "truncate_segment", "delete_segment", "update_attributes", "chunk_added", "storage_sealed", "merge_segment", "merge_completed", "set_stream", "delete_stream", "attribute_index_updated", "chunks_replaced")
     EPOCH_STARTED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     APPEND_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class Operation(_message.Message):
     SET_STREAM_FIELD_NUMBER: _ClassVar[int]
     DELETE_STREAM_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTE_INDEX_UPDATED_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_REPLACED_FIELD_NUMBER: _ClassVar[int]
     epoch_started: EpochStarted
     checkpoint: Checkpoint
     append: Append
@@ -45,7 +46,8 @@ class Operation(_message.Message):
     set_stream: SetStream
     delete_stream: DeleteStream
     attribute_index_updated: AttributeIndexUpdated
-    def __init__(self, epoch_started: _Optional[_Union[EpochStarted, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., append: _Optional[_Union[Append, _Mapping]] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., seal_segment: _Optional[_Union[SealSegment, _Mapping]] = ..., truncate_segment: _Optional[_Union[TruncateSegment, _Mapping]] = ..., delete_segment: _Optional[_Union[DeleteSegment, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributes, _Mapping]] = ..., chunk_added: _Optional[_Union[ChunkAdded, _Mapping]] = ..., storage_sealed: _Optional[_Union[StorageSealed, _Mapping]] = ..., merge_segment: _Optional[_Union[MergeSegment, _Mapping]] = ..., merge_completed: _Optional[_Union[MergeCompleted, _Mapping]] = ..., set_stream: _Optional[_Union[SetStream, _Mapping]] = ..., delete_stream: _Optional[_Union[DeleteStream, _Mapping]] = ..., attribute_index_updated: _Optional[_Union[AttributeIndexUpdated, _Mapping]] = ...) -> None: ...
+    chunks_replaced: ChunksReplaced
+    def __init__(self, epoch_started: _Optional[_Union[EpochStarted, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., append: _Optional[_Union[Append, _Mapping]] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., seal_segment: _Optional[_Union[SealSegment, _Mapping]] = ..., truncate_segment: _Optional[_Union[TruncateSegment, _Mapping]] = ..., delete_segment: _Optional[_Union[DeleteSegment, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributes, _Mapping]] = ..., chunk_added: _Optional[_Union[ChunkAdded, _Mapping]] = ..., storage_sealed: _Optional[_Union[StorageSealed, _Mapping]] = ..., merge_segment: _Optional[_Union[MergeSegment, _Mapping]] = ..., merge_completed: _Optional[_Union[MergeCompleted, _Mapping]] = ..., set_stream: _Optional[_Union[SetStream, _Mapping]] = ..., delete_stream: _Optional[_Union[DeleteStream, _Mapping]] = ..., attribute_index_updated: _Optional[_Union[AttributeIndexUpdated, _Mapping]] = ..., chunks_replaced: _Optional[_Union[ChunksReplaced, _Mapping]] = ...) -> None: ...
 
 class EpochStarted(_message.Message):
     __slots__ = ("epoch", "started_at_ms", "software_version")
@@ -188,6 +190,16 @@ class MergeCompleted(_message.Message):
     target_id: int
     source_id: int
     def __init__(self, target_id: _Optional[int] = ..., source_id: _Optional[int] = ...) -> None: ...
+
+class ChunksReplaced(_message.Message):
+    __slots__ = ("segment_id", "replaced", "chunk")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    replaced: _containers.RepeatedScalarFieldContainer[str]
+    chunk: _metadata_pb2.ChunkRecord
+    def __init__(self, segment_id: _Optional[int] = ..., replaced: _Optional[_Iterable[str]] = ..., chunk: _Optional[_Union[_metadata_pb2.ChunkRecord, _Mapping]] = ...) -> None: ...
 
 class SetStream(_message.Message):
     __slots__ = ("stream",)

@@ -506,8 +506,20 @@ class FileStorage:
             os.close(fd)
         self._write_meta(key, metadata)
 
-    def concat(self, key: str, sources: Sequence[str], metadata: Mapping[str, str]) -> None:
-        """Create ``key`` atomically as the concatenation of ``sources`` (which stay)."""
+    def concat(
+        self,
+        key: str,
+        sources: Sequence[str],
+        metadata: Mapping[str, str],
+        *,
+        sizes: Sequence[int] | None = None,
+    ) -> None:
+        """Create ``key`` atomically as the concatenation of ``sources`` (which stay).
+
+        ``sizes``: the bytes taken of each source (None: each whole).
+        """
+        if sizes is not None and len(sizes) != len(sources):
+            raise ValueError(f"{len(sources)} sources but {len(sizes)} sizes")
         path = self._path(key)
         fds: list[int] = []
         try:
@@ -519,10 +531,18 @@ class FileStorage:
                 if not S_ISREG(os.fstat(fds[-1]).st_mode):
                     raise ChunkNotFound(source)
 
+            lengths = [os.fstat(fd).st_size for fd in fds]
+            if sizes is not None:
+                for source, have, want in zip(sources, lengths, sizes, strict=True):
+                    if have < want:
+                        raise Tier2Error(
+                            f"concat into {key!r}: {source!r} holds {have} bytes, not {want}"
+                        )
+                lengths = list(sizes)
+
             def fill(dst: int) -> None:
                 position = 0
-                for src in fds:
-                    size = os.fstat(src).st_size
+                for src, size in zip(fds, lengths, strict=True):
                     _copy_range(src, dst, size, position)
                     position += size
 

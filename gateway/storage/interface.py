@@ -93,9 +93,21 @@ class ChunkStorage(Protocol):
         `supports_append`; otherwise raises `BindingUnsupported`.
         """
 
-    def concat(self, key: str, sources: Sequence[str], metadata: Mapping[str, str]) -> None:
+    def concat(
+        self,
+        key: str,
+        sources: Sequence[str],
+        metadata: Mapping[str, str],
+        *,
+        sizes: Sequence[int] | None = None,
+    ) -> None:
         """Create ``key`` as the concatenation of ``sources`` (which stay).
 
+        ``sizes``: how many bytes of each source to take (its recorded length;
+        an object may hold more, left by an earlier append attempt), which
+        also spares a binding the HEAD per source; a source shorter than its
+        size raises `Tier2Error`. None: each source whole. A missing source
+        raises `ChunkNotFound`; nothing is left at ``key`` after a failure.
         Only when `supports_concat`; otherwise raises `BindingUnsupported`.
         """
 

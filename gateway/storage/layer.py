@@ -270,15 +270,20 @@ class ChunkLayer:
         sources: Sequence[str],
         metadata: Mapping[str, str],
         *,
+        sizes: Sequence[int] | None = None,
         deadline: float | None = None,
     ) -> None:
-        """Create ``key`` from ``sources`` (bindings with ``supports_concat`` only)."""
+        """Create ``key`` from ``sources`` (bindings with ``supports_concat`` only).
+
+        ``sizes``: the bytes to take of each source (see `ChunkStorage.concat`).
+        """
         sources = builtins.list(sources)
+        lengths = None if sizes is None else builtins.list(sizes)
         await self._call(
             "concat",
             f"concat {len(sources)} objects into {key!r}",
             deadline,
-            lambda: self.storage.concat(key, sources, metadata),
+            lambda: self.storage.concat(key, sources, metadata, sizes=lengths),
         )
 
     async def any_under(self, prefix: str, *, deadline: float | None = None) -> bool:

@@ -202,12 +202,32 @@ class MemoryStorage:
             )
             _raise_after(fault, "append")
 
-    def concat(self, key: str, sources: Sequence[str], metadata: Mapping[str, str]) -> None:
-        """Create ``key`` as the concatenation of ``sources`` (which stay)."""
+    def concat(
+        self,
+        key: str,
+        sources: Sequence[str],
+        metadata: Mapping[str, str],
+        *,
+        sizes: Sequence[int] | None = None,
+    ) -> None:
+        """Create ``key`` as the concatenation of ``sources`` (which stay).
+
+        ``sizes``: the bytes taken of each source (None: each whole).
+        """
         _check_key(key)
+        if sizes is not None and len(sizes) != len(sources):
+            raise ValueError(f"{len(sources)} sources but {len(sizes)} sizes")
         with self._lock:
             fault = self._begin("concat", self.supports_concat)
-            data = b"".join([self._get(source).data for source in sources])
+            pieces = [self._get(source).data for source in sources]
+            if sizes is not None:
+                for source, piece, want in zip(sources, pieces, sizes, strict=True):
+                    if len(piece) < want:
+                        raise Tier2Error(
+                            f"concat into {key!r}: {source!r} holds {len(piece)} bytes, not {want}"
+                        )
+                pieces = [p[:n] for p, n in zip(pieces, sizes, strict=True)]
+            data = b"".join(pieces)
             self._objects[key] = _Object(data, dict(metadata), time.time())
             _raise_after(fault, "concat")
 

@@ -27,6 +27,7 @@ from gateway.read.chunks import ChunkReader
 from gateway.storage import object_keys as names
 from gateway.storage.layer import ChunkLayer
 from gateway.tier2 import gc
+from gateway.tier2.optimizer import Optimizer
 from gateway.tier2.snapshots import SnapshotEncoder, object_metadata
 
 
@@ -41,6 +42,7 @@ class WriterState(Protocol):
     epoch: int
     reader: ChunkReader
     uploading: set[str]
+    optimizer: Optimizer
     fenced: GatewayError | None
     lease: LeaseGate | None
 
@@ -181,7 +183,9 @@ class Housekeeper:
             if s.attr_index is not None
             for c in s.attr_index.chunks
         }
-        return named | self._writer.uploading
+        # Objects the optimizer replaced stay through GC's grace: readers
+        # holding the old chunk list still read them.
+        return named | self._writer.uploading | self._writer.optimizer.retired.keys()
 
     async def _run_gc(self) -> None:
         while True:

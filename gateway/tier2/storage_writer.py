@@ -25,7 +25,9 @@ files that held only flushed data. A crash between the upload and the
 journal leaves an object nobody names (garbage for GC), never a hole.
 
 Chunks dropped by truncation or deletion are deleted in the background, and
-metadata snapshots and GC run beside the flushes (`gateway.tier2.housekeeping`).
+metadata snapshots and GC run beside the flushes (`gateway.tier2.housekeeping`),
+and so does the storage optimizer, which merges runs of small chunks
+(`gateway.tier2.optimizer`).
 
 While Tier 2 is unreachable, flushes fail and are retried with backoff; the
 unflushed bytes grow until the cache's pinned share pushes back on appends
@@ -39,6 +41,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import crc32c
 import trio
@@ -57,6 +60,7 @@ from gateway.storage import object_keys as names
 from gateway.storage.layer import ChunkLayer
 from gateway.tier2 import gc
 from gateway.tier2.housekeeping import Housekeeper
+from gateway.tier2.optimizer import Optimizer
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +157,8 @@ class StorageWriter:
         self.lease: LeaseGate | None = None
         #: Deletes dropped chunks, uploads snapshots, collects garbage.
         self.housekeeping = Housekeeper(self)
+        #: Merges runs of small chunks (``tier2.defrag``).
+        self.optimizer = Optimizer(self)
         #: Segments whose waiting attribute changes must be indexed now.
         self._attr_urgent: set[int] = set()
 
@@ -226,6 +232,7 @@ class StorageWriter:
         self._urgent.pop(source.id, None)
         self._failures.pop(source.id, None)
         self.reader.forget_segment(source.id)
+        self.optimizer.on_chunk_added(target.id)
         self._wake.set()
         self._signal_progress()
 
@@ -260,6 +267,7 @@ class StorageWriter:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.housekeeping.start(nursery)
+            self.optimizer.start(nursery)
             task_status.started()
             while True:
                 next_due = self._start_due_flushes()
@@ -446,6 +454,7 @@ class StorageWriter:
             await self._upload(seg, start, data, crc, extends)
         if seg.sealed and not seg.sealed_in_storage and seg.storage_length >= seg.length:
             await self.container.prepare_storage_sealed(seg.id).wait()
+            self.optimizer.on_chunk_added(seg.id)  # a final merge may be due
         await self._flush_attributes(seg_id)
 
     async def _flush_attributes(self, seg_id: int) -> None:
@@ -532,15 +541,21 @@ class StorageWriter:
             self.chunk_appends += 1
         else:
             self.chunks_created += 1
+            self.optimizer.on_chunk_added(seg.id)
         self.housekeeping.flushed()
 
     async def _record_chunk(self, seg: Segment, record: ChunkRecord, extends: bool) -> bool:
         """Journal an uploaded chunk; whether it was added (False: truncated away or deleted)."""
-        return await self._journal_upload(
+        added: bool = await self._journal_upload(
             lambda: self.container.prepare_chunk_added(seg.id, record, extends_last=extends)
         )
+        return added
 
-    async def _journal_upload(self, prepare: Callable[[], PendingOperation]) -> bool:
+    async def journal_upload(self, prepare: Callable[[], PendingOperation]) -> Any:
+        """Journal what an upload did (the storage optimizer's swap too): `_journal_upload`."""
+        return await self._journal_upload(prepare)
+
+    async def _journal_upload(self, prepare: Callable[[], PendingOperation]) -> Any:
         """Journal what an upload did; its result (False if the segment is gone).
 
         While the journal refuses (its disk full: the reserve exhausted, or a
@@ -551,8 +566,7 @@ class StorageWriter:
         wait = 0.05
         while True:
             try:
-                done: bool = await prepare().wait()
-                return done
+                return await prepare().wait()
             except SegmentNotFound:
                 return False
             except Overloaded:
