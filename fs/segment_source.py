@@ -34,6 +34,11 @@ class SegmentSource(Protocol):
     def segment_by_id(self, segment_id: int) -> Segment | None:
         """The live segment with this id, if any."""
 
+    def totals(self) -> tuple[int, int]:
+        """(bytes, count) of the live segments, without a pass over them all
+        where they are this node's (statfs is asked every few seconds by
+        monitoring agents, and a pass would warm every cold segment)."""
+
     def streams(self) -> Sequence[str]:
         """The names of every live stream (directories shown with or without segments)."""
 
@@ -75,6 +80,11 @@ class LocalSegments:
         """The container's live segment with this id."""
         return self.container.segment_by_id(segment_id)
 
+    def totals(self) -> tuple[int, int]:
+        """(bytes, count) of the container's live segments, as it keeps them
+        (transactions included)."""
+        return self.container.total_length, self.container.segment_count
+
     def streams(self) -> Sequence[str]:
         """The container's streams."""
         return self.container.stream_names()
@@ -114,6 +124,12 @@ class ClusterSegments:
     def segments(self) -> Sequence[Segment]:
         """This node's live segments, then the other nodes'."""
         return [*self.local.segments(), *self.cluster.segments()]
+
+    def totals(self) -> tuple[int, int]:
+        """This node's totals, and the other nodes' segments counted."""
+        size, count = self.local.totals()
+        remote = list(self.cluster.segments())
+        return size + sum(s.length for s in remote), count + len(remote)
 
     def segment_by_id(self, segment_id: int) -> Segment | None:
         """A local or remote segment by its id on this node."""

@@ -556,12 +556,12 @@ class SegmentVFS:
 
     def statfs(self) -> FsStats:
         """Size: the bytes of all segments; free: none (the mount is read-only)."""
-        segments = self.source.segments()
+        size, count = self.source.totals()
         return FsStats(
             bsize=BLKSIZE,
             frsize=4096,
-            blocks=sum(-(-seg.length // 4096) for seg in segments),
-            files=len(segments) + self.tree.directories,
+            blocks=-(-size // 4096),
+            files=count + self.tree.directories,
             namemax=255,
         )
 

@@ -42,6 +42,9 @@ class ContainerSource(MemorySource):
     def segments(self):  # type: ignore[no-untyped-def]
         return self.c.segments()
 
+    def totals(self) -> tuple[int, int]:
+        return self.c.total_length, self.c.segment_count
+
     def segment_by_id(self, segment_id: int):  # type: ignore[no-untyped-def]
         return self.c.segment_by_id(segment_id)
 

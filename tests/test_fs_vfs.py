@@ -81,6 +81,9 @@ class MemorySource:
     def segments(self) -> Sequence[Segment]:
         return list(self.by_id.values())
 
+    def totals(self) -> tuple[int, int]:
+        return sum(s.length for s in self.by_id.values()), len(self.by_id)
+
     def streams(self) -> Sequence[str]:
         return list(self.stream_names)
 

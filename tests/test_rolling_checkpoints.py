@@ -93,6 +93,7 @@ async def test_a_replay_from_rolling_checkpoints_rebuilds_the_committed_view(
     made = 0
     partial_starts = 0
     whole_in_pieces = 0
+    cooled = 0
     for step in range(1500):
         r = rng.random()
         try:
@@ -103,7 +104,7 @@ async def test_a_replay_from_rolling_checkpoints_rebuilds_the_committed_view(
                 names.append(name)
             elif r < 0.55:
                 await c.append(rng.choice(names), rng.randbytes(rng.randrange(1, 40)))
-            elif r < 0.62:
+            elif r < 0.66:
                 await c.seal(rng.choice(names))
             elif r < 0.68:
                 name = rng.choice(names)
@@ -115,10 +116,19 @@ async def test_a_replay_from_rolling_checkpoints_rebuilds_the_committed_view(
                 txn = (await c.begin(rng.choice(names))).name
                 await c.append(txn, b"txn")
                 await c.commit(txn)
-            else:
+            elif r < 0.95:
                 await flush(c, rng.choice(names), step)
+            else:  # a sealed segment wholly in Tier 2 is sealed there too
+                info = c.info(rng.choice(names))
+                flushed = info.storage_length == info.length
+                if info.sealed and flushed and not info.sealed_in_storage:
+                    await c.prepare_storage_sealed(info.id).wait()
         except GatewayError:
             pass  # sealed, or a truncate below the start: refused, nothing changed
+        if step % 37 == 0:  # idle segments go cold (as run_cooling does)
+            await c.wait_settled()
+            table = c._table
+            cooled += table.cool(list(table.by_id.values()), set(), table.seq)
         if step % 40 == 0:
             journal.roll()
         if step % 60 == 0:  # the storage writer catches up now and then
@@ -145,6 +155,7 @@ async def test_a_replay_from_rolling_checkpoints_rebuilds_the_committed_view(
     assert partial_starts > 0 or txns
     if limit:
         assert whole_in_pieces > 0
+    assert cooled > 0
 
 
 async def test_a_whole_checkpoint_too_large_for_one_operation_goes_in_pieces() -> None:

@@ -201,6 +201,7 @@ class SegmentContainer:
         self.wait_for_capacity = self._maintenance.wait_for_capacity
         self.checkpoint = self._maintenance.checkpoint
         self.run_maintenance = self._maintenance.run
+        self.run_cooling = self._maintenance.run_cooling
 
     # -- what the node wires in, and the state the parts share ---------------------------
 
@@ -382,6 +383,11 @@ class SegmentContainer:
     def segment_count(self) -> int:
         """Live segments (committed)."""
         return self._table.live_count
+
+    @property
+    def total_length(self) -> int:
+        """Bytes of the live segments (committed lengths)."""
+        return self._table.total_length
 
     @property
     def sealed_count(self) -> int:

@@ -43,6 +43,11 @@ REWRITE_SHARE = 0.25
 #: A checkpoint larger than this (or half of ``journal.max_operation_bytes``) is
 #: written in pieces (`split_checkpoint`).
 MAX_PIECE_BYTES = 8 * 1024 * 1024
+#: Segments sealed and in Tier 2 that did not change for this long go cold
+#: (`gateway.container.segment.Segment.cool`).
+COOL_INTERVAL = 30.0
+#: Segments looked at between two yields to the event loop while cooling.
+COOL_BATCH = 10_000
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +75,9 @@ class Maintenance:
         self.full_checkpoints = 0
         self.checkpoint_records = 0
         self.checkpoint_bytes = 0
+        #: Segments cooled, and how long a segment must be idle for it.
+        self.cooled = 0
+        self.cool_interval = COOL_INTERVAL
 
     # -- throttling ------------------------------------------------------------------
 
@@ -249,6 +257,18 @@ class Maintenance:
         if completes and self._pass_start:
             complete_from = self._pass_start  # this checkpoint ends the pass
         return table.partial_snapshot(segments.values(), deleted, complete_from), completes
+
+    async def run_cooling(self) -> None:
+        """Cool the segments that stayed unchanged for `cool_interval` and may be (a
+        task): a few hundred bytes each instead of a few kilobytes."""
+        while True:
+            since = self._table.seq
+            await trio.sleep(self.cool_interval)
+            segments = list(self._table.by_id.values())
+            for i in range(0, len(segments), COOL_BATCH):
+                batch = segments[i : i + COOL_BATCH]
+                self.cooled += self._table.cool(batch, self._queue.dirty, since)
+                await trio.lowlevel.checkpoint()
 
     def _checkpoint_for_space(self) -> bool:
         """Whether the disk is full and a checkpoint in a new file would free journal files."""

@@ -222,8 +222,9 @@ class Replayer:
         self.based = True
         index = self.table.read_index
         for seg in self.table.by_id.values():
-            index.on_truncate(seg.id, seg.start_offset)
-            index.on_flushed(seg.id, seg.storage_length)
+            if index.holds(seg.id):  # (a cold segment stays cold otherwise)
+                index.on_truncate(seg.id, seg.start_offset)
+                index.on_flushed(seg.id, seg.storage_length)
 
     def _segment(self, segment_id: int, seq: int) -> Segment:
         seg = self.table.by_id.get(segment_id)

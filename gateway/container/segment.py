@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import ChainMap
 from collections.abc import Collection, Iterable, Mapping
+from contextlib import suppress
 
 from gateway.container.attributes import CODEC, EVENT_COUNT, EVENT_END, is_core
 from gateway.container.results import SegmentInfo
@@ -28,9 +29,18 @@ _LINES = Codec.LINES.number
 
 
 class Segment:
-    """Metadata of one segment (committed and pending views)."""
+    """Metadata of one segment (committed and pending views).
+
+    A segment sealed and wholly in Tier 2 with nothing in memory that its
+    record lacks may be *cold* (`cool`): it keeps only its id, name and the
+    fields every pass over all segments reads (`EAGER`), and its committed
+    record encoded (``_cold``); the first read of any other field *warms*
+    it from that record (`__getattr__`). A node with a million sleeping
+    segments so keeps a few hundred bytes for each (issue 33).
+    """
 
     __slots__ = (
+        "_cold",
         "attr_dirty",
         "attr_evictions",
         "attr_index",
@@ -63,6 +73,7 @@ class Segment:
     )  # fmt: skip
 
     def __init__(self, segment_id: int, name: str, created_at_ms: int) -> None:
+        self._cold: bytes | None = None
         self.id = segment_id
         self.name = name
         # Committed view (invariants: start_offset <= length, storage_length <= length).
@@ -115,6 +126,93 @@ class Segment:
         self.p_merged = False
         #: Attribute values set by operations in flight (over ``attributes``).
         self.p_attributes: dict[bytes, int | None] = {}
+
+    # -- cold segments -----------------------------------------------------------------
+
+    def __getattr__(self, name: str) -> object:
+        # Only reached for a slot not set: a cold segment's lazy fields.
+        if name in _LAZY and object.__getattribute__(self, "_cold") is not None:
+            self._warm()
+            return object.__getattribute__(self, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @classmethod
+    def cold_from_record(cls, r: SegmentRecord, data: bytes) -> Segment:
+        """A cold durable segment from its record and the record's bytes (see
+        `coolable_record`: only such records)."""
+        s = cls.__new__(cls)
+        s._cold = data
+        s.id = r.id
+        s.name = r.name
+        s.durable = True
+        s.txn_parent = ""
+        s.merged_into = 0
+        s.p_deleted = False
+        s.p_merged = False
+        return s
+
+    @property
+    def cold(self) -> bool:
+        """Whether the segment is cold (only its record is kept)."""
+        return self._cold is not None
+
+    def warm(self) -> None:
+        """Make a cold segment whole again (before it changes)."""
+        if self._cold is not None:
+            self._warm()
+
+    def _warm(self) -> None:
+        """Fill the lazy fields from the record (only those not set since)."""
+        data = self._cold
+        assert data is not None
+        self._cold = None
+        fresh = Segment.from_record(SegmentRecord.FromString(data))
+        for name in _LAZY:
+            try:
+                object.__getattribute__(self, name)
+            except AttributeError:
+                object.__setattr__(self, name, object.__getattribute__(fresh, name))
+
+    def cold_record(self) -> bytes | None:
+        """The encoded committed record of a cold segment, without warming it;
+        None if it is warm.
+
+        Trusts that no field of a cold segment is written before one is read
+        (which warms it): every change validates against the segment first,
+        and `SegmentTable.touch` warms before each committed change.
+        """
+        return self._cold
+
+    def coolable(self) -> bool:
+        """Whether `cool` may drop everything but the record: sealed and wholly in
+        Tier 2, and nothing in memory that the record lacks or that readers of
+        the pending view need (no attribute not yet indexed, nothing in flight)."""
+        return (
+            self._cold is None
+            and self.durable
+            and self.sealed
+            and self.sealed_in_storage
+            and self.storage_length == self.length
+            and not self.txn_parent
+            and not self.merged_into
+            and not self.merges
+            and not self.attr_dirty
+            and not self.p_attributes
+            and not self.p_deleted
+            and self.p_sealed
+            and self.p_length == self.length
+            and self.p_start_offset == self.start_offset
+            and not self.events_unknown
+            and not any(not is_core(k) for k in self.attributes if self.attr_index is None)
+        )
+
+    def cool(self) -> None:
+        """Keep only the committed record (the caller checked `coolable`)."""
+        data = self.committed_record().SerializeToString()
+        for name in _LAZY:
+            with suppress(AttributeError):
+                object.__delattr__(self, name)
+        self._cold = data
 
     def pending_attributes(self) -> Mapping[bytes, int | None]:
         """Attribute values including operations in flight (what memory holds)."""
@@ -264,12 +362,18 @@ class Segment:
 
     def pending_record(self) -> SegmentRecord:
         """The pending view as a snapshot record (checkpoints snapshot it)."""
+        data = self.cold_record()
+        if data is not None:
+            return SegmentRecord.FromString(data)  # cold: nothing pending
         return self._record(
             self.p_start_offset, self.p_length, self.p_sealed, self.pending_attributes()
         )
 
     def committed_record(self) -> SegmentRecord:
         """The committed view as a snapshot record (Tier-2 metadata snapshots)."""
+        data = self.cold_record()
+        if data is not None:
+            return SegmentRecord.FromString(data)
         return self._record(self.start_offset, self.length, self.sealed, self.attributes)
 
     def _record_attributes(self, attributes: Mapping[bytes, int | None]) -> list[AttributeValue]:
@@ -348,3 +452,36 @@ class Segment:
         s.durable = True
         s.reset_pending()
         return s
+
+
+#: Fields a cold segment keeps: what passes over every segment read (the
+#: mount's tree, listings' filters, the live count).
+EAGER = ("_cold", "id", "name", "durable", "txn_parent", "merged_into", "p_deleted", "p_merged")
+#: Fields a cold segment drops, filled again from its record when read.
+_LAZY = frozenset(Segment.__slots__) - frozenset(EAGER)
+
+
+def chunks_of(seg: Segment) -> Iterable[ChunkRecord]:
+    """The segment's chunks and its attribute index's (GC, fsck), without warming
+    a cold segment."""
+    data = seg.cold_record()
+    if data is not None:
+        r = SegmentRecord.FromString(data)
+        return [*r.chunks, *r.attribute_index.chunks]
+    if seg.attr_index is None:
+        return seg.chunks
+    return [*seg.chunks, *seg.attr_index.chunks]
+
+
+def coolable_record(r: SegmentRecord) -> bool:
+    """Whether a loaded record may make a cold segment: sealed, wholly in Tier 2,
+    no transaction or merge, and no extended attribute value (which a record
+    carries only when not yet indexed)."""
+    return (
+        r.sealed
+        and r.sealed_in_storage
+        and r.storage_length == r.length
+        and not r.txn_parent
+        and not r.merged_into
+        and all(is_core(a.id) for a in r.attributes)
+    )

@@ -164,20 +164,23 @@ def plan_retention(
     if not policy.retain_size and not policy.retain_age_ms:
         return plan
     live = [m for m in members if m.durable and not m.p_deleted]
-    sizes = [m.length - m.start_offset for m in live]
+    # Every member's size only for a size bound: an age bound looks at the
+    # oldest ones only (the others may be cold, and stay so).
+    sizes = [m.length - m.start_offset for m in live] if policy.retain_size > 0 else []
     total = sum(sizes)
     k = 0
     while k < len(live) and live[k].sealed:
         seg = live[k]
-        by_size = policy.retain_size > 0 and total - sizes[k] >= policy.retain_size
+        size = sizes[k] if sizes else seg.length - seg.start_offset
+        by_size = policy.retain_size > 0 and total - size >= policy.retain_size
         by_age = policy.retain_age_ms > 0 and now_ms - seg.last_modified_ms >= policy.retain_age_ms
         if not (by_size or by_age):
             break
         if not allow_unflushed and seg.storage_length < seg.length:
-            plan.held_unflushed += sizes[k]
+            plan.held_unflushed += size
             break
         plan.delete.append(seg)
-        total -= sizes[k]
+        total -= size
         k += 1
     if k < len(live) and policy.retain_size > 0 and total > policy.retain_size:
         seg = live[k]

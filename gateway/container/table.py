@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import bisect
 import pathlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 
 from sortedcontainers import SortedDict
 
 from gateway.buffers import Buffer
 from gateway.container.attributes import EVENT_END
 from gateway.container.outcomes import TransactionOutcomes
-from gateway.container.segment import Segment
+from gateway.container.segment import Segment, coolable_record
 from gateway.container.streams import Stream, split_member
 from gateway.errors import GatewayError
 from gateway.protocol.codec import Codec
@@ -92,6 +92,8 @@ class SegmentTable:
         #: sealed, kept as segments come and go (metrics read them per scrape).
         self.live_count = 0
         self.sealed_count = 0
+        #: Bytes of the live segments (their lengths), for the mount's statfs.
+        self.total_length = 0
         #: The journal sequence from which on the journal's checkpoints hold every
         #: live segment (`ContainerSnapshot.complete_from`), as a replay found it;
         #: None if unknown (then the next checkpoint is a full one).
@@ -100,7 +102,8 @@ class SegmentTable:
     # -- membership ----------------------------------------------------------------
 
     def touch(self, seg: Segment) -> None:
-        """The segment's committed view changed (at `seq`)."""
+        """The segment's committed view changes (at `seq`); a cold one warms first."""
+        seg.warm()
         changes = self.changes
         changes.pop(seg.id, None)
         changes[seg.id] = self.seq
@@ -148,6 +151,7 @@ class SegmentTable:
         if self.by_id.pop(seg.id, None) is not None and seg.durable:
             self.live_count -= 1
             self.sealed_count -= seg.sealed
+            self.total_length -= seg.length
             self._note_deletion(seg)
         self.transactions.discard(seg)
         stream = self.stream_of(seg.name)
@@ -216,6 +220,7 @@ class SegmentTable:
                 f"append to segment {seg.name!r} at offset {offset}, but its length is {seg.length}"
             )
         end = offset + len(data)
+        self.total_length += len(data)
         seg.length = end
         index = seg.event_index
         if (not index or offset - index[-1] >= EVENT_INDEX_SPACING) and (
@@ -402,6 +407,7 @@ class SegmentTable:
         if target.sealed:
             raise ContainerCorrupt(f"merge into {target.name!r}, which is sealed")
         target.length = offset + source.length
+        self.total_length += source.length
         index = target.event_index
         if source.length > source.start_offset:
             if not index or index[-1] != offset:
@@ -605,11 +611,20 @@ class SegmentTable:
         self.outcomes.load(snap.txn_outcomes)
         for sr in snap.streams:
             self.apply_set_stream(sr)
+        self.total_length = 0
         for r in snap.segments if records is None else records:
-            self.add(Segment.from_record(r, self.seq))
+            self.total_length += r.length
+            if coolable_record(r):
+                check_record_chunks(r)
+                self.add(Segment.cold_from_record(r, r.SerializeToString()))
+            else:
+                self.add(Segment.from_record(r, self.seq))
         self.live_count = sum(1 for s in self.by_id.values() if s.durable)
-        self.sealed_count = sum(1 for s in self.by_id.values() if s.durable and s.sealed)
-        for seg in sorted(self.by_id.values(), key=lambda s: s.merge_offset):
+        self.sealed_count = sum(
+            1 for s in self.by_id.values() if s.durable and (s.cold or s.sealed)
+        )
+        merged = [s for s in self.by_id.values() if s.merged_into]  # never cold
+        for seg in sorted(merged, key=lambda s: s.merge_offset):
             if seg.merged_into:
                 target = self.by_id.get(seg.merged_into)
                 if target is None:
@@ -629,13 +644,35 @@ class SegmentTable:
         """
         index = self.read_index
         for seg in self.by_name.values():
+            if seg.cold:
+                # Wholly in Tier 2 and checked when loaded: only data the
+                # replay indexed for it (before the checkpoint) may go.
+                if index.holds(seg.id):
+                    index.on_flushed(seg.id, seg.storage_length)
+                continue
             seg.reset_pending()
             index.on_truncate(seg.id, seg.start_offset)
             index.on_flushed(seg.id, seg.storage_length)
             if check:
                 check_chunks(seg)
         if check:
-            index.check_coverage([s.view() for s in self.by_name.values()])
+            index.check_coverage([s.view() for s in self.by_name.values() if not s.cold])
+
+    # -- cold segments -------------------------------------------------------------------
+
+    def cool(self, segments: Iterable[Segment], keep: Collection[Segment], since: int) -> int:
+        """Cool those of ``segments`` that may be (`Segment.coolable`), are not in
+        ``keep`` (pending changes) and did not change after sequence ``since``;
+        how many cooled."""
+        n = 0
+        changes = self.changes
+        for seg in segments:
+            if seg.cold or seg in keep or changes.get(seg.id, 0) > since:
+                continue
+            if seg.coolable() and not self.read_index.holds(seg.id):
+                seg.cool()
+                n += 1
+        return n
 
 
 def split_checkpoint(snap: ContainerSnapshot, limit: int) -> list[ContainerSnapshot]:
@@ -680,6 +717,19 @@ def split_checkpoint(snap: ContainerSnapshot, limit: int) -> list[ContainerSnaps
             )
         )
     return pieces
+
+
+def check_record_chunks(r: SegmentRecord) -> None:
+    """`check_chunks` of a record (a segment loaded cold)."""
+    need = r.start_offset
+    for c in r.chunks:
+        if c.start_offset > need:
+            raise ContainerCorrupt(f"{r.name!r} has no chunk for [{need}, {c.start_offset})")
+        need = max(need, c.start_offset + c.length)
+    if need < r.storage_length:
+        raise ContainerCorrupt(
+            f"{r.name!r} is in Tier 2 up to {r.storage_length}, its chunks end at {need}"
+        )
 
 
 def check_chunks(seg: Segment) -> None:

@@ -19,6 +19,7 @@ import trio
 from cache import CacheStore
 from gateway.config import Tier2Config
 from gateway.container.container import SegmentContainer
+from gateway.container.segment import chunks_of
 from gateway.errors import GatewayError
 from gateway.protocol import wire_pb2 as wire
 from gateway.protocol.metadata_pb2 import ChunkRecord
@@ -43,11 +44,7 @@ def live_target(
     """
 
     def chunks_now() -> dict[str, ChunkRecord]:
-        named = {c.name: c for s in container.segments() for c in s.chunks}
-        for s in container.segments():
-            if s.attr_index is not None:
-                named.update((c.name, c) for c in s.attr_index.chunks)
-        return named
+        return {c.name: c for s in container.segments() for c in chunks_of(s)}
 
     def forget_chunk(key: str) -> None:
         if reader is not None:

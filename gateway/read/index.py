@@ -261,6 +261,11 @@ class ReadIndex:
             k += 1
         return None
 
+    def holds(self, segment_id: int) -> bool:
+        """Whether any bytes of the segment are indexed here."""
+        idx = self._segments.get(segment_id)
+        return idx is not None and bool(idx.starts)
+
     def on_truncate(self, segment_id: int, start_offset: int) -> None:
         """Bytes below ``start_offset`` are gone (or flushed): drop whole entries below it."""
         idx = self._segments.get(segment_id)

@@ -22,6 +22,7 @@ from gateway.attrindex.store import AttributeIndexStore
 from gateway.config import Tier2Config
 from gateway.container.container import SegmentContainer
 from gateway.container.interfaces import LeaseGate
+from gateway.container.segment import chunks_of
 from gateway.errors import GatewayError, Tier2Error
 from gateway.read.chunks import ChunkReader
 from gateway.storage import object_keys as names
@@ -175,14 +176,7 @@ class Housekeeper:
     # -- garbage collection ----------------------------------------------------------------
 
     def _referenced(self) -> set[str]:
-        container = self._writer.container
-        named = {c.name for s in container.segments() for c in s.chunks}
-        named |= {
-            c.name
-            for s in container.segments()
-            if s.attr_index is not None
-            for c in s.attr_index.chunks
-        }
+        named = {c.name for s in self._writer.container.segments() for c in chunks_of(s)}
         # Objects the optimizer replaced stay through GC's grace: readers
         # holding the old chunk list still read them.
         return named | self._writer.uploading | self._writer.optimizer.retired.keys()

@@ -45,7 +45,7 @@ from gateway.container.interfaces import LeaseGate
 from gateway.container.operations import PendingOperation
 from gateway.container.segment import Segment
 from gateway.errors import ChunkNotFound, GatewayError, Tier2Error
-from gateway.protocol.metadata_pb2 import ChunkRecord
+from gateway.protocol.metadata_pb2 import ChunkRecord, SegmentRecord
 from gateway.storage import object_keys as names
 from gateway.storage.layer import ChunkLayer
 
@@ -267,7 +267,14 @@ class Optimizer:
         merged = 0
         while self._enabled():
             seg = self._writer.container.segment_by_id(seg_id)
-            if seg is None or seg.txn_parent or seg.merged_into or seg.merges:
+            if seg is None or seg.txn_parent or seg.merged_into:
+                return merged
+            cold = seg.cold_record()
+            if cold is not None:  # sealed and in Tier 2: warm it only to merge
+                chunks = SegmentRecord.FromString(cold).chunks
+                if pick_run(chunks, self._writer.cfg, include_last=True, final=True) is None:
+                    return merged
+            if seg.merges:
                 return merged
             final = seg.sealed_in_storage
             run = pick_run(seg.chunks, self._writer.cfg, include_last=final, final=final)

@@ -178,8 +178,11 @@ class SnapshotEncoder:
         records = self._records
         for seg in segments:
             if seg.durable:
-                records[seg.id] = seg.committed_record().SerializeToString()
-                self.encoded += 1
+                cold = seg.cold_record()  # a cold segment's bytes, shared
+                if cold is None:
+                    cold = seg.committed_record().SerializeToString()
+                    self.encoded += 1
+                records[seg.id] = cold
 
     @staticmethod
     def encode(

@@ -298,6 +298,8 @@ class StorageWriter:
             )
 
     def _needs_flush(self, seg: Segment) -> bool:
+        if seg.cold:
+            return False  # sealed, wholly in Tier 2, nothing waiting
         return (
             seg.storage_length < seg.length
             or (seg.sealed and not seg.sealed_in_storage)
