@@ -113,7 +113,7 @@ class ContainerConfig:
         5.0, _duration_in(0.0, 3600.0), "how long an append waits for the journal before Overloaded"
     )
     checkpoint_min_segments: int = _key(
-        4096, _int_in(1), "unchanged segments each rolling checkpoint rewrites at least"
+        1024, _int_in(1), "unchanged segments each rolling checkpoint rewrites at least"
     )
 
 
