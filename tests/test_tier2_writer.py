@@ -20,6 +20,7 @@ import trio.testing
 from gateway.config import Config
 from gateway.errors import FlushTimeout, Overloaded, Tier2Error
 from gateway.node import open_node
+from gateway.protocol.metadata_pb2 import MetadataSnapshot
 from gateway.storage import object_keys as names
 from gateway.storage.filesystem import FileStorage
 from gateway.storage.interface import ChunkStorage
@@ -440,3 +441,34 @@ async def test_flush_during_a_flush_does_not_leave_the_segment_urgent(
         await trio.sleep(0.5)  # long enough for an urgent flush to start and finish
         assert c.info("s").storage_length == 100, "the append was flushed at once"
         assert c.info("s").chunk_count == 1
+
+
+async def test_cold_segments_keep_their_chunks_through_gc_snapshots_and_reads(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Sealed, flushed segments come back cold after a restart: GC still sees
+    their chunks (read from their records in a thread), the metadata snapshot
+    still holds them, and a read warms one and returns its bytes."""
+    storage = FileStorage(tmp_path / "tier2")
+    config = tier2_config(tmp_path)
+    orphan = names.chunk_key("node-1", 99, 0, 1)
+    async with running(config, storage) as (c, writer):
+        for i in range(20):
+            await c.create(f"s{i:02d}")
+            await c.append(f"s{i:02d}", bytes([i]) * 1000)
+            await c.seal(f"s{i:02d}")
+        await async_wait_for(
+            lambda: all(c.info(f"s{i:02d}").sealed_in_storage for i in range(20)), 10, "sealed"
+        )
+    storage.write(orphan, b"orphan", {})
+    async with running(config, storage) as (c, writer):
+        segs = list(c._table.by_id.values())
+        assert len(segs) == 20 and all(s.cold for s in segs)
+        result = await writer.collect_garbage()
+        assert result is not None and result.deleted_keys == [orphan]
+        assert all(s.cold for s in segs)  # GC read their records, no more
+        key = await writer.upload_snapshot()
+        snap = MetadataSnapshot.FromString(storage.read(key, 0, 1 << 20))
+        assert sorted(r.name for r in snap.container.segments) == [f"s{i:02d}" for i in range(20)]
+        assert (await c.read("s07", 0, 5000)).data == b"\x07" * 1000
+        assert not c._table.by_name["s07"].cold

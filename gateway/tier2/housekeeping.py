@@ -24,6 +24,7 @@ from gateway.container.container import SegmentContainer
 from gateway.container.interfaces import LeaseGate
 from gateway.container.segment import chunks_of
 from gateway.errors import GatewayError, Tier2Error
+from gateway.protocol.metadata_pb2 import SegmentRecord
 from gateway.read.chunks import ChunkReader
 from gateway.storage import object_keys as names
 from gateway.storage.layer import ChunkLayer
@@ -67,6 +68,11 @@ class Housekeeper:
         self._flushed_since_snapshot = trio.Event()
         #: Keeps each segment's encoded record between snapshots.
         self._encoder = SnapshotEncoder()
+        #: During a GC pass: the chunk names of the cold segments' records, the
+        #: records, and their ids (`_read_cold`).
+        self._cold_named: set[str] = set()
+        self._cold_records: list[bytes] = []
+        self._cold_parsed: set[int] = set()
         self.chunks_deleted = 0
         self.delete_failures = 0
         self.snapshots = 0
@@ -176,10 +182,28 @@ class Housekeeper:
     # -- garbage collection ----------------------------------------------------------------
 
     def _referenced(self) -> set[str]:
-        named = {c.name for s in self._writer.container.segments() for c in chunks_of(s)}
+        named = set(self._cold_named)
+        parsed = self._cold_parsed
+        for seg in self._writer.container.segments():
+            data = seg.cold_record()
+            if data is None or id(data) not in parsed:  # (warmed or cooled since)
+                named.update(c.name for c in chunks_of(seg))
         # Objects the optimizer replaced stay through GC's grace: readers
         # holding the old chunk list still read them.
         return named | self._writer.uploading | self._writer.optimizer.retired.keys()
+
+    async def _read_cold(self) -> None:
+        """The chunk names of the cold segments, read from their records in a
+        thread (a million take seconds): `_referenced` then only looks up each
+        record it finds unchanged, by identity."""
+        records = [
+            data
+            for seg in self._writer.container.segments()
+            if (data := seg.cold_record()) is not None
+        ]
+        self._cold_named = await trio.to_thread.run_sync(_chunk_names, records)
+        self._cold_records = records  # alive, so that their ids stay theirs
+        self._cold_parsed = {id(data) for data in records}
 
     async def _run_gc(self) -> None:
         while True:
@@ -192,13 +216,26 @@ class Housekeeper:
         if w.fenced is not None or (w.lease is not None and not w.lease.held()):
             return None  # the objects may be another process's by now
         try:
+            await self._read_cold()
             result = await gc.collect(w.layer, w.node, self._referenced, grace=w.cfg.gc_grace)
         except Tier2Error as e:
             self.gc_failures += 1
             log.warning("garbage collection failed: %s", e)
             return None
+        finally:
+            self._cold_named, self._cold_records, self._cold_parsed = set(), [], set()
         self.gc_passes += 1
         self.gc_deleted += result.deleted
         for key in result.deleted_keys:
             await self._forget_chunk(key)
         return result
+
+
+def _chunk_names(records: list[bytes]) -> set[str]:
+    """The chunk names (attribute index chunks too) the encoded records hold."""
+    named: set[str] = set()
+    for data in records:
+        r = SegmentRecord.FromString(data)
+        named.update(c.name for c in r.chunks)
+        named.update(c.name for c in r.attribute_index.chunks)
+    return named
