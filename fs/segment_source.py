@@ -128,8 +128,10 @@ class ClusterSegments:
     def totals(self) -> tuple[int, int]:
         """This node's totals, and the other nodes' segments counted."""
         size, count = self.local.totals()
-        remote = list(self.cluster.segments())
-        return size + sum(s.length for s in remote), count + len(remote)
+        for node in self.cluster.nodes.values():
+            size += node.total_length
+            count += len(node.segments)
+        return size, count
 
     def segment_by_id(self, segment_id: int) -> Segment | None:
         """A local or remote segment by its id on this node."""

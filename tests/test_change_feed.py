@@ -20,7 +20,7 @@ from gateway.container.segment import Segment
 from gateway.container.streams import TXN_DIR
 from gateway.journal.memory_journal import MemoryJournal
 from gateway.protocol import wire_pb2 as wire
-from gateway.protocol.metadata_pb2 import SegmentRecord
+from gateway.protocol.metadata_pb2 import ChunkRecord, SegmentRecord
 from gateway.server import hello
 from gateway.server.registry import HANDLERS
 from gateway.storage.layer import ChunkLayer
@@ -393,3 +393,27 @@ async def test_a_stream_deleted_goes_after_its_segments_across_pages() -> None:
     await node.refresh_live(client)  # pages of 7 changes
     assert owner.asked["changes"] >= 1 + 2 + 2 and not node.segments and not node.streams
     assert seen[-1] == ("stream deleted", "logs") and len(seen) == 1 + 10 + 1
+
+
+async def test_a_followers_sealed_flushed_segments_stay_cold_until_read() -> None:
+    """The follower keeps another node's segments that are sealed and in Tier 2
+    cold (their records only), counts their bytes without warming them, and
+    shows the same view once read."""
+    c = make()
+    node = RemoteNode("other", ChunkLayer(MemoryStorage(), retry_deadline=1.0), None, MountIds())
+    for i in range(10):
+        name = f"s/{i:02}"
+        await c.create(name)
+        await c.append(name, b"x" * (i + 1))
+        await c.prepare_chunk_added(
+            c.info(name).id, ChunkRecord(name=f"c{i}", start_offset=0, length=i + 1), False
+        ).wait()
+        await c.seal(name)
+        await c.prepare_storage_sealed(c.info(name).id).wait()
+    await c.create("active")
+    await node.refresh_live(Owner(c, True))
+    segs = list(node.segments.values())
+    assert sum(s.cold for s in segs) == 10 and len(segs) == 11
+    assert node.total_length == sum(range(1, 11))
+    assert all(s.cold for s in segs if s.name != "active")
+    assert view_of(node) == owner_view(c)  # read: warm, and the same

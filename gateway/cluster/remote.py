@@ -46,7 +46,7 @@ from gateway.cluster import feed
 from gateway.cluster.fence import FenceTimes
 from gateway.container.interfaces import AttributeStore, NamespaceWatcher
 from gateway.container.results import ReadResult, SegmentInfo
-from gateway.container.segment import Segment
+from gateway.container.segment import Segment, coolable_record
 from gateway.container.segment_names import validate_name
 from gateway.errors import (
     ConnectionLost,
@@ -167,6 +167,8 @@ class RemoteNode:
         self.lost_reason = ""
         #: Local id -> segment (its ``id`` is the local id).
         self.segments: dict[int, Segment] = {}
+        #: Bytes of those segments (the mount's statfs, without warming them).
+        self.total_length = 0
         self._by_name: dict[str, int] = {}
         #: Local id -> the owner's id of the segment.
         self._remote_ids: dict[int, int] = {}
@@ -274,7 +276,12 @@ class RemoteNode:
         ``own_view``: ``record`` is this view's own segment as it stands (its
         event count may be of more bytes than the view shows).
         """
-        seg = Segment.from_record(record)
+        if not proven_only and coolable_record(record):
+            # Sealed and in Tier 2: cold until read (a follower of a million
+            # sleeping segments keeps their records, not their objects).
+            seg = Segment.cold_from_record(record, record.SerializeToString())
+        else:
+            seg = Segment.from_record(record)
         seg.id = self.ids.get(self.node_id, record.id)
         old = self.segments.get(seg.id)
         if proven_only:
@@ -294,6 +301,9 @@ class RemoteNode:
             seg.events_unknown = seg.length < record.length or (
                 own_view and old is not None and old.events_unknown
             )
+        self.total_length += (record.length if seg.cold else seg.length) - (
+            old.length if old is not None else 0
+        )
         self.segments[seg.id] = seg
         self._remote_ids[seg.id] = record.id
         self._by_name[seg.name] = seg.id
@@ -310,6 +320,7 @@ class RemoteNode:
 
     def _remove(self, mount_id: int) -> None:
         seg = self.segments.pop(mount_id)
+        self.total_length -= seg.length
         # Forgotten, so that a node that churns through segments for months
         # does not grow this map; should the segment come back (an older
         # snapshot), it gets a new id, and so a new inode.
