@@ -10,7 +10,7 @@ It wraps the container's own checkpoint snapshot (`ContainerSnapshot`,
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 import gateway
@@ -147,13 +147,14 @@ _CONTAINER_FIELD = MetadataSnapshot.DESCRIPTOR.fields_by_name["container"].numbe
 
 class SnapshotEncoder:
     """Builds a node's Tier-2 metadata snapshots, encoding only the segment records
-    that changed since the previous one (the container's change log) and reusing
-    the bytes of the others, so that a snapshot of a node whose million segments
-    mostly sleep costs the event loop the changed records and a list of the rest;
-    the bytes are joined by `encode`, off the event loop."""
+    that changed since the previous one (the container's change log): a cold
+    segment's record is its own bytes, a warm one's is kept from the snapshot
+    before unless it changed. A snapshot of a node whose million segments
+    mostly sleep so costs the event loop the changed records and a pass that
+    gathers the others' bytes; `encode` joins them, off the event loop."""
 
     def __init__(self) -> None:
-        #: Segment id -> its encoded committed record, as of ``_stamp``.
+        #: Warm segment id -> its encoded committed record, as of ``_stamp``.
         self._records: dict[int, bytes] = {}
         self._stamp = -1
         #: Records encoded in all (the unchanged ones are not).
@@ -162,27 +163,28 @@ class SnapshotEncoder:
     def capture(self, view: CommittedView) -> tuple[ContainerSnapshot, list[bytes]]:
         """The committed view now: all but the records, and the records' bytes
         (no await: the two are of the same instant)."""
+        cache = self._records
         changed = view.changed_since(self._stamp) if self._stamp >= 0 else None
-        records = self._records
         if changed is None:
-            records.clear()
-            self._encode(view.segments())
+            cache.clear()
         else:
-            self._encode(changed[0])
+            for seg in changed[0]:
+                cache.pop(seg.id, None)
             for segment_id, _ in changed[1]:
-                records.pop(segment_id, None)
+                cache.pop(segment_id, None)
         self._stamp = view.applied_seq
-        return view.committed_snapshot(segments=False), list(records.values())
-
-    def _encode(self, segments: Iterable[Segment]) -> None:
-        records = self._records
-        for seg in segments:
-            if seg.durable:
-                cold = seg.cold_record()  # a cold segment's bytes, shared
-                if cold is None:
-                    cold = seg.committed_record().SerializeToString()
+        out = []
+        for seg in view.segments():
+            data = seg.cold_record()
+            if data is not None:
+                cache.pop(seg.id, None)  # (cooled since)
+            else:
+                data = cache.get(seg.id)
+                if data is None:
+                    data = cache[seg.id] = seg.committed_record().SerializeToString()
                     self.encoded += 1
-                records[seg.id] = cold
+            out.append(data)
+        return view.committed_snapshot(segments=False), out
 
     @staticmethod
     def encode(
