@@ -35,7 +35,7 @@ class SegmentSource(Protocol):
         """The live segment with this id, if any."""
 
     def totals(self) -> tuple[int, int]:
-        """(bytes, count) of the live segments, without a pass over them all
+        """(4 KiB blocks, count) of the live segments, without a pass over them all
         where they are this node's (statfs is asked every few seconds by
         monitoring agents, and a pass would warm every cold segment)."""
 
@@ -81,9 +81,9 @@ class LocalSegments:
         return self.container.segment_by_id(segment_id)
 
     def totals(self) -> tuple[int, int]:
-        """(bytes, count) of the container's live segments, as it keeps them
-        (transactions included)."""
-        return self.container.total_length, self.container.segment_count
+        """(4 KiB blocks, count) of the container's live segments, as it keeps
+        them (transactions included)."""
+        return self.container.total_blocks, self.container.segment_count
 
     def streams(self) -> Sequence[str]:
         """The container's streams."""
@@ -129,7 +129,7 @@ class ClusterSegments:
         """This node's totals, and the other nodes' segments counted."""
         size, count = self.local.totals()
         for node in self.cluster.nodes.values():
-            size += node.total_length
+            size += node.total_blocks
             count += len(node.segments)
         return size, count
 

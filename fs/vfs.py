@@ -560,7 +560,7 @@ class SegmentVFS:
         return FsStats(
             bsize=BLKSIZE,
             frsize=4096,
-            blocks=-(-size // 4096),
+            blocks=size,
             files=count + self.tree.directories,
             namemax=255,
         )

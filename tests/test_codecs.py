@@ -43,7 +43,7 @@ class ContainerSource(MemorySource):
         return self.c.segments()
 
     def totals(self) -> tuple[int, int]:
-        return self.c.total_length, self.c.segment_count
+        return self.c.total_blocks, self.c.segment_count
 
     def segment_by_id(self, segment_id: int):  # type: ignore[no-untyped-def]
         return self.c.segment_by_id(segment_id)

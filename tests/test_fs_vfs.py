@@ -82,7 +82,7 @@ class MemorySource:
         return list(self.by_id.values())
 
     def totals(self) -> tuple[int, int]:
-        return sum(s.length for s in self.by_id.values()), len(self.by_id)
+        return sum(-(-s.length // 4096) for s in self.by_id.values()), len(self.by_id)
 
     def streams(self) -> Sequence[str]:
         return list(self.stream_names)

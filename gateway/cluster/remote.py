@@ -46,7 +46,7 @@ from gateway.cluster import feed
 from gateway.cluster.fence import FenceTimes
 from gateway.container.interfaces import AttributeStore, NamespaceWatcher
 from gateway.container.results import ReadResult, SegmentInfo
-from gateway.container.segment import Segment, coolable_record
+from gateway.container.segment import Segment, blocks, coolable_record
 from gateway.container.segment_names import validate_name
 from gateway.errors import (
     ConnectionLost,
@@ -167,8 +167,8 @@ class RemoteNode:
         self.lost_reason = ""
         #: Local id -> segment (its ``id`` is the local id).
         self.segments: dict[int, Segment] = {}
-        #: Bytes of those segments (the mount's statfs, without warming them).
-        self.total_length = 0
+        #: 4 KiB blocks of those segments (the mount's statfs, without warming them).
+        self.total_blocks = 0
         self._by_name: dict[str, int] = {}
         #: Local id -> the owner's id of the segment.
         self._remote_ids: dict[int, int] = {}
@@ -301,8 +301,8 @@ class RemoteNode:
             seg.events_unknown = seg.length < record.length or (
                 own_view and old is not None and old.events_unknown
             )
-        self.total_length += (record.length if seg.cold else seg.length) - (
-            old.length if old is not None else 0
+        self.total_blocks += blocks(record.length if seg.cold else seg.length) - (
+            blocks(old.length) if old is not None else 0
         )
         self.segments[seg.id] = seg
         self._remote_ids[seg.id] = record.id
@@ -320,7 +320,7 @@ class RemoteNode:
 
     def _remove(self, mount_id: int) -> None:
         seg = self.segments.pop(mount_id)
-        self.total_length -= seg.length
+        self.total_blocks -= blocks(seg.length)
         # Forgotten, so that a node that churns through segments for months
         # does not grow this map; should the segment come back (an older
         # snapshot), it gets a new id, and so a new inode.

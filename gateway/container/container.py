@@ -385,9 +385,9 @@ class SegmentContainer:
         return self._table.live_count
 
     @property
-    def total_length(self) -> int:
-        """Bytes of the live segments (committed lengths)."""
-        return self._table.total_length
+    def total_blocks(self) -> int:
+        """4 KiB blocks of the live segments (each committed length rounded up)."""
+        return self._table.total_blocks
 
     @property
     def sealed_count(self) -> int:

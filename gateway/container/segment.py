@@ -461,6 +461,11 @@ EAGER = ("_cold", "id", "name", "durable", "txn_parent", "merged_into", "p_delet
 _LAZY = frozenset(Segment.__slots__) - frozenset(EAGER)
 
 
+def blocks(length: int) -> int:
+    """4 KiB blocks a file of ``length`` bytes takes (as statfs and ``du`` count)."""
+    return -(-length // 4096)
+
+
 def chunks_of(seg: Segment) -> Iterable[ChunkRecord]:
     """The segment's chunks and its attribute index's (GC, fsck), without warming
     a cold segment."""

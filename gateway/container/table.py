@@ -23,7 +23,7 @@ from sortedcontainers import SortedDict
 from gateway.buffers import Buffer
 from gateway.container.attributes import EVENT_END
 from gateway.container.outcomes import TransactionOutcomes
-from gateway.container.segment import Segment, coolable_record
+from gateway.container.segment import Segment, blocks, coolable_record
 from gateway.container.streams import Stream, split_member
 from gateway.errors import GatewayError
 from gateway.protocol.codec import Codec
@@ -92,8 +92,9 @@ class SegmentTable:
         #: sealed, kept as segments come and go (metrics read them per scrape).
         self.live_count = 0
         self.sealed_count = 0
-        #: Bytes of the live segments (their lengths), for the mount's statfs.
-        self.total_length = 0
+        #: 4 KiB blocks of the live segments (each length rounded up), for the
+        #: mount's statfs (as ``du`` counts them).
+        self.total_blocks = 0
         #: The journal sequence from which on the journal's checkpoints hold every
         #: live segment (`ContainerSnapshot.complete_from`), as a replay found it;
         #: None if unknown (then the next checkpoint is a full one).
@@ -151,7 +152,7 @@ class SegmentTable:
         if self.by_id.pop(seg.id, None) is not None and seg.durable:
             self.live_count -= 1
             self.sealed_count -= seg.sealed
-            self.total_length -= seg.length
+            self.total_blocks -= blocks(seg.length)
             self._note_deletion(seg)
         self.transactions.discard(seg)
         stream = self.stream_of(seg.name)
@@ -220,7 +221,7 @@ class SegmentTable:
                 f"append to segment {seg.name!r} at offset {offset}, but its length is {seg.length}"
             )
         end = offset + len(data)
-        self.total_length += len(data)
+        self.total_blocks += blocks(end) - blocks(offset)
         seg.length = end
         index = seg.event_index
         if (not index or offset - index[-1] >= EVENT_INDEX_SPACING) and (
@@ -407,7 +408,7 @@ class SegmentTable:
         if target.sealed:
             raise ContainerCorrupt(f"merge into {target.name!r}, which is sealed")
         target.length = offset + source.length
-        self.total_length += source.length
+        self.total_blocks += blocks(target.length) - blocks(offset)
         index = target.event_index
         if source.length > source.start_offset:
             if not index or index[-1] != offset:
@@ -611,9 +612,9 @@ class SegmentTable:
         self.outcomes.load(snap.txn_outcomes)
         for sr in snap.streams:
             self.apply_set_stream(sr)
-        self.total_length = 0
+        self.total_blocks = 0
         for r in snap.segments if records is None else records:
-            self.total_length += r.length
+            self.total_blocks += blocks(r.length)
             if coolable_record(r):
                 check_record_chunks(r)
                 self.add(Segment.cold_from_record(r, r.SerializeToString()))
