@@ -71,8 +71,12 @@ def live_target(
         layer=writer.layer,
         store=store,
         chunks_now=chunks_now,
-        # Objects the optimizer replaced are kept through GC's grace too.
-        uploading=lambda: set(writer.uploading) | set(writer.optimizer.retired),
+        # Objects the optimizer replaced are kept through GC's grace too, and
+        # those queued for deletion are going (a retired object's grace runs
+        # from its replacement, so it may be older than GC's overdue age).
+        uploading=lambda: (
+            set(writer.uploading) | set(writer.optimizer.retired) | writer.housekeeping.deleting()
+        ),
         forget_chunk=forget_chunk,
     )
 

@@ -64,6 +64,7 @@ class Housekeeper:
         #: The writer whose node, binding, policy and fence this follows.
         self._writer = writer
         self._deletes: deque[tuple[str, int]] = deque()
+        self._in_delete: set[str] = set()
         self._deletes_ready = trio.Event()
         self._flushed_since_snapshot = trio.Event()
         #: Keeps each segment's encoded record between snapshots.
@@ -80,6 +81,11 @@ class Housekeeper:
         self.gc_passes = 0
         self.gc_deleted = 0
         self.gc_failures = 0
+
+    def deleting(self) -> set[str]:
+        """Chunk objects queued for deletion or being deleted (online fsck counts
+        them as named: they are going, not forgotten)."""
+        return {key for key, _ in self._deletes} | self._in_delete
 
     def delete_later(self, key: str, seg_id: int) -> None:
         """Delete chunk object ``key`` of segment ``seg_id`` once nothing names it."""
@@ -119,12 +125,15 @@ class Housekeeper:
             key, seg_id = self._deletes.popleft()
             if key in w.uploading or self._still_named(key, seg_id):
                 continue
+            self._in_delete.add(key)
             try:
                 await w.layer.delete(key)
                 self.chunks_deleted += 1
             except Tier2Error as e:
                 self.delete_failures += 1
                 log.warning("cannot delete chunk %s (GC will): %s", key, e)
+            finally:
+                self._in_delete.discard(key)
             await self._forget_chunk(key)
 
     async def _forget_chunk(self, key: str) -> None:
