@@ -9,21 +9,25 @@ segments, and restarts, each compared with the view before it.
 
 from __future__ import annotations
 
+import pathlib
 import random
 
 import pytest
 
 from cache.memory_store import MemoryCache
 from gateway.config import ContainerConfig
-from gateway.container.replayer import Replayer
+from gateway.container.replayer import Replayer, replay_for_fsck
 from gateway.container.table import SegmentTable
 from gateway.errors import GatewayError
 from gateway.journal.memory_journal import MemoryJournal
 from gateway.protocol.journal_pb2 import Operation
 from gateway.protocol.metadata_pb2 import ChunkRecord, ContainerSnapshot, MetadataSnapshot
 from gateway.read.index import ReadIndex
+from gateway.recovery.metadata_io import install
 from gateway.tier2.snapshots import SnapshotEncoder
+from tests.helpers import bulk
 from tests.helpers.container import DirectContainer
+from tests.helpers.segments import make_config
 
 SHARE = 3
 
@@ -262,3 +266,21 @@ async def test_a_pass_that_ends_in_a_checkpoint_in_pieces_replays_whole() -> Non
     again = start(journal)
     assert without_event_index(again.committed_snapshot()) == without_event_index(before)
     assert {again.info(name).length for name in names} == {40}
+
+
+async def test_an_import_of_many_segments_goes_in_pieces_and_replays_whole(
+    tmp_path: pathlib.Path,
+) -> None:
+    """`install` (import-metadata, --recover-from-tier2) writes a large snapshot as
+    a whole checkpoint in pieces into an empty journal, where it is all the
+    state there is: the replay takes every piece."""
+    config = make_config(
+        tmp_path, journal={"max_operation_bytes": "256 KiB"}, container={"max_append_bytes": 4096}
+    )
+    chunk = ChunkRecord(name="node-1/chunks/1/x", start_offset=0, length=len(bulk.CHUNK))
+    names = bulk.names(5000, "big", 500)
+    snap = bulk.container(names, chunk, 50, "big")
+    await install(config, snap, min_epoch=1)
+    table = replay_for_fsck(config.journal_dir)
+    assert sorted(s.name for s in table.by_id.values()) == sorted(names)
+    assert sum(s.cold for s in table.by_id.values()) == 5000 - 50

@@ -194,25 +194,24 @@ class Replayer:
             self._based_here()
 
     def _whole_piece(self, seq: int, snap: ContainerSnapshot) -> None:
-        """A piece of a whole checkpoint: its records alone make the state, once
-        all its pieces were read, one right after the other."""
+        """A piece of a whole checkpoint: once all its pieces were read, one right
+        after the other, their records are the state -- as a whole checkpoint's
+        are, even where the state was known before (a journal that an import
+        began holds nothing else)."""
         if snap.piece == 1:
             self._whole = {}
             self._whole_from = seq
         elif self._whole is None or seq != self._whole_from + snap.piece - 1:
             self._whole = None  # its first pieces are not in this replay: no use
             return
+        self._whole.update((r.id, r) for r in snap.segments)
         if snap.piece < snap.whole_pieces:
-            if not self.based:
-                self._whole.update((r.id, r) for r in snap.segments)
             return
         self.table.complete_from = self._whole_from
-        if not self.based:
-            self._whole.update((r.id, r) for r in snap.segments)
-            self.table.load_snapshot(snap, self._whole.values())
-            self._records = {}
-            self._based_here()
+        self.table.load_snapshot(snap, self._whole.values())
+        self._records = {}
         self._whole = None
+        self._based_here()
 
     def _based_here(self) -> None:
         """The state is known from here on. The read index holds every append
