@@ -23,6 +23,7 @@ from fs.operations import SegmentFS
 from fs.segment_source import SegmentSource
 from gateway.config import Config
 from gateway.errors import MountError
+from gateway.stats import resident_bytes
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +182,12 @@ async def serve_mount(
             # INIT has been answered (it set the kernel's read-ahead to its
             # default); now the bdi can take ours.
             await trio.to_thread.run_sync(set_read_ahead, path, config.fuse.read_ahead_kb)
-            log.info("mounted %d segment(s) at %s", len(source.segments()), path)
+            log.info(
+                "mounted %d segment(s) at %s (resident memory %d MiB)",
+                source.totals()[1],
+                path,
+                resident_bytes() >> 20,
+            )
             task_status.started(ops)
             await trio.sleep_forever()
     finally:

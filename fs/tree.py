@@ -50,8 +50,9 @@ class Tree:
         self._dirs: dict[int, _Dir] = {ROOT_INODE: _Dir("", ROOT_INODE)}
         self._dir_by_path: dict[str, int] = {"": ROOT_INODE}
         self._next_dir = ROOT_INODE + 1
-        #: segment inode -> (name, parent directory inode); shown or hidden.
-        self._segments: dict[int, tuple[str, int]] = {}
+        #: segment inode -> its name, shown or hidden (the parent directory is
+        #: found by the name's path: no tuple per segment, 56 bytes of 10^6).
+        self._segments: dict[int, str] = {}
         #: segment inodes hidden by a directory of the same path.
         self._hidden: set[int] = set()
         #: directory inodes kept while empty (streams).
@@ -71,7 +72,7 @@ class Tree:
             return inode
         dirname, _, base = name.rpartition("/")
         parent = self._make_dirs(dirname)
-        self._segments[inode] = (name, parent)
+        self._segments[inode] = name
         if base in self._dirs[parent].entries:
             self._hidden.add(inode)  # a directory has that path
         else:
@@ -85,14 +86,14 @@ class Tree:
         kernel's cached names for them must be invalidated.
         """
         inode = self.segment_inode(segment_id)
-        found = self._segments.pop(inode, None)
-        if found is None:
+        name = self._segments.pop(inode, None)
+        if name is None:
             return []
-        name, parent = found
         if inode in self._hidden:
             self._hidden.discard(inode)
             return []
-        base = name.rpartition("/")[2]
+        dirname, _, base = name.rpartition("/")
+        parent = self._dir_by_path[dirname]
         del self._dirs[parent].entries[base]
         return [(parent, base, inode), *self._prune(parent)]
 
@@ -145,7 +146,7 @@ class Tree:
     def _unhide(self, path: str, parent: int, base: str) -> None:
         """A directory went away: a segment hidden by it shows again."""
         for inode in list(self._hidden):
-            if self._segments[inode][0] == path:
+            if self._segments[inode] == path:
                 self._hidden.discard(inode)
                 self._dirs[parent].entries[base] = inode
                 return
@@ -169,14 +170,14 @@ class Tree:
     def segment_name(self, inode: int) -> str | None:
         """The segment a file inode shows, or None."""
         found = self._segments.get(inode)
-        return None if found is None or inode in self._hidden else found[0]
+        return None if found is None or inode in self._hidden else found
 
     def parent(self, inode: int) -> int | None:
         """The directory holding ``inode`` (the root's parent is the root)."""
         if inode in self._dirs:
             return self._dirs[inode].parent
         found = self._segments.get(inode)
-        return None if found is None else found[1]
+        return None if found is None else self._dir_by_path.get(found.rpartition("/")[0])
 
     def entries(self, inode: int) -> list[tuple[str, int]]:
         """(name, inode) of a directory's entries, sorted by name (readdir order)."""

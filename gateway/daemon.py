@@ -48,7 +48,7 @@ from gateway.config import Config, Tier2Config
 from gateway.container.container import SegmentContainer
 from gateway.errors import GatewayError
 from gateway.fsck.online import live_target
-from gateway.node import Node, open_node
+from gateway.node import Node, give_back_memory, open_node
 from gateway.notify import Notifier
 from gateway.replication.replicator import Replicator
 from gateway.replication.store import ReplicaStore
@@ -662,6 +662,9 @@ async def run_daemon(
                     if collector is not None:
                         collector.replicas = replicas
                     server.replicator = replicator
+                    # What starting parsed and built (the mount's tree too) and
+                    # let go of goes back to the system before serving.
+                    await trio.to_thread.run_sync(give_back_memory)
                     log.info("ready: %d segment(s), listening on %s:%d",
                              container.segment_count, host, port)  # fmt: skip
                     if ready_file is not None:

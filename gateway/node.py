@@ -37,6 +37,7 @@ from gateway.container.table import SegmentTable
 from gateway.journal import Journal, open_journal
 from gateway.read.chunks import ChunkReader
 from gateway.read.index import ReadIndex
+from gateway.stats import resident_bytes
 from gateway.storage.layer import ChunkLayer
 from gateway.tier2.storage_writer import StorageWriter
 
@@ -149,9 +150,10 @@ async def _open_parts(
             container = container_type(config.container, table, journal, config.streams)
             container.node_id = config.node.id
             log.info(
-                "container: recovered %d segment(s) in %.2fs",
+                "container: recovered %d segment(s) in %.2fs (resident memory %d MiB)",
                 container.segment_count,
                 time.monotonic() - started,
+                resident_bytes() >> 20,
             )
             lease = await claim(journal.epoch) if claim is not None else None
             container.lease = lease

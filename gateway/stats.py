@@ -8,6 +8,7 @@ Prometheus histograms at scrape time, and tests read them directly.
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Sequence
 
 #: Seconds: 100 us .. 60 s (appends, fdatasync, S3 requests).
@@ -56,3 +57,12 @@ class Histogram:
             if seen >= target and seen:
                 return bound
         return float("inf")
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (0 where /proc is missing)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
