@@ -603,7 +603,12 @@ async def run_daemon(
                     config.container.max_append_bytes,
                     node=config.node.id,
                     fsck_target=partial(
-                        live_target, container, node.store, node.storage_writer, node.reader
+                        live_target,
+                        container,
+                        node.store,
+                        node.storage_writer,
+                        node.reader,
+                        name_claims=claims,
                     ),
                     cluster=cluster,
                     claims=claims,

@@ -17,10 +17,13 @@
    with GC's own pass (`gateway.tier2.gc.collect`).
 6. ``cache`` (`check_cache`): Tier-2 blocks in the cache whose chunk no
    segment names or whose size disagrees with the chunk record.
+7. ``name-claims`` (`check_name_claims`): this node's name claims in Tier
+   2 whose name is no segment or stream of it (a node that stopped between
+   a deletion and its release).
 
 Each lives in a module named for what it checks (`journal_check`,
 `metadata_check`, `chunk_checks` for 3, 4 and the attribute indexes,
-`orphan_check`, `cache_check`); `target` holds what they share. This module
+`orphan_check`, `cache_check`, `claim_check`); `target` holds what they share. This module
 runs them in order and re-exports them.
 
 The journal is checked from its files; the others from a `Target`: the
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 from .cache_check import check_cache
 from .chunk_checks import check_attribute_indexes, check_chunk_data, check_chunks
+from .claim_check import check_name_claims
 from .journal_check import JournalScan, check_journal, scan_journal
 from .metadata_check import check_metadata, segment_problems
 from .orphan_check import check_orphans
@@ -57,6 +61,7 @@ __all__ = [
     "check_chunks",
     "check_journal",
     "check_metadata",
+    "check_name_claims",
     "check_orphans",
     "record_chunks",
     "run_snapshot_checks",
@@ -68,7 +73,7 @@ __all__ = [
 
 
 async def run_snapshot_checks(target: Target, options: Options, sink: Sink) -> None:
-    """Checks 3-5 on a target whose metadata is a Tier-2 snapshot (``target.basis``).
+    """Checks 3-5 and 7 on a target whose metadata is a Tier-2 snapshot (``target.basis``).
 
     The metadata check is the caller's (it says why the journal's metadata
     is missing); the cache is skipped, since which chunks the metadata names
@@ -86,10 +91,11 @@ async def run_snapshot_checks(target: Target, options: Options, sink: Sink) -> N
         sink,
         "the journal is corrupt: which chunks its metadata names now is not known",
     )
+    await check_name_claims(target, CheckRun("name-claims", sink, options))
 
 
 async def run_target_checks(target: Target, options: Options, sink: Sink) -> None:
-    """Checks 2-6 on ``target``, in order."""
+    """Checks 2-7 on ``target``, in order."""
 
     def run(name: str) -> CheckRun:
         return CheckRun(name, sink, options)
@@ -100,3 +106,4 @@ async def run_target_checks(target: Target, options: Options, sink: Sink) -> Non
     await check_attribute_indexes(target, state, run("attribute-index"))
     await check_orphans(target, run("orphans"))
     await check_cache(target, state, run("cache"))
+    await check_name_claims(target, run("name-claims"))

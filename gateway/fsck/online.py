@@ -1,7 +1,7 @@
 """fsck on a running daemon: the checks run inside it, on its live state.
 
 The daemon answers an ``FsckRequest`` (gateway/protocol/wire.proto) by
-running checks 2-6 (`gateway.fsck.checks`) on its committed metadata, its
+running checks 2-7 (`gateway.fsck.checks`) on its committed metadata, its
 Tier-2 binding and its cache, and streams the findings back. Only repairs
 that the daemon makes by itself anyway are allowed here: deleting garbage
 older than ``tier2.gc_grace`` (what GC does) and dropping cache blocks
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -29,6 +30,9 @@ from gateway.tier2.storage_writer import StorageWriter
 from .checks import Options, Target, run_target_checks
 from .report import Event, to_wire
 
+if TYPE_CHECKING:
+    from gateway.cluster.claims import NameClaims
+
 log = logging.getLogger(__name__)
 
 
@@ -37,11 +41,20 @@ def live_target(
     store: CacheStore | None = None,
     writer: StorageWriter | None = None,
     reader: ChunkReader | None = None,
+    name_claims: NameClaims | None = None,
 ) -> Target:
     """The running daemon's state as a check target.
 
-    ``store``: its cache store; ``writer``, ``reader``: its Tier 2.
+    ``store``: its cache store; ``writer``, ``reader``: its Tier 2;
+    ``name_claims``: its cluster-wide name claims (None: not claimed).
     """
+
+    def alive(name: str) -> bool:
+        try:
+            container.check_exists(name)
+        except GatewayError:
+            return False
+        return True
 
     def chunks_now() -> dict[str, ChunkRecord]:
         return {c.name: c for s in container.segments() for c in chunks_of(s)}
@@ -78,6 +91,8 @@ def live_target(
             set(writer.uploading) | set(writer.optimizer.retired) | writer.housekeeping.deleting()
         ),
         forget_chunk=forget_chunk,
+        alive=alive,
+        name_claims=name_claims,
     )
 
 

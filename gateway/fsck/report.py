@@ -16,7 +16,16 @@ from dataclasses import dataclass, field
 from gateway.protocol import wire_pb2 as wire
 
 #: The checks, in the order they run (S3QL's fsck: named checks in a fixed order).
-CHECKS = ("journal", "metadata", "chunks", "chunk-data", "attribute-index", "orphans", "cache")
+CHECKS = (
+    "journal",
+    "metadata",
+    "chunks",
+    "chunk-data",
+    "attribute-index",
+    "orphans",
+    "cache",
+    "name-claims",
+)
 
 #: Exit codes (docs/OPERATIONS.md): nothing found; everything found was
 #: repaired; problems are left.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
@@ -17,6 +17,9 @@ from gateway.read.index import ReadIndex
 from gateway.storage.layer import ChunkLayer
 
 from .report import CheckDone, Finding, Progress, Sink
+
+if TYPE_CHECKING:
+    from gateway.cluster.claims import NameClaims
 
 T = TypeVar("T")
 
@@ -173,6 +176,10 @@ class Target:
     basis: str = ""
     #: When that snapshot was taken (seconds since the epoch).
     basis_time: float = 0.0
+    #: Whether a name is a live segment or stream now (None: per ``snapshot``).
+    alive: Callable[[str], bool] | None = None
+    #: The running daemon's name claims: which creates are in flight (online only).
+    name_claims: NameClaims | None = None
 
     def referenced(self) -> set[str]:
         """Keys that are not garbage now."""

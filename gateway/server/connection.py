@@ -367,6 +367,7 @@ class Connection:
                     return
         finally:
             self.reader_scope.cancel()
+            self.creates.abandon()
             close_now(self.transport)
 
 

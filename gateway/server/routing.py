@@ -122,6 +122,15 @@ class ClaimedCreates:
         self.pending = 0
         self._idle = trio.Event()
         self._idle.set()
+        #: One event per claimed create not answered yet (set by `abandon` too).
+        self._unanswered: set[trio.Event] = set()
+        self._abandoned = False
+
+    def abandon(self) -> None:
+        """The connection answers nothing more: its creates' claims stop waiting."""
+        self._abandoned = True
+        for answered in self._unanswered:
+            answered.set()
 
     async def wait_idle(self) -> None:
         """Wait until every create read so far has been prepared."""
@@ -141,16 +150,28 @@ class ClaimedCreates:
         rid = req.request_id
         container = conn.server.container
         claimed = trio.Event()
+        settled = trio.Event()
         failure: list[GatewayError] = []
 
         async def claim() -> None:
             try:
                 validate_name(name)
-                await claims.claim(name)
+                await claims.claim(name, hold=True)
             except GatewayError as e:
                 failure.append(e)
+                return
             finally:
                 claimed.set()
+            if self._abandoned:
+                settled.set()
+            self._unanswered.add(settled)
+            try:
+                # In flight (fsck releases no claim of it) until the create
+                # is answered, or the connection ends without an answer.
+                await settled.wait()
+            finally:
+                self._unanswered.discard(settled)
+                claims.settle(name)
 
         self.pending += 1
         self._idle = trio.Event()
@@ -158,16 +179,19 @@ class ClaimedCreates:
 
         async def produce() -> wire.Response:
             try:
-                await claimed.wait()
-                if failure:
-                    raise failure[0]
-                prepared = await container.admit(lambda: prepare(conn, req), nbytes)
-            except GatewayError as e:
-                return error_response(rid, e)
+                try:
+                    await claimed.wait()
+                    if failure:
+                        raise failure[0]
+                    prepared = await container.admit(lambda: prepare(conn, req), nbytes)
+                except GatewayError as e:
+                    return error_response(rid, e)
+                finally:
+                    self.pending -= 1
+                    if not self.pending:
+                        self._idle.set()
+                return await prepared()
             finally:
-                self.pending -= 1
-                if not self.pending:
-                    self._idle.set()
-            return await prepared()
+                settled.set()
 
         return Item(rid, nbytes, produce)
