@@ -196,12 +196,12 @@ def test_clean_node_offline_finds_nothing(node: Node) -> None:
     run = fsck(node.config, "--deep")
     assert_clean(run)
     assert run.summary["mode"] == "offline"
-    assert [c["status"] for c in run.summary["checks"]] == ["ok"] * 7
+    assert [c["status"] for c in run.summary["checks"]] == ["ok"] * 8
     # Without --deep the data check is skipped, and says so.
     plain = run_cli("--config", str(node.config), "fsck", timeout=120)
     assert plain.returncode == 0, plain.stdout + plain.stderr
     lines = plain.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines[:7]] == [
+    assert [line.split(":")[0] for line in lines[:8]] == [
         "check journal",
         "check metadata",
         "check chunks",
@@ -209,10 +209,13 @@ def test_clean_node_offline_finds_nothing(node: Node) -> None:
         "check attribute-index",
         "check orphans",
         "check cache",
+        "check name-claims",
     ]
     assert lines[0].startswith("check journal: ok (")
     assert lines[1].startswith("check metadata: ok (3 segment(s), ")
     assert lines[3].startswith("check chunk-data: skipped (")
+    # The filesystem binding is shared Tier 2 too: the three names are claimed.
+    assert lines[7].startswith("check name-claims: ok (3 name claim(s) listed: 3 of names here")
     assert lines[-1] == "fsck (offline): no problems found"
 
 
@@ -222,7 +225,7 @@ def test_clean_node_online_finds_nothing(node: Node, running: Daemon) -> None:
     run = fsck(node.config, "--deep", "--connect", running.address)
     assert_clean(run)
     assert run.summary["mode"].startswith("online")
-    assert [c["status"] for c in run.summary["checks"]] == ["ok"] * 7
+    assert [c["status"] for c in run.summary["checks"]] == ["ok"] * 8
     # Without --connect the lock tells that the daemon runs.
     listen = f'[server]\nlisten = "{running.address}"\n\n[tier2]'
     node.config.write_text(node.config.read_text().replace("[tier2]", listen))
