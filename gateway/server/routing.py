@@ -19,7 +19,7 @@ from gateway.container.streams import is_hidden
 from gateway.errors import GatewayError, NotOwner, OwnerDown, SegmentNotFound
 from gateway.protocol import wire_pb2 as wire
 
-from .answers import Item, error_response
+from .answers import Item, Producer, error_response
 
 if TYPE_CHECKING:
     from gateway.cluster.remote import RemoteNode
@@ -110,9 +110,14 @@ class ClaimedCreates:
     """One connection's creates whose names are being claimed in Tier 2.
 
     A claim starts when its create is read, so that the claims of
-    pipelined creates overlap; any other request waits until none is
-    pending (`wait_idle`), so every request is still prepared in arrival
-    order.
+    pipelined creates overlap (as many at once as Tier 2 takes:
+    ``tier2.max_concurrency``, the chunk layer's limiter). Each create is
+    prepared -- enters the journal -- as soon as its claim is done and the
+    create read before it is prepared, not when its answer's turn comes:
+    so pipelined creates share the journal's group commits instead of
+    waiting for one fdatasync each. Any other request waits until no create
+    is pending (`wait_idle`), so every request is still prepared in arrival
+    order: of two creates of one name the second fails with SegmentExists.
     """
 
     def __init__(self) -> None:
@@ -122,6 +127,8 @@ class ClaimedCreates:
         self.pending = 0
         self._idle = trio.Event()
         self._idle.set()
+        #: Set once the create read last is prepared (or failed).
+        self._last = self._idle
         #: One event per claimed create not answered yet (set by `abandon` too).
         self._unanswered: set[trio.Event] = set()
         self._abandoned = False
@@ -142,26 +149,39 @@ class ClaimedCreates:
         """A create in a cluster: its name claimed in Tier 2 first, then created here.
 
         The claim starts now; the create is prepared (by ``prepare``, as
-        without a cluster) when its answer's turn comes and its claim is
-        done.
+        without a cluster) once its claim is done and the creates before it
+        are prepared; its answer waits for that.
         """
         claims = conn.server.claims
         assert claims is not None and self.nursery is not None
         rid = req.request_id
         container = conn.server.container
-        claimed = trio.Event()
+        before, prepared = self._last, trio.Event()
+        self._last = prepared
         settled = trio.Event()
         failure: list[GatewayError] = []
+        producer: list[Producer] = []
 
-        async def claim() -> None:
+        async def claim_then_prepare() -> None:
+            held = False
             try:
-                validate_name(name)
-                await claims.claim(name, hold=True)
-            except GatewayError as e:
-                failure.append(e)
-                return
+                try:
+                    validate_name(name)
+                    await claims.claim(name, hold=True)
+                    held = True
+                except GatewayError as e:
+                    failure.append(e)
+                await before.wait()
+                if held:
+                    try:
+                        producer.append(await container.admit(lambda: prepare(conn, req), nbytes))
+                    except GatewayError as e:
+                        failure.append(e)
             finally:
-                claimed.set()
+                prepared.set()
+                self.pending -= 1
+                if not self.pending:
+                    self._idle.set()
             if self._abandoned:
                 settled.set()
             self._unanswered.add(settled)
@@ -175,22 +195,14 @@ class ClaimedCreates:
 
         self.pending += 1
         self._idle = trio.Event()
-        self.nursery.start_soon(claim)
+        self.nursery.start_soon(claim_then_prepare)
 
         async def produce() -> wire.Response:
             try:
-                try:
-                    await claimed.wait()
-                    if failure:
-                        raise failure[0]
-                    prepared = await container.admit(lambda: prepare(conn, req), nbytes)
-                except GatewayError as e:
-                    return error_response(rid, e)
-                finally:
-                    self.pending -= 1
-                    if not self.pending:
-                        self._idle.set()
-                return await prepared()
+                await prepared.wait()
+                if failure:
+                    return error_response(rid, failure[0])
+                return await producer[0]()
             finally:
                 settled.set()
 
