@@ -156,3 +156,20 @@ async def many_creates(r: Raw, served: Cluster) -> None:
     assert ids == sorted(ids)
     # Not one fdatasync per create: they were prepared as their claims ended.
     assert journal.statistics().groups - before < n // 2
+
+
+async def test_a_refused_create_leaves_no_name_in_flight(served: Cluster) -> None:
+    other = NameClaims(served.claims.layer, "n2", 1)
+    await other.claim("theirs")
+    r = await connect(served.address)
+    async with r.stream:
+        await r.send(create(2, "mine"))
+        await r.send(create(3, "theirs"))  # another node holds it
+        await r.send(create(4, "mine"))  # a second create of one name
+        answers = [await r.receive() for _ in range(3)]
+    assert [a.WhichOneof("kind") for a in answers] == ["info", "error", "error"]
+    assert answers[1].error.code == wire.SEGMENT_EXISTS and "n2" in answers[1].error.message
+    assert answers[2].error.code == wire.SEGMENT_EXISTS
+    await trio.testing.wait_all_tasks_blocked()
+    assert not served.claims.in_flight("mine") and not served.claims.in_flight("theirs")
+    assert served.claims._in_flight == {}  # no count left over, none below zero

@@ -182,6 +182,8 @@ class ClaimedCreates:
                 self.pending -= 1
                 if not self.pending:
                     self._idle.set()
+            if not held:
+                return  # not in flight (`claim` settled it)
             if self._abandoned:
                 settled.set()
             self._unanswered.add(settled)
