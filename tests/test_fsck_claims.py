@@ -197,6 +197,27 @@ async def test_a_release_keeps_a_claim_that_a_pipelined_create_holds(layer: Chun
     assert await claims.owner("again") is None
 
 
+async def test_against_a_snapshot_nothing_is_released(
+    layer: ChunkLayer, tier2: pathlib.Path
+) -> None:
+    """The journal is corrupt: the newest Tier-2 snapshot's names are all fsck knows."""
+    mine = NameClaims(layer, NODE, 3)
+    for name in ("before", "after"):
+        await mine.claim(name)
+    age(tier2, "before", 3 * HOUR)
+    age(tier2, "after", 2 * HOUR)
+    t = target(layer, [])
+    t.basis, t.basis_time = "snapshot n1/meta/x", time.time() - 2.5 * HOUR
+    found, done = await check(t, repair=True)
+    assert [(f.segment, f.problem, f.repaired) for f in found] == [
+        ("after", False, False),  # claimed after the snapshot: the journal may name it
+        ("before", True, False),
+    ]
+    assert "not released: the journal is corrupt" in found[1].action
+    assert done.detail.endswith(", per snapshot n1/meta/x")
+    assert claim_exists(tier2, "before") and claim_exists(tier2, "after")
+
+
 async def test_embedded_tier2_claims_nothing_and_the_check_says_so(layer: ChunkLayer) -> None:
     t = target(layer, [])
     t.tier2 = Tier2Config(url="embedded")
