@@ -173,3 +173,30 @@ async def test_a_refused_create_leaves_no_name_in_flight(served: Cluster) -> Non
     await trio.testing.wait_all_tasks_blocked()
     assert not served.claims.in_flight("mine") and not served.claims.in_flight("theirs")
     assert served.claims._in_flight == {}  # no count left over, none below zero
+
+
+async def test_create_and_delete_of_one_name_pipelined_leave_the_claim_right(
+    served: Cluster,
+) -> None:
+    """Create then delete: released. Delete then create: the claim stays if the
+    create made the segment (it may fail: the deletion is not durable yet)."""
+    await served.claims.claim("x")
+    await served.claims.claim("y")
+    r = await connect(served.address)
+    async with r.stream:
+        await r.send(create(2, "x"))
+        await r.send(wire.Request(request_id=3, delete=wire.DeleteRequest(segment="x")))
+        await r.send(create(4, "y"))
+        await r.send(wire.Request(request_id=5, delete=wire.DeleteRequest(segment="y")))
+        await r.send(create(6, "y"))
+        answers = [await r.receive() for _ in range(5)]
+    assert [a.WhichOneof("kind") for a in answers[:4]] == ["info", "done", "info", "done"]
+    assert await served.claims.owner("x") is None  # deleted: the name is free
+    created = answers[4].WhichOneof("kind") == "info"
+    if not created:
+        assert answers[4].error.code == wire.SEGMENT_EXISTS
+    await served.claims.retry_releases(
+        lambda name: name in {s.name for s in served.container.segments()}
+    )
+    assert (await served.claims.owner("y") == "n1") is created
+    assert served.claims.unreleased == set()

@@ -192,9 +192,16 @@ async def test_a_release_keeps_a_claim_that_a_pipelined_create_holds(layer: Chun
     await claims.claim("again", hold=True)  # ... and created again before the release ran
     await claims.release("again")
     assert await claims.owner("again") == NODE
+    assert claims.unreleased == {"again"}  # decided once the create is answered
     claims.settle("again")
+    await claims.retry_releases(lambda name: True)  # it was created: the claim is its
+    assert await claims.owner("again") == NODE and claims.unreleased == set()
+    # The same, but the create failed: released then.
+    await claims.claim("again", hold=True)
     await claims.release("again")
-    assert await claims.owner("again") is None
+    claims.settle("again")
+    await claims.retry_releases(lambda name: False)
+    assert await claims.owner("again") is None and claims.unreleased == set()
 
 
 async def test_against_a_snapshot_nothing_is_released(

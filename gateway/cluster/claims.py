@@ -192,9 +192,9 @@ class NameClaims:
 
         A claim this node already holds (a retried create, or one left by a
         crash before the create was durable) is this node's to use.
-        ``hold``: for a create, whose name is then in flight -- kept by
-        releases, fsck's too -- until `settle` is called (also if this raises,
-        it is not in flight).
+        ``hold``: for a create, whose name is then in flight until `settle`
+        is called (not if this raises): a release of it waits for
+        `retry_releases`, and fsck keeps it.
         """
         while (releasing := self.releasing.get(name)) is not None:
             await releasing.wait()
@@ -240,12 +240,13 @@ class NameClaims:
     async def release(self, name: str) -> None:
         """Free ``name`` (after its deletion is durable); a failure is retried later.
 
-        Not if a create of the name claimed it meanwhile (pipelined after the
-        deletion): the claim is that create's now.
+        Not while a create of the name holds the claim (pipelined after the
+        deletion): `retry_releases` releases it later unless that created
+        the segment.
         """
         async with self.releasing_name(name):
             if self.in_flight(name):
-                self.unreleased.discard(name)
+                self.unreleased.add(name)
                 return
             try:
                 if await self.owner(name) == self.node_id:

@@ -22,6 +22,7 @@ from gateway.protocol import wire_pb2 as wire
 from .answers import Item, Producer, error_response
 
 if TYPE_CHECKING:
+    from gateway.cluster.claims import NameClaims
     from gateway.cluster.remote import RemoteNode
     from gateway.cluster.view import ClusterView
     from gateway.container.segment import Segment
@@ -129,15 +130,24 @@ class ClaimedCreates:
         self._idle.set()
         #: Set once the create read last is prepared (or failed).
         self._last = self._idle
-        #: One event per claimed create not answered yet (set by `abandon` too).
-        self._unanswered: set[trio.Event] = set()
+        #: Names of creates claimed and not answered yet, in flight for the
+        #: node's claims (`NameClaims.settle` when answered, or by `abandon`).
+        self._unanswered: dict[object, str] = {}
         self._abandoned = False
+        self._claims: NameClaims | None = None
 
     def abandon(self) -> None:
-        """The connection answers nothing more: its creates' claims stop waiting."""
+        """The connection answers nothing more: its creates are no longer in flight."""
         self._abandoned = True
-        for answered in self._unanswered:
-            answered.set()
+        unanswered, self._unanswered = self._unanswered, {}
+        if self._claims is not None:
+            for name in unanswered.values():
+                self._claims.settle(name)
+
+    def _answered(self, token: object) -> None:
+        name = self._unanswered.pop(token, None)
+        if name is not None and self._claims is not None:
+            self._claims.settle(name)
 
     async def wait_idle(self) -> None:
         """Wait until every create read so far has been prepared."""
@@ -154,25 +164,31 @@ class ClaimedCreates:
         """
         claims = conn.server.claims
         assert claims is not None and self.nursery is not None
+        self._claims = claims
         rid = req.request_id
         container = conn.server.container
         before, prepared = self._last, trio.Event()
         self._last = prepared
-        settled = trio.Event()
+        token = object()
         failure: list[GatewayError] = []
         producer: list[Producer] = []
 
         async def claim_then_prepare() -> None:
-            held = False
             try:
                 try:
                     validate_name(name)
                     await claims.claim(name, hold=True)
-                    held = True
                 except GatewayError as e:
-                    failure.append(e)
+                    failure.append(e)  # not in flight (`claim` settled it)
+                else:
+                    # In flight (no release drops its claim, fsck's neither)
+                    # until the create is answered, or never will be.
+                    if self._abandoned:
+                        claims.settle(name)
+                    else:
+                        self._unanswered[token] = name
                 await before.wait()
-                if held:
+                if not failure:
                     try:
                         producer.append(await container.admit(lambda: prepare(conn, req), nbytes))
                     except GatewayError as e:
@@ -182,18 +198,6 @@ class ClaimedCreates:
                 self.pending -= 1
                 if not self.pending:
                     self._idle.set()
-            if not held:
-                return  # not in flight (`claim` settled it)
-            if self._abandoned:
-                settled.set()
-            self._unanswered.add(settled)
-            try:
-                # In flight (fsck releases no claim of it) until the create
-                # is answered, or the connection ends without an answer.
-                await settled.wait()
-            finally:
-                self._unanswered.discard(settled)
-                claims.settle(name)
 
         self.pending += 1
         self._idle = trio.Event()
@@ -206,6 +210,6 @@ class ClaimedCreates:
                     return error_response(rid, failure[0])
                 return await producer[0]()
             finally:
-                settled.set()
+                self._answered(token)
 
         return Item(rid, nbytes, produce)
