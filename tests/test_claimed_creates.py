@@ -13,7 +13,7 @@ from __future__ import annotations
 import pathlib
 import struct
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import pytest
 import trio
@@ -29,6 +29,7 @@ from gateway.storage.memory_storage import MemoryStorage
 from tests.helpers.container import DirectContainer
 from tests.helpers.inprocess import served as served_alone
 from tests.helpers.segments import make_config
+from tests.helpers.wait import async_wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -167,13 +168,28 @@ async def test_a_refused_create_leaves_no_name_in_flight(served: Cluster) -> Non
         await r.send(create(2, "mine"))
         await r.send(create(3, "theirs"))  # another node holds it
         await r.send(create(4, "mine"))  # a second create of one name
-        answers = [await r.receive() for _ in range(3)]
-    assert [a.WhichOneof("kind") for a in answers] == ["info", "error", "error"]
+        await r.send(create(5, ".txn/mine"))  # claimed, then refused by the container
+        answers = [await r.receive() for _ in range(4)]
+    assert [a.WhichOneof("kind") for a in answers] == ["info", "error", "error", "error"]
     assert answers[1].error.code == wire.SEGMENT_EXISTS and "n2" in answers[1].error.message
     assert answers[2].error.code == wire.SEGMENT_EXISTS
+    assert answers[3].error.code == wire.INVALID_NAME
     await trio.testing.wait_all_tasks_blocked()
     assert not served.claims.in_flight("mine") and not served.claims.in_flight("theirs")
     assert served.claims._in_flight == {}  # no count left over, none below zero
+    # The refused create's claim is released; the others stay.
+    await async_wait_for(
+        released(served.claims, ".txn/mine"), 5, "the refused create's claim released"
+    )
+    assert await served.claims.owner("mine") == "n1"
+    assert await served.claims.owner("theirs") == "n2"
+
+
+def released(claims: NameClaims, name: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return await claims.owner(name) is None
+
+    return check
 
 
 async def test_create_and_delete_of_one_name_pipelined_leave_the_claim_right(

@@ -144,10 +144,22 @@ class ClaimedCreates:
             for name in unanswered.values():
                 self._claims.settle(name)
 
-    def _answered(self, token: object) -> None:
+    def _answered(self, token: object) -> bool:
+        """The create ``token`` is answered; whether it held its name's claim."""
         name = self._unanswered.pop(token, None)
         if name is not None and self._claims is not None:
             self._claims.settle(name)
+        return name is not None
+
+    def _release_unless_exists(self, conn: Peer, name: str) -> None:
+        """A create that claimed ``name`` failed: free the name unless it exists
+        (a second create of it, or one refused for its name or a limit)."""
+        claims = conn.server.claims
+        try:
+            conn.server.container.check_exists(name)
+        except GatewayError:
+            if claims is not None and self.nursery is not None:
+                self.nursery.start_soon(claims.release, name)
 
     async def wait_idle(self) -> None:
         """Wait until every create read so far has been prepared."""
@@ -204,12 +216,17 @@ class ClaimedCreates:
         self.nursery.start_soon(claim_then_prepare)
 
         async def produce() -> wire.Response:
+            created = False
             try:
                 await prepared.wait()
                 if failure:
                     return error_response(rid, failure[0])
-                return await producer[0]()
+                response = await producer[0]()
+                created = response.WhichOneof("kind") != "error"
+                return response
             finally:
-                self._answered(token)
+                held = self._answered(token)
+                if held and not created:
+                    self._release_unless_exists(conn, name)
 
         return Item(rid, nbytes, produce)
