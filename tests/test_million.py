@@ -24,6 +24,7 @@ from gateway.config import Config
 from tests.helpers import bulk
 from tests.helpers.daemon import scrape
 from tests.helpers.mount import MountedDaemon, require_fuse
+from tests.helpers.peers import rss
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -32,13 +33,6 @@ MEMBERS = 100_000
 ACTIVE = 100
 #: The issue's bound on a node of 10^6 sealed segments.
 MAX_RSS = 1 << 30
-
-
-def rss(pid: int) -> int:
-    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def test_a_million_segments_survive_a_restart_in_bounded_memory(tmp_path: pathlib.Path) -> None:

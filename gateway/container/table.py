@@ -722,28 +722,25 @@ def split_checkpoint(snap: ContainerSnapshot, limit: int) -> list[ContainerSnaps
 
 def check_record_chunks(r: SegmentRecord) -> None:
     """`check_chunks` of a record (a segment loaded cold)."""
-    need = r.start_offset
-    for c in r.chunks:
-        if c.start_offset > need:
-            raise ContainerCorrupt(f"{r.name!r} has no chunk for [{need}, {c.start_offset})")
-        need = max(need, c.start_offset + c.length)
-    if need < r.storage_length:
-        raise ContainerCorrupt(
-            f"{r.name!r} is in Tier 2 up to {r.storage_length}, its chunks end at {need}"
-        )
+    _check_cover(r.name, r.start_offset, r.storage_length, r.chunks)
 
 
 def check_chunks(seg: Segment) -> None:
     """The chunks cover [start_offset, storage_length) without gaps or overlaps."""
-    need = seg.start_offset
-    chunks: Sequence[ChunkRecord] = seg.chunks
+    _check_cover(seg.name, seg.start_offset, seg.storage_length, seg.chunks)
+
+
+def _check_cover(
+    name: str, start_offset: int, storage_length: int, chunks: Iterable[ChunkRecord]
+) -> None:
+    need = start_offset
     for c in chunks:
         if c.start_offset > need:
-            raise ContainerCorrupt(f"{seg.name!r} has no chunk for [{need}, {c.start_offset})")
+            raise ContainerCorrupt(f"{name!r} has no chunk for [{need}, {c.start_offset})")
         need = max(need, c.start_offset + c.length)
-    if need < seg.storage_length:
+    if need < storage_length:
         raise ContainerCorrupt(
-            f"{seg.name!r} is in Tier 2 up to {seg.storage_length}, its chunks end at {need}"
+            f"{name!r} is in Tier 2 up to {storage_length}, its chunks end at {need}"
         )
 
 
