@@ -29,7 +29,7 @@ That holds while a flush is smaller than ``defrag_small`` and
 ``defrag_min_chunks`` of them fit ``max_chunk_size`` (here a flush is a few
 appends, 1-3 KiB, against 16 KiB and 4 x 16 KiB <= 64 KiB).
 
-It takes minutes on a 2-core machine (about 7 under load): 20,000 flushes
+It takes minutes on a 2-core machine (260 s here, shared): 20,000 flushes
 at the ~150-250 uploads a second the storage writer manages here, then the
 optimizer catching up (it merges one run at a time). With 200 segments
 (``SEGMENTS``) the same test takes ~80 s.
