@@ -7,13 +7,21 @@ buckets of their own, each with its mount in the work directory. Two parts:
 - **Trickle**: one node (``tier2.flush_interval = "1s"``), N segments
   (--trickle-segments, default 1,000) each getting one small event (a
   63-byte line) a second for --trickle-seconds (default 180), so each
-  segment is flushed many times. Measured: the node's Tier-2 requests by
-  operation over the run (its /metrics, ``segment_gateway_tier2_requests``)
-  extrapolated to an hour, and, after a clean stop, the chunk objects under
-  the node's ``chunks/`` prefix per segment (listed with boto3). Then the
-  node is started again with an empty cache directory and the page cache
-  dropped, and every segment is read through the mount (Python reads, one
-  file after another): seconds, MB/s, and the GETs that took.
+  segment is flushed many times; run twice, each on a bucket of its own,
+  with ``tier2.defrag`` off and on (the merge rules at their defaults,
+  ``defrag_interval`` 10 s, ``gc_grace`` 5 s). Measured: the node's Tier-2
+  requests by operation over the run (its /metrics,
+  ``segment_gateway_tier2_requests``; a concat also counted as the S3
+  GETs and PUT it makes) extrapolated to an hour, and, once the last
+  flushes, merges and deletions are done, the chunk objects under the
+  node's ``chunks/`` prefix per segment (listed with boto3). The defrag-off
+  run's segments are then sealed and read cold -- a Spark
+  ``read.text(<mount>/fleet).count()`` (``local[2]``, median of
+  --spark-repeat) and every segment through the mount (Python reads, one
+  file after another), each with the node started on an empty cache
+  directory and the page cache dropped --; the node is started again with
+  defrag on and packs them (the optimizer looks at every segment after a
+  start), and they are read cold again: before and after, the same bytes.
 - **Scale**: for 10^3, 10^4 and 10^5 segments (10^6 with --million), a
   fresh node gets that many segments as fast as one client allows (create,
   one 100-byte append, seal, pipelined over 64 tasks; 1% left active),
@@ -41,8 +49,10 @@ buckets of their own, each with its mount in the work directory. Two parts:
 
 Every step's time is logged; a step that fails is recorded (as a finding)
 and the rest of that size is skipped. Prints one JSON document (progress on
-stderr); --write-table rewrites the section of docs/PERFORMANCE.md.
---quick: 100 trickle segments for 60 s, sizes 10^3 and 10^4, 10 s windows.
+stderr); --write-table rewrites the trickle's and the scale part's tables
+in docs/PERFORMANCE.md (--skip-trickle, --skip-scale: only the other's).
+--quick: 100 trickle segments for 60 s, one Spark count each, sizes 10^3 and
+10^4, 10 s windows.
 """
 
 from __future__ import annotations
@@ -73,6 +83,7 @@ from common import (  # noqa: E402
     argument_parser,
     drop_page_cache,
     log,
+    met,
     print_result,
     replace_table,
     result_header,
@@ -95,6 +106,15 @@ LIST_PAGE = 10_000  # gateway/server/handlers/segments.py MAX_LIST
 REFRESH_INTERVAL = 0.5  # cluster.refresh_interval's default
 CHECKPOINT_APPENDS = 400
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+TRICKLE_START = "<!-- bench/scale.py trickle:start -->"
+TRICKLE_END = "<!-- bench/scale.py trickle:end -->"
+TRICKLE_TIER2 = 'flush_interval = "1s"\n'
+#: The optimizer's look every 10 s (default 60 s: a bench of minutes would see a few
+#: looks), replaced objects deleted after 5 s (default 1 h); the merge rules at their
+#: defaults (runs of 16 chunks below max_chunk_size / 4).
+DEFRAG_INTERVAL = 10
+DEFRAG_TIER2 = f'defrag = true\ndefrag_interval = "{DEFRAG_INTERVAL}s"\ngc_grace = "5s"\n'
+MAX_CHUNK_SIZE = 64 * 1024 * 1024  # tier2.max_chunk_size's default
 
 
 # -- a daemon -----------------------------------------------------------------------
@@ -401,22 +421,196 @@ def checkpoint_frames(journal: pathlib.Path) -> list[int]:
 # -- part 1: the trickle -------------------------------------------------------------
 
 
+def chunk_objects(s3c: Any, bucket: str, node_id: str, segments: int) -> dict[str, Any]:
+    """The chunk objects under the node's ``chunks/`` prefix (boto3), per segment."""
+    objs = objects(s3c, bucket, f"gw/{node_id}/chunks/")
+    per: dict[str, int] = {}
+    for o in objs:
+        seg = o["Key"].split("/")[3]
+        per[seg] = per.get(seg, 0) + 1
+    counts = sorted(per.values())
+    return {
+        "objects": len(objs),
+        "mean": len(objs) / segments,
+        "min": counts[0] if counts else 0,
+        "median": statistics.median(counts) if counts else 0,
+        "max": counts[-1] if counts else 0,
+        "bytes_mean": sum(o["Size"] for o in objs) / max(1, len(objs)),
+    }
+
+
+async def pipelined(address: str, names: list[str], one: Callable[[Any, str], Any]) -> None:
+    """``await one(client, name)`` for each name, TASKS in flight over CONNECTIONS."""
+    todo = iter(names)
+
+    async def worker(client: Any) -> None:
+        for name in todo:
+            await one(client, name)
+
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(open_client(address))
+                   for _ in range(CONNECTIONS)]  # fmt: skip
+        async with trio.open_nursery() as nursery:
+            for k in range(TASKS):
+                nursery.start_soon(worker, clients[k % CONNECTIONS])
+
+
+async def named_chunks(address: str, prefix: str) -> int:
+    """Chunks the node's metadata names for the segments under ``prefix``."""
+    async with open_client(address) as client:
+        return sum(s.chunk_count for s in await client.list(prefix, local_only=True))
+
+
+def defrag_counters(node: Daemon) -> dict[str, float]:
+    m = node.metrics()
+    p = "segment_gateway_defrag_"
+    return {k: m.get(p + k + "_total", 0.0) for k in
+            ("runs", "chunks_replaced", "objects_deleted", "failures")}  # fmt: skip
+
+
+def optimizer_settled(node: Daemon, quiet: float) -> float:
+    """Wait until the optimizer merged nothing for ``quiet`` s and its replaced objects
+    went to deletion; the seconds waited."""
+    started = time.monotonic()
+    last = defrag_counters(node)
+    since = time.monotonic()
+    while True:
+        time.sleep(1.0)
+        now = defrag_counters(node)
+        if now["runs"] != last["runs"] or now["objects_deleted"] < now["chunks_replaced"]:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return time.monotonic() - started
+        if time.monotonic() - started > SETTLE_TIMEOUT:
+            raise RuntimeError(f"the optimizer still busy after {SETTLE_TIMEOUT:.0f}s: {now}")
+
+
+def objects_settled(node: Daemon, s3c: Any, bucket: str) -> float:
+    """Wait until the bucket holds only the chunk objects the node names (the replaced ones
+    deleted); the seconds waited."""
+    named = trio.run(named_chunks, node.address, "fleet/")
+    return wait_for(lambda: len(objects(s3c, bucket, f"gw/{node.name}/chunks/")) <= named,
+                    "the replaced objects deleted", timeout=600)  # fmt: skip
+
+
+def cold_mount_read(node: Daemon, names: list[str]) -> dict[str, Any]:
+    """Every segment read through the mount (Python reads, one file after another), the node
+    started on an empty cache directory and the page cache dropped."""
+    node.stop()
+    node.start(fresh_cache=True)
+    drop_page_cache(warn=log)
+    before = node.tier2_requests()
+    assert node.mountpoint is not None
+    mnt = node.mountpoint
+    t = time.monotonic()
+    total = 0
+    for name in names:
+        with open(mnt / name, "rb", buffering=0) as f:
+            while chunk := f.read(1 << 20):
+                total += len(chunk)
+    took = time.monotonic() - t
+    after = node.tier2_requests()
+    return {
+        "seconds": took, "bytes": total, "MBps": total / took / 1e6,
+        "files_per_s": len(names) / took,
+        "tier2_requests": {k: after.get(k, 0) - before.get(k, 0) for k in after},
+    }  # fmt: skip
+
+
+def cold_spark_count(node: Daemon, spark: Any, lines: int) -> dict[str, Any]:
+    """``spark.read.text(<mount>/fleet).count()``, the node started on an empty cache
+    directory and the page cache dropped; checked to count every line."""
+    node.stop()
+    node.start(fresh_cache=True)
+    drop_page_cache(warn=log)
+    assert node.mountpoint is not None
+    before = node.tier2_requests()
+    t = time.monotonic()
+    count = spark.read.text(f"file://{node.mountpoint}/fleet").count()
+    took = time.monotonic() - t
+    after = node.tier2_requests()
+    if count != lines:
+        raise RuntimeError(f"Spark counted {count} lines through the mount, appended {lines}")
+    return {"seconds": took, "lines": count,
+            "tier2_requests": {k: after.get(k, 0) - before.get(k, 0) for k in after}}  # fmt: skip
+
+
+def cold_reads(node: Daemon, names: list[str], spark: Any, lines: int, repeat: int,
+               steps: dict[str, float], what: str) -> dict[str, Any]:  # fmt: skip
+    """The cold Spark count (median of ``repeat``) and one cold read through the mount."""
+    out: dict[str, Any] = {}
+    if spark is not None:
+        runs = [
+            timed(f"trickle: {what}: cold Spark count {r + 1}", steps)(
+                lambda: cold_spark_count(node, spark, lines)
+            )
+            for r in range(repeat)
+        ]
+        out["spark"] = {"runs_s": [r["seconds"] for r in runs],
+                        "median_s": statistics.median(r["seconds"] for r in runs),
+                        "tier2_requests": runs[-1]["tier2_requests"]}  # fmt: skip
+    out["mount"] = timed(f"trickle: {what}: cold read through the mount", steps)(
+        lambda: cold_mount_read(node, names)
+    )
+    return out
+
+
 def run_trickle(work: pathlib.Path, s3: Any, env: dict[str, str], segments: int,
-                seconds: float) -> dict[str, Any]:  # fmt: skip
-    out: dict[str, Any] = {"segments": segments, "seconds": seconds, "steps": {}}
+                seconds: float, spark_repeat: int) -> dict[str, Any]:  # fmt: skip
+    """The trickle twice, on buckets of their own: with ``tier2.defrag`` off, then on."""
+    out: dict[str, Any] = {"segments": segments, "seconds": seconds, "tier2": TRICKLE_TIER2,
+                           "defrag_tier2": DEFRAG_TIER2}  # fmt: skip
+    spark = None
+    try:
+        from pipeline.session import local_session
+
+        if spark_repeat > 0:
+            spark = local_session("bench scale trickle")
+    except Exception as e:  # measured without Spark, and said so
+        out.setdefault("failures", []).append(f"Spark: {type(e).__name__}: {e}")
+        log(f"trickle: no Spark: {e}")
+    try:
+        for defrag in (False, True):
+            key = "on" if defrag else "off"
+            out[key] = trickle_once(work, s3, env, segments, seconds, defrag, spark, spark_repeat)
+            if out[key].get("failures"):
+                out.setdefault("failures", []).extend(f"defrag {key}: {f}"
+                                                      for f in out[key]["failures"])  # fmt: skip
+    finally:
+        if spark is not None:
+            spark.stop()
+    return out
+
+
+def trickle_once(work: pathlib.Path, s3: Any, env: dict[str, str], segments: int,
+                 seconds: float, defrag: bool, spark: Any,
+                 spark_repeat: int) -> dict[str, Any]:  # fmt: skip
+    """One trickle: N segments, an event a second each for ``seconds``.
+
+    With ``defrag`` off, the segments are then sealed and read cold (Spark and
+    the mount), the node started again with defrag on to pack them, and read
+    cold again: the same segments before and after defragmentation.
+    """
+    key = "on" if defrag else "off"
+    out: dict[str, Any] = {"defrag": defrag, "steps": {}}
     steps = out["steps"]
     names = [f"fleet/sensor{i:05d}" for i in range(segments)]
-    with bucket_of_its_own(s3, "trickle") as (bucket, s3c):
-        config = node_config("node-t", bucket, s3.endpoint_url, 'flush_interval = "1s"')
-        node = Daemon(work / "trickle", "node-t", config, env)
+    with bucket_of_its_own(s3, f"trickle-{key}") as (bucket, s3c):
+
+        def config(on: bool) -> str:
+            tier2 = TRICKLE_TIER2 + (DEFRAG_TIER2 if on else "defrag = false\n")
+            return node_config("node-t", bucket, s3.endpoint_url, tier2)
+
+        node = Daemon(work / f"trickle-{key}", "node-t", config(defrag), env)
         try:
             steps["start_s"] = round(node.start(), 2)
-            timed("trickle: create", steps)(
+            timed(f"trickle {key}: create", steps)(
                 lambda: trio.run(create_all, node.address, names, None, lambda i: False)
             )
             before = node.tier2_requests()
+            merges_before = defrag_counters(node)
             t0 = time.monotonic()
-            out["load"] = timed("trickle: appends", steps)(
+            out["load"] = timed(f"trickle {key}: appends", steps)(
                 lambda: trio.run(trickle, node.address, names, seconds)
             )
             elapsed = time.monotonic() - t0
@@ -424,57 +618,73 @@ def run_trickle(work: pathlib.Path, s3: Any, env: dict[str, str], segments: int,
             delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
             out["tier2_requests"] = delta
             out["tier2_requests_per_hour"] = {k: v * 3600 / elapsed for k, v in delta.items()}
+            merges = defrag_counters(node)
+            out["defrag_counters"] = {k: merges[k] - merges_before[k] for k in merges}
+            # A concat is one request of the layer, but the GETs of its sources and a PUT in S3.
+            s3_requests = sum(delta.values()) - delta.get("concat", 0)
+            s3_requests += (
+                out["defrag_counters"]["chunks_replaced"] + out["defrag_counters"]["runs"]
+            )
+            out["s3_requests_per_hour"] = s3_requests * 3600 / elapsed
             out["elapsed_s"] = elapsed
             out["bytes_per_segment"] = out["load"]["rounds"] * len(EVENT)
             out["rss_mib"] = node.rss_mib()
-            steps["stop_s"] = round(node.stop(), 2)
-            objs = [o for o in objects(s3c, bucket, "gw/node-t/chunks/")]
-            per: dict[str, int] = {}
-            for o in objs:
-                seg = o["Key"].split("/")[3]
-                per[seg] = per.get(seg, 0) + 1
-            counts = sorted(per.values())
-            out["chunk_objects"] = len(objs)
-            out["chunk_objects_per_segment"] = {
-                "mean": len(objs) / segments,
-                "min": counts[0] if counts else 0,
-                "median": statistics.median(counts) if counts else 0,
-                "max": counts[-1] if counts else 0,
-            }
-            out["chunk_bytes_mean"] = sum(o["Size"] for o in objs) / max(1, len(objs))
-            log(f"trickle: {len(objs)} chunk objects, {len(objs) / segments:.1f} per segment")
-            # Cold read: an empty cache directory, the page cache dropped.
-            steps["restart_s"] = round(node.start(fresh_cache=True), 2)
-            drop_page_cache(warn=log)
+            timed(f"trickle {key}: the last flushes", steps)(
+                lambda: wait_for(lambda: flushed(node), "flushed")
+            )
+            if defrag:
+                timed(f"trickle {key}: the optimizer's last look", steps)(
+                    lambda: optimizer_settled(node, 2 * DEFRAG_INTERVAL + 2)
+                )
+                timed(f"trickle {key}: replaced objects deleted", steps)(
+                    lambda: objects_settled(node, s3c, bucket)
+                )
+            # Still active: the tail of each segment is its newest object.
+            out["chunk_objects_per_segment"] = chunk_objects(s3c, bucket, "node-t", segments)
+            log(f"trickle {key}: {out['chunk_objects_per_segment']}")
+            if defrag:
+                return out
+            lines = out["load"]["rounds"] * segments
+            timed("trickle off: seal", steps)(
+                lambda: trio.run(pipelined, node.address, names, lambda c, n: c.seal(n))
+            )
+            wait_for(lambda: flushed(node), "flushed")
+            out["sealed_objects_per_segment"] = chunk_objects(s3c, bucket, "node-t", segments)
+            out["before"] = cold_reads(node, names, spark, lines, spark_repeat, steps, "before")
+            # Defragmentation switched on: after a start the optimizer looks at every
+            # segment once, and packs each sealed one into chunks of max_chunk_size.
+            node.stop()
+            node.config_text = config(True)
+            node.start()
             before = node.tier2_requests()
-            assert node.mountpoint is not None
-            mnt = node.mountpoint
-
-            def read_all() -> int:
-                total = 0
-                for name in names:
-                    with open(mnt / name, "rb", buffering=0) as f:
-                        while chunk := f.read(1 << 20):
-                            total += len(chunk)
-                return total
-
             t = time.monotonic()
-            total = timed("trickle: cold read through the mount", steps)(read_all)
-            took = time.monotonic() - t
+            timed("trickle off: packed by the optimizer", steps)(
+                lambda: optimizer_settled(node, 2 * DEFRAG_INTERVAL + 2)
+            )
+            timed("trickle off: replaced objects deleted", steps)(
+                lambda: objects_settled(node, s3c, bucket)
+            )
             after = node.tier2_requests()
-            out["cold_read"] = {
-                "seconds": took, "bytes": total, "MBps": total / took / 1e6,
-                "files_per_s": segments / took,
+            out["packing"] = {
+                "seconds": time.monotonic() - t,
                 "tier2_requests": {k: after.get(k, 0) - before.get(k, 0) for k in after},
-            }  # fmt: skip
-            expected = out["bytes_per_segment"] * segments
-            if total != expected:
-                out["failures"] = [f"read {total} bytes through the mount, appended {expected}"]
+                **defrag_counters(node),
+            }
+            out["packed_objects_per_segment"] = chunk_objects(s3c, bucket, "node-t", segments)
+            log(f"trickle off: packed {out['packed_objects_per_segment']}")
+            out["after"] = cold_reads(node, names, spark, lines, spark_repeat, steps, "after")
+            for when in ("before", "after"):
+                total = out[when]["mount"]["bytes"]
+                expected = out["bytes_per_segment"] * segments
+                if total != expected:
+                    out.setdefault("failures", []).append(
+                        f"{when}: read {total} bytes through the mount, appended {expected}"
+                    )
         except Exception as e:
             out.setdefault("failures", []).append(f"{type(e).__name__}: {e}")
             out["traceback"] = traceback.format_exception(e)[-8:]
             out["daemon_tail"] = node.tail().splitlines()
-            log(f"trickle FAILED: {e}")
+            log(f"trickle {key} FAILED: {e}")
         finally:
             node.stop()
     return out
@@ -681,42 +891,111 @@ def fmt(v: Any, spec: str = ".1f") -> str:
     return format(v, spec)
 
 
-def table(result: dict[str, Any]) -> list[str]:
+def ratio(a: float | None, b: float | None) -> str:
+    """``a ÷ b`` as a figure for the table."""
+    if a is None or b is None or not b:
+        return "—"
+    return f"{a / b:.2f}×"
+
+
+def objects_cell(c: dict[str, Any]) -> str:
+    return f"{c['median']:g} / {c['mean']:.1f} / {c['max']}"
+
+
+def trickle_table(result: dict[str, Any]) -> list[str]:
+    """The trickle's tables: defrag off against on; the same segments before and after."""
     tr = result["trickle"]
+    lines = [TRICKLE_START]
+    off, on = tr.get("off", {}), tr.get("on", {})
+    if "tier2_requests_per_hour" not in off or "tier2_requests_per_hour" not in on:
+        lines += [f"Trickle: FAILED: {'; '.join(tr.get('failures', []))}", TRICKLE_END]
+        return lines
+    lines += [
+        f"Run {result['when']} on {result['machine']}, software {result['version']}: "
+        f"{tr['segments']:,} segments, one {len(EVENT)}-byte event a second each for "
+        f"{tr['seconds']:.0f} s, `flush_interval` 1 s, once with `tier2.defrag` off and once "
+        "on, one after the other in the same run, each on a bucket of its own (defrag on: "
+        f"the merge rules at their defaults, `defrag_interval` {DEFRAG_INTERVAL} s, "
+        "`gc_grace` 5 s). Objects listed with boto3 once the last flushes, merges and "
+        "deletions were done, the segments still active.",
+        "",
+        "| measure | defrag off | defrag on | on ÷ off |",
+        "|---|---|---|---|",
+        f"| rounds of appends (late) | {off['load']['rounds']} ({off['load']['rounds_late']}) "
+        f"| {on['load']['rounds']} ({on['load']['rounds_late']}) | |",
+        "| chunk objects per segment, median / mean / max "
+        f"| {objects_cell(off['chunk_objects_per_segment'])} "
+        f"| {objects_cell(on['chunk_objects_per_segment'])} "
+        f"| {ratio(on['chunk_objects_per_segment']['median'], off['chunk_objects_per_segment']['median'])} |",  # noqa: E501
+        f"| mean object, bytes | {off['chunk_objects_per_segment']['bytes_mean']:,.0f} "
+        f"| {on['chunk_objects_per_segment']['bytes_mean']:,.0f} | |",
+    ]
+    ops = sorted(set(off["tier2_requests_per_hour"]) | set(on["tier2_requests_per_hour"]))
+    for op in ops:
+        a = off["tier2_requests_per_hour"].get(op, 0.0)
+        b = on["tier2_requests_per_hour"].get(op, 0.0)
+        lines.append(f"| Tier-2 {op} per hour | {a:,.0f} | {b:,.0f} | {ratio(b, a)} |")
+    a, b = off["s3_requests_per_hour"], on["s3_requests_per_hour"]
+    lines.append(
+        f"| S3 requests per hour, all (a concat as its GETs and PUT) | {a:,.0f} | {b:,.0f} "
+        f"| {ratio(b, a)} |"
+    )
+    d = on["defrag_counters"]
+    lines += [
+        f"| merges (chunks replaced) during the trickle | — | {d['runs']:,.0f} "
+        f"({d['chunks_replaced']:,.0f}) | |",
+        f"| daemon RSS, MiB | {off['rss_mib']:.0f} | {on['rss_mib']:.0f} | |",
+        "",
+    ]
+    if "after" not in off:
+        lines += [f"Before and after: FAILED: {'; '.join(off.get('failures', []))}", TRICKLE_END]
+        return lines
+    before, after = off["before"], off["after"]
+    sealed, packed = off["sealed_objects_per_segment"], off["packed_objects_per_segment"]
+    target = 2 + off["bytes_per_segment"] / MAX_CHUNK_SIZE
+    pk = off["packing"]
+    lines += [
+        "The defrag-off run's segments, sealed, then read cold (node started on an empty "
+        "cache directory, page cache dropped) before and after the node, started again with "
+        f"defrag on, packed them (`{off['bytes_per_segment']:,}` bytes each; the packing "
+        f"took {pk['seconds']:.0f} s, {pk['runs']:,.0f} merges replacing "
+        f"{pk['chunks_replaced']:,.0f} chunks).",
+        "",
+        "| measure | before | after | after ÷ before |",
+        "|---|---|---|---|",
+        f"| chunk objects per segment, median / mean / max | {objects_cell(sealed)} "
+        f"| {objects_cell(packed)} | {ratio(packed['median'], sealed['median'])} |",
+        f"| target: at most 2 + size ÷ `max_chunk_size` = {target:.2f} per segment "
+        f"| {met(sealed['max'] <= target)} | {met(packed['max'] <= target)} | |",
+    ]
+    if "spark" in before and "spark" in after:
+        sb, sa = before["spark"], after["spark"]
+        gets_b = sb["tier2_requests"].get("read", 0)
+        gets_a = sa["tier2_requests"].get("read", 0)
+        lines += [
+            f"| cold Spark `read.text(...).count()` (`local[2]`), median of "
+            f"{len(sb['runs_s'])}, s | {sb['median_s']:.1f} | {sa['median_s']:.1f} "
+            f"| {ratio(sa['median_s'], sb['median_s'])} |",
+            f"| its Tier-2 reads | {gets_b:,.0f} | {gets_a:,.0f} | {ratio(gets_a, gets_b)} |",
+        ]
+    mb, ma = before["mount"], after["mount"]
+    lines += [
+        f"| cold read through the mount (one file after another), s | {mb['seconds']:.1f} "
+        f"| {ma['seconds']:.1f} | {ratio(ma['seconds'], mb['seconds'])} |",
+        f"| its Tier-2 reads | {mb['tier2_requests'].get('read', 0):,.0f} "
+        f"| {ma['tier2_requests'].get('read', 0):,.0f} | |",
+        TRICKLE_END,
+    ]
+    return lines
+
+
+def table(result: dict[str, Any]) -> list[str]:
     lines = [
         TABLE_START,
         f"Run {result['when']} on {result['machine']}, software {result['version']}; one run, "
         "today's code (the baseline before issue 33's changes); SeaweedFS on loopback.",
         "",
     ]
-    if "tier2_requests_per_hour" in tr:
-        per_h = tr["tier2_requests_per_hour"]
-        cpp = tr["chunk_objects_per_segment"]
-        cold = tr.get("cold_read", {})
-        lines += [
-            f"Trickle: {tr['segments']:,} segments, one {len(EVENT)}-byte event a second each "
-            f"for {tr['elapsed_s']:.0f} s ({tr['load']['rounds']} rounds, "
-            f"{tr['load']['rounds_late']} late), `flush_interval` 1 s.",
-            "",
-            "| measure | value |",
-            "|---|---|",
-            f"| chunk objects per segment (mean / median / max) | {cpp['mean']:.1f} / "
-            f"{cpp['median']:g} / {cpp['max']} ({tr['bytes_per_segment']:,} bytes each, "
-            f"mean object {tr['chunk_bytes_mean']:.0f} B) |",
-        ]
-        for op in sorted(per_h):
-            lines.append(f"| Tier-2 {op} per hour (extrapolated) | {per_h[op]:,.0f} |")
-        if cold:
-            gets = sum(v for k, v in cold["tier2_requests"].items() if "get" in k.lower()
-                       or "read" in k.lower())  # fmt: skip
-            lines.append(
-                f"| cold read of all segments through the mount (empty cache) | "
-                f"{cold['seconds']:.1f} s, {cold['MBps']:.2f} MB/s, "
-                f"{cold['files_per_s']:.0f} files/s, {gets:,.0f} Tier-2 reads |"
-            )
-        lines.append("")
-    else:
-        lines += [f"Trickle: FAILED: {'; '.join(tr.get('failures', []))}", ""]
     runs = result["scale"]
     head = "| measure | " + " | ".join(f"{r['segments']:,}" for r in runs) + " |"
     lines += [
@@ -798,6 +1077,17 @@ def main() -> int:
     parser.add_argument("--million", action="store_true", help="also 10^6 segments")
     parser.add_argument("--follow-seconds", type=float, default=30.0)
     parser.add_argument("--skip-trickle", action="store_true")
+    parser.add_argument(
+        "--skip-scale",
+        action="store_true",
+        help="the trickle part only (--write-table then rewrites its table only)",
+    )
+    parser.add_argument(
+        "--spark-repeat",
+        type=int,
+        default=3,
+        help="cold Spark counts before and after defragmentation (median)",
+    )
     parser.add_argument("--bulk", action="store_true",
                         help="install each size's segments (tests/helpers/bulk.py: "
                         "sealed, flushed, one shared chunk), not one by one")  # fmt: skip
@@ -810,6 +1100,7 @@ def main() -> int:
     if args.quick:
         args.trickle_segments, args.trickle_seconds = 100, 60.0
         args.sizes, args.follow_seconds = [1000, 10_000], 10.0
+        args.spark_repeat = 1
     if args.million:
         args.sizes = [*args.sizes, 1_000_000]
     stop_on_signals()
@@ -824,11 +1115,12 @@ def main() -> int:
         try:
             if not args.skip_trickle:
                 result["trickle"] = run_trickle(work, s3, env, args.trickle_segments,
-                                                args.trickle_seconds)  # fmt: skip
+                                                args.trickle_seconds,
+                                                args.spark_repeat)  # fmt: skip
             else:
                 result["trickle"] = {"failures": ["skipped"]}
             result["scale"] = []
-            for n in args.sizes:
+            for n in [] if args.skip_scale else args.sizes:
                 t = time.monotonic()
                 r = run_scale(work, s3, env, n, args.follow_seconds, args.create_budget,
                               f"max_concurrency = {args.tier2_concurrency}",
@@ -841,7 +1133,10 @@ def main() -> int:
     result["total_s"] = time.monotonic() - began
     print_result(result)
     if args.write_table:
-        replace_table(args.write_table, TABLE_START, TABLE_END, table(result))
+        if not args.skip_trickle:
+            replace_table(args.write_table, TRICKLE_START, TRICKLE_END, trickle_table(result))
+        if not args.skip_scale:
+            replace_table(args.write_table, TABLE_START, TABLE_END, table(result))
     failed = result["trickle"].get("failures") or any(r.get("failures") for r in result["scale"])
     return 1 if failed else 0
 
