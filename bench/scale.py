@@ -42,10 +42,10 @@ buckets of their own, each with its mount in the work directory. Two parts:
   (``/proc/PID/stat``) against the same window before the follower
   started, and the traffic on the first node's protocol port (``ss -ti``
   of its accepted connections: bytes each way and data segments in, about
-  one per request for small requests). The daemon counts no server-side
-  requests (no such metric exists), so the segments are the measure; the
-  listing pages a refresh takes (``client.list``: pages of 10,000) per
-  ``refresh_interval`` are given beside them as the expected rate.
+  one per request for small requests), and the follower's own count of the
+  requests it sent (``cluster_follow_requests_total``): for its first sync
+  (pages of the walk over the first node's records) and per second in the
+  steady state (change-feed pages).
 
 Every step's time is logged; a step that fails is recorded (as a finding)
 and the rest of that size is skipped. Prints one JSON document (progress on
@@ -86,8 +86,6 @@ from common import (  # noqa: E402
 )
 from scale_nodes import (  # noqa: E402
     CHECKPOINT_APPENDS,
-    LIST_PAGE,
-    REFRESH_INTERVAL,
     SETTLE_TIMEOUT,
     TABLE_END,
     TABLE_START,
@@ -274,10 +272,12 @@ def run_scale(work: pathlib.Path, s3: Any, env: dict[str, str], n: int,
             t = time.monotonic()
             steps["follower_sees_all_s"] = round(wait_for(sees_all, "the follower sees all"), 2)
             out["follower_sees_all_s"] = time.monotonic() - t + steps["follower_start_s"]
+            first_sync = follow_requests(follower, node_id)
             followed = window(node, follow_seconds)
             fcpu0 = follower.cpu_seconds()
             time.sleep(1)
             fcpu1 = follower.cpu_seconds()
+            steady = follow_requests(follower, node_id)
             out["follow"] = {
                 "window_s": follow_seconds,
                 "leader_idle": idle,
@@ -285,7 +285,10 @@ def run_scale(work: pathlib.Path, s3: Any, env: dict[str, str], n: int,
                 "leader_cpu_share_added": followed["cpu_share"] - idle["cpu_share"],
                 "follower_cpu_share": fcpu1 - fcpu0,
                 "follower_rss_mib": follower.rss_mib(),
-                "list_requests_per_s_estimate": -(-n // LIST_PAGE) / REFRESH_INTERVAL,
+                "first_sync_requests": first_sync,
+                "requests_per_s": {
+                    k: (steady[k] - first_sync[k]) / (follow_seconds + 1) for k in steady
+                },
             }
             log(f"{n}: follow {out['follow']}")
         except Exception as e:
@@ -365,16 +368,28 @@ def table(result: dict[str, Any]) -> list[str]:
     row("follower: its own CPU (share of a core) / RSS MiB",
         lambda r: f"{r['follow']['follower_cpu_share']:.2f} / "
         f"{r['follow']['follower_rss_mib']:.0f}")  # fmt: skip
-    row(
-        "follower: list requests/s (estimate: pages ÷ refresh 0.5 s)",
-        lambda r: f"{r['follow']['list_requests_per_s_estimate']:.0f}",
-    )
+    row("follower: first sync, requests (walk pages + listings + records)",
+        lambda r: "{walk:.0f} + {list:.0f} + {get_record:.0f}".format(
+            **r["follow"]["first_sync_requests"]))  # fmt: skip
+    row("follower: steady state, requests/s (changes + walk + list)",
+        lambda r: "{changes:.1f} + {walk:.1f} + {list:.1f}".format(
+            **r["follow"]["requests_per_s"]))  # fmt: skip
     failures = [f"{r['segments']:,}: {'; '.join(r['failures'])}" for r in runs
                 if r.get("failures")]  # fmt: skip
     if failures:
         lines += ["", "Failures: " + " / ".join(failures)]
     lines.append(TABLE_END)
     return lines
+
+
+def follow_requests(follower: Daemon, node_id: str) -> dict[str, float]:
+    """What the follower has asked of ``node_id`` so far, by kind (its own metrics)."""
+    m = follower.metrics()
+    out = {}
+    for kind in ("walk", "list", "get_record", "changes"):
+        labels = f'kind="{kind}",node="{node_id}"'
+        out[kind] = m.get(f"segment_gateway_cluster_follow_requests_total{{{labels}}}", 0.0)
+    return out
 
 
 def main() -> int:

@@ -538,7 +538,7 @@ class GatewayCollector(Collector):
         follow = CounterMetricFamily(
             f"{PREFIX}_cluster_follow_requests",
             "Requests this node sent following another node's segments (full listings, "
-            "records fetched after one, change-feed pages)",
+            "records fetched after one, change-feed pages, pages of walks over all its records)",
             labels=["node", "kind"],
         )
         records = CounterMetricFamily(
@@ -550,6 +550,7 @@ class GatewayCollector(Collector):
             follow.add_metric([node.node_id, "list"], node.listings)
             follow.add_metric([node.node_id, "get_record"], node.records_fetched)
             follow.add_metric([node.node_id, "changes"], node.feed_requests)
+            follow.add_metric([node.node_id, "walk"], node.walk_pages)
             records.add_metric([node.node_id], node.feed_records)
         yield follow
         yield records

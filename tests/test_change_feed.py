@@ -33,9 +33,18 @@ from tests.test_container_unit import make, restart
 pytestmark = pytest.mark.timeout(60)
 
 
-def ask(c: Any, cursor: wire.ChangeCursor | None, limit: int = 0, digest: int = 0) -> Any:
-    return feed.changes_page(c, wire.ChangesRequest(cursor=cursor, limit=limit,
-                                                    streams_digest=digest))  # fmt: skip
+def ask(
+    c: Any,
+    cursor: wire.ChangeCursor | None,
+    limit: int = 0,
+    digest: int = 0,
+    walk_after: str | None = None,
+    page_bytes: int = feed.PAGE_BYTES,
+) -> Any:
+    request = wire.ChangesRequest(cursor=cursor, limit=limit, streams_digest=digest)
+    if walk_after is not None:
+        request.walk, request.walk_after = True, walk_after
+    return feed.changes_page(c, request, page_bytes)
 
 
 def follow(
@@ -184,9 +193,15 @@ def test_a_page_never_splits_one_operations_changes() -> None:
 class Owner:
     """A client of a container, as a follower uses one (the requests counted)."""
 
-    def __init__(self, container: DirectContainer, feed_served: bool = True) -> None:
+    def __init__(
+        self, container: DirectContainer, feed_served: bool = True, walks: bool = True
+    ) -> None:
         self.c = container
         self.feed_served = feed_served
+        #: False: an owner older than walks (it answers a walk "resync").
+        self.walks = walks
+        #: Called before each walk page is made (the owner changing meanwhile).
+        self.between_pages: Any = None
         self.asked: dict[str, int] = {}
 
     def _count(self, kind: str) -> None:
@@ -196,9 +211,20 @@ class Owner:
         return self.feed_served and kind == feed.FEATURE
 
     async def changes(
-        self, cursor: wire.ChangeCursor | None = None, limit: int = 0, streams_digest: int = 0
+        self,
+        cursor: wire.ChangeCursor | None = None,
+        limit: int = 0,
+        streams_digest: int = 0,
+        walk_after: str | None = None,
     ) -> wire.ChangesResponse:
         assert self.feed_served
+        if walk_after is not None:
+            self._count("walk")
+            if self.between_pages is not None:
+                await self.between_pages(walk_after)
+            if not self.walks:
+                walk_after = None  # an older owner reads the request without its walk
+            return ask(self.c, cursor, 7, streams_digest, walk_after)
         self._count("changes")
         return ask(self.c, cursor, limit or 7, streams_digest)
 
@@ -253,16 +279,15 @@ async def test_a_follower_follows_the_feed_and_resyncs(feed_served: bool) -> Non
     new_five = node.by_name("s/05")
     assert old_five is not None and new_five is not None and new_five.id != old_five.id
     assert node.streams == {"logs"}
-    listings = 1 if feed_served else 2
-    assert node.listings == listings
-    # A restarted owner: another incarnation, so one full listing, then the feed.
+    assert (node.listings, node.walks) == ((0, 1) if feed_served else (2, 0))
+    # A restarted owner: another incarnation, so one walk, then the feed.
     c = restart(journal)
     owner.c = c
     await c.append("s/07", b"after the restart")
     await node.refresh_live(client)
     await node.refresh_live(client)
     assert view_of(node) == owner_view(c)
-    assert node.listings == (listings + 1 if feed_served else 4)
+    assert (node.listings, node.walks) == ((0, 2) if feed_served else (4, 0))
     assert node.refreshes == 4
 
 
@@ -355,10 +380,10 @@ async def test_a_follower_over_the_protocol_uses_the_feed_only_where_served(
             await c.delete(f"p/{i + 2}")
             await node.refresh_live(client)
             assert view_of(node) == owner_view(c)
-        assert node.listings == (1 if feed_served else 3)
-        assert node.feed_requests == (3 if feed_served else 0)
-        assert s.server.requests.get("changes", 0) == node.feed_requests
-        assert s.server.requests["list"] == node.listings
+        assert node.listings == (0 if feed_served else 3)
+        assert (node.walk_pages, node.feed_requests) == ((1, 2) if feed_served else (0, 0))
+        assert s.server.requests.get("changes", 0) == node.feed_requests + node.walk_pages
+        assert s.server.requests.get("list", 0) == node.listings
 
 
 async def test_a_stream_deleted_goes_after_its_segments_across_pages() -> None:
@@ -391,7 +416,8 @@ async def test_a_stream_deleted_goes_after_its_segments_across_pages() -> None:
     assert seen == [("stream created", "logs")] and len(node.segments) == 10
     await c.delete_stream("logs")
     await node.refresh_live(client)  # pages of 7 changes
-    assert owner.asked["changes"] >= 1 + 2 + 2 and not node.segments and not node.streams
+    assert owner.asked["walk"] == 1 and owner.asked["changes"] >= 2 + 2
+    assert not node.segments and not node.streams
     assert seen[-1] == ("stream deleted", "logs") and len(seen) == 1 + 10 + 1
 
 
@@ -417,3 +443,135 @@ async def test_a_followers_sealed_flushed_segments_stay_cold_until_read() -> Non
     assert node.total_blocks == 10  # one 4 KiB block each
     assert all(s.cold for s in segs if s.name != "active")
     assert view_of(node) == owner_view(c)  # read: warm, and the same
+
+
+async def test_a_walk_sees_every_change_made_between_its_pages() -> None:
+    """Changes made while a follower walks -- behind the walk and ahead of it --
+    are in its view once it follows from the walk's first cursor."""
+    c = make()
+    for i in range(40):
+        await c.create(f"s/{i:02}")
+        await c.append(f"s/{i:02}", b"x" * i)
+    node = RemoteNode("o", ChunkLayer(MemoryStorage(), retry_deadline=1.0), None, MountIds())
+    owner = Owner(c)
+    pages: list[str] = []
+
+    async def change(after: str) -> None:
+        pages.append(after)
+        if len(pages) == 3:  # two pages (14 names) walked
+            await c.delete("s/03")  # behind the walk
+            await c.append("s/05", b"behind")
+            await c.create("s/00a")  # a new name behind it
+            await c.delete("s/30")  # ahead of it
+            await c.create("s/30")  # ... and again, under a new id
+            await c.seal("s/31")
+            await c.create("t/new")  # a new name ahead
+
+    owner.between_pages = change
+    client: Any = owner
+    await node.refresh_live(client)
+    assert len(pages) == 6 and node.walks == 1  # 14 names, then 27 after them, 7 a page
+    walked = view_of(node)
+    # Ahead of the walk: seen at once. Behind it: next time.
+    assert walked["t/new"] == (0, 0, False) and walked["s/31"][2] and "s/00a" not in walked
+    assert walked["s/03"] == (0, 3, False) and walked["s/30"] == (0, 0, False)
+    owner.between_pages = None
+    await node.refresh_live(client)
+    assert view_of(node) == owner_view(c) and node.walks == 1
+    assert owner.asked["changes"] == 1  # the changes since the walk's first page
+
+
+async def test_an_owner_older_than_walks_is_listed_then_followed() -> None:
+    c = make()
+    for i in range(10):
+        await c.create(f"s/{i:02}")
+    node = RemoteNode("o", ChunkLayer(MemoryStorage(), retry_deadline=1.0), None, MountIds())
+    owner = Owner(c, walks=False)
+    client: Any = owner
+    await node.refresh_live(client)
+    assert view_of(node) == owner_view(c)
+    assert (node.walks, node.listings, owner.asked["get_record"]) == (1, 1, 10)
+    await c.append("s/01", b"new")
+    await node.refresh_live(client)
+    assert view_of(node) == owner_view(c) and node.listings == 1  # the feed after it
+
+
+async def test_an_owner_restarted_while_walked_is_walked_again() -> None:
+    journal = MemoryJournal()
+    c = make(journal)
+    for i in range(20):
+        await c.create(f"s/{i:02}")
+    node = RemoteNode("o", ChunkLayer(MemoryStorage(), retry_deadline=1.0), None, MountIds())
+    owner = Owner(c)
+    restarted: list[DirectContainer] = []
+
+    async def restart_once(after: str) -> None:
+        if after and not restarted:
+            restarted.append(restart(journal))
+            owner.c = restarted[0]
+            await owner.c.delete("s/01")  # behind the walk, in the new run
+            await owner.c.create("s/01a")
+
+    owner.between_pages = restart_once
+    client: Any = owner
+    await node.refresh_live(client)
+    assert node.walks == 2 and view_of(node) == owner_view(owner.c)
+    owner.between_pages = None
+    await owner.c.append("s/02", b"after")
+    await node.refresh_live(client)
+    assert view_of(node) == owner_view(owner.c) and node.walks == 2
+
+
+async def test_a_walk_page_stops_at_its_bytes_and_leaves_cold_segments_cold() -> None:
+    c = make()
+    for i in range(30):
+        name = f"s/{i:02}"
+        await c.create(name)
+        await c.append(name, b"x" * (i + 1))
+        await c.prepare_chunk_added(
+            c.info(name).id, ChunkRecord(name=f"c{i}", start_offset=0, length=i + 1), False
+        ).wait()
+        await c.seal(name)
+        await c.prepare_storage_sealed(c.info(name).id).wait()
+    table = c._table
+    assert table.cool(list(table.by_id.values()), set(), table.seq) == 30
+    one = ask(c, None, 0, 0, "").records[0].ByteSize()
+    names: list[str] = []
+    after = ""
+    while True:
+        page = ask(c, None, 1000, 0, after, page_bytes=5 * one)
+        assert not page.resync and not page.deleted and len(page.records) <= 6
+        names += [r.name for r in page.records]
+        if not page.more:
+            break
+        after = page.walk_last
+    assert names == sorted(f"s/{i:02}" for i in range(30))
+    assert all(s.cold for s in table.by_id.values())  # read from their kept bytes
+
+
+async def test_a_walk_again_keeps_the_sleeping_segments_it_holds() -> None:
+    """After a reconnect the follower walks again: a cold segment whose record is
+    unchanged stays the object it was (no watcher hears of it); one deleted and
+    created again under its name is replaced."""
+    c = make()
+    for i in range(10):
+        name = f"s/{i:02}"
+        await c.create(name)
+        await c.append(name, b"x" * (i + 1))
+        await c.prepare_chunk_added(
+            c.info(name).id, ChunkRecord(name=f"c{i}", start_offset=0, length=i + 1), False
+        ).wait()
+        await c.seal(name)
+        await c.prepare_storage_sealed(c.info(name).id).wait()
+    node = RemoteNode("other", ChunkLayer(MemoryStorage(), retry_deadline=1.0), None, MountIds())
+    owner = Owner(c)
+    await node.refresh_live(owner)  # type: ignore[arg-type]
+    held = {s.name: s for s in node.segments.values()}
+    assert all(s.cold for s in held.values())
+    await c.delete("s/04")
+    await c.create("s/04")
+    node._cursor = None  # as `attach` does
+    await node.refresh_live(owner)  # type: ignore[arg-type]
+    assert node.walks == 2 and view_of(node) == owner_view(c)
+    now = {s.name: s for s in node.segments.values()}
+    assert [n for n in held if now[n] is not held[n]] == ["s/04"]

@@ -243,14 +243,23 @@ class Client(Connection):
         return hello is not None and kind in hello.features
 
     async def changes(
-        self, cursor: wire.ChangeCursor | None = None, limit: int = 0, streams_digest: int = 0
+        self,
+        cursor: wire.ChangeCursor | None = None,
+        limit: int = 0,
+        streams_digest: int = 0,
+        walk_after: str | None = None,
     ) -> wire.ChangesResponse:
         """One page of what changed among the connected node's own segments since
         ``cursor`` (None: none yet; answered ``resync``): docs/FORMATS.md, "Change feed".
+        With ``walk_after`` (a name, "" for the first), a page of the walk instead:
+        every segment's record in name order after it.
 
         Ask only if `serves` ("changes"): an older server closes the connection.
         """
         request = wire.ChangesRequest(cursor=cursor, limit=limit, streams_digest=streams_digest)
+        if walk_after is not None:
+            request.walk = True
+            request.walk_after = walk_after
         return (await self._call(changes=request)).changes
 
     async def cluster(self, take_over: str = "", forget: str = "") -> list[wire.NodeStatus]:

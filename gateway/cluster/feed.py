@@ -19,6 +19,14 @@ in full, as before the feed, and follows from the cursor of that answer,
 which it took before listing (so nothing changed between the two is
 missed; what the listing shows already comes again, harmlessly).
 
+A follower without a cursor walks the owner instead (`walk_page`): every
+segment's committed record, a page at a time in name order, each page a
+range of the owner's sorted names -- so a first sync of a million segments
+is a few hundred requests, not a listing and a request per segment. It
+then follows from the cursor of the walk's first page. An owner older than
+walks answers a walk "resync" (it carries no cursor); such an owner is
+listed.
+
 Stream names are not in the change log; each answer carries a digest of
 them, and the names themselves when the follower's digest differs.
 """
@@ -77,13 +85,11 @@ def changes_page(
     page_bytes: int = PAGE_BYTES,
 ) -> wire.ChangesResponse:
     """The answer to one ChangesRequest (one page)."""
-    now = wire.ChangeCursor(incarnation=incarnation(container), sequence=container.applied_seq)
-    names = container.stream_names()
-    digest = streams_digest(names)
-    answer = wire.ChangesResponse(cursor=now, streams_digest=digest)
-    if digest != request.streams_digest:
-        answer.streams_changed = True
-        answer.streams.extend(names)
+    if request.walk:
+        return walk_page(container, request, page_bytes)
+    answer = _answer(container)
+    _add_streams(container, answer, request)
+    now = answer.cursor
     cursor = request.cursor
     found = None
     if cursor.incarnation == now.incarnation and cursor.sequence <= now.sequence:
@@ -116,3 +122,51 @@ def changes_page(
             answer.records.append(record)
             size += record.ByteSize()
     return answer
+
+
+def walk_page(
+    container: SegmentContainer,
+    request: wire.ChangesRequest,
+    page_bytes: int = PAGE_BYTES,
+) -> wire.ChangesResponse:
+    """One page of a walk: the committed records of the segments after ``walk_after``.
+
+    A cold segment's record is its kept bytes, parsed into the answer
+    without warming it.
+    """
+    answer = _answer(container)
+    limit = min(request.limit or DEFAULT_LIMIT, MAX_LIMIT)
+    size = 0
+    for taken, seg in enumerate(container.committed_segments(start_after=request.walk_after)):
+        if taken >= limit or size >= page_bytes:
+            answer.more = True
+            break
+        data = seg.cold_record()
+        if data is not None:
+            answer.records.add().MergeFromString(data)
+            size += len(data)
+        else:
+            record = seg.committed_record()
+            answer.records.append(record)
+            size += record.ByteSize()
+        answer.walk_last = seg.name
+    if not answer.more:
+        _add_streams(container, answer, request)
+    return answer
+
+
+def _answer(container: SegmentContainer) -> wire.ChangesResponse:
+    """An answer carrying the container's cursor now."""
+    now = wire.ChangeCursor(incarnation=incarnation(container), sequence=container.applied_seq)
+    return wire.ChangesResponse(cursor=now)
+
+
+def _add_streams(
+    container: SegmentContainer, answer: wire.ChangesResponse, request: wire.ChangesRequest
+) -> None:
+    """The streams' digest, and their names if the asker's digest differs."""
+    names = container.stream_names()
+    answer.streams_digest = streams_digest(names)
+    if answer.streams_digest != request.streams_digest:
+        answer.streams_changed = True
+        answer.streams.extend(names)

@@ -36,6 +36,7 @@ never reused while the daemon runs), so their inodes never meet local ones.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import NoReturn, Protocol
 
 import trio
@@ -196,6 +197,9 @@ class RemoteNode:
         self.records_fetched = 0
         self.feed_requests = 0
         self.feed_records = 0
+        #: Walks of the owner (a first sync, a resync) and their pages.
+        self.walks = 0
+        self.walk_pages = 0
 
     @property
     def tail_available(self) -> bool:
@@ -367,11 +371,14 @@ class RemoteNode:
 
     async def refresh_live(self, client: Client) -> None:
         """Bring the view up to date from the owner: its changes since the last
-        refresh, or (first, on "resync", or from an owner without the feed) a
-        listing and the records that changed."""
+        refresh, or (first, or on "resync") a walk over all its records, or
+        (from an owner without the feed, or without walks) a listing and the
+        records that changed."""
         self._live_started += 1
         started = self._live_started
         cursor = await self._follow_changes(client) if self._cursor is not None else None
+        if self._cursor is None and client.serves(feed.FEATURE):
+            self._cursor = await self._refresh_by_walk(client)
         if self._cursor is None:
             if cursor is None and client.serves(feed.FEATURE):
                 self.feed_requests += 1
@@ -400,20 +407,7 @@ class RemoteNode:
                     self._remove(mount_id)
                 elif mount_id is not None:
                     self.ids.forget(self.node_id, gone.id)
-            self.feed_records += len(page.records)
-            for record in page.records:
-                if record.txn_parent:
-                    continue  # transactions are the owner's business until committed
-                problem = record_problem(record)
-                if problem is not None:
-                    self.rejections.reject(f"segment record from node {self.node_id}",
-                                           record.name, problem,
-                                           (record.length, record.last_modified_ms))  # fmt: skip
-                    continue
-                held = self._by_name.get(record.name)
-                if held is not None and self._remote_ids.get(held) != record.id:
-                    self._remove(held)  # its deletion is not in the feed: not its self
-                self._put(record, proven_only=False)
+            self._take_records(page.records)
             self._cursor = page.cursor
             if page.more:
                 continue
@@ -424,6 +418,70 @@ class RemoteNode:
                 self._set_streams(set(page.streams))
             break
         return None
+
+    def _take_records(self, records: Iterable[SegmentRecord], seen: set[int] | None = None) -> None:
+        """Put the owner's records into the view (``seen``: add the ids of those taken)."""
+        for record in records:
+            self.feed_records += 1
+            if record.txn_parent:
+                continue  # transactions are the owner's business until committed
+            held = self._by_name.get(record.name)
+            if held is not None and seen is not None and self._remote_ids[held] == record.id:
+                kept = self.segments[held].cold_record()
+                if kept is not None and kept == record.SerializeToString():
+                    # As held, cold: a walk again after a reconnect or the owner's
+                    # restart costs a comparison for each sleeping segment.
+                    seen.add(held)
+                    continue
+            problem = record_problem(record)
+            if problem is not None:
+                self.rejections.reject(f"segment record from node {self.node_id}",
+                                       record.name, problem,
+                                       (record.length, record.last_modified_ms))  # fmt: skip
+                if seen is not None and held is not None:
+                    seen.add(held)  # kept as it was, as in the feed
+                continue
+            if held is not None and self._remote_ids.get(held) != record.id:
+                self._remove(held)  # its deletion is not in the feed: not its self
+            self._put(record, proven_only=False)
+            if seen is not None:
+                seen.add(self._by_name[record.name])
+
+    async def _refresh_by_walk(self, client: Client) -> wire.ChangeCursor | None:
+        """The whole view from the owner's walk, a page of records at a time; the
+        cursor to follow from (its first page's), or None if the owner does not walk.
+
+        What changed while walking comes again from that cursor: a segment
+        created behind the walk, one deleted after the walk passed it.
+        """
+        self.walks += 1
+        start: wire.ChangeCursor | None = None
+        seen: set[int] = set()
+        after = ""
+        while True:
+            self.walk_pages += 1
+            page = await client.changes(limit=feed.MAX_LIMIT, walk_after=after,
+                                        streams_digest=self._streams_digest)  # fmt: skip
+            if page.resync:
+                return None  # an owner older than walks
+            if start is not None and page.cursor.incarnation != start.incarnation:
+                # The owner restarted while walking: its changes since the
+                # first page's cursor are lost with that run. Walk again.
+                self.walks += 1
+                start, seen, after = None, set(), ""
+                continue
+            if start is None:
+                start = page.cursor
+            self._take_records(page.records, seen)
+            if not page.more:
+                break
+            after = page.walk_last
+        for mount_id in [m for m in self.segments if m not in seen]:
+            self._remove(mount_id)
+        if page.streams_changed:
+            self._streams_digest = page.streams_digest
+            self._set_streams(set(page.streams))
+        return start
 
     async def _refresh_by_listing(self, client: Client) -> None:
         """The whole view from the owner: a listing, then the records that changed."""

@@ -33,9 +33,10 @@ and composes the parts that do the rest, each in its own module:
 from __future__ import annotations
 
 import builtins
+import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 import trio
@@ -369,15 +370,17 @@ class SegmentContainer:
     def list(self, prefix: str = "", start_after: str = "", limit: int = 0) -> list[SegmentInfo]:
         """Committed metadata of the segments whose names start with ``prefix``, sorted."""
         validate_prefix(prefix)
+        shown = self.committed_segments(prefix, start_after)
+        return [seg.info() for seg in itertools.islice(shown, limit or None)]
+
+    def committed_segments(self, prefix: str = "", start_after: str = "") -> Iterator[Segment]:
+        """The segments a listing shows, in name order after ``start_after`` (also
+        the change feed's walk). Consume it before the table changes (no await)."""
         table = self._table
-        out = []
         for name in table.names_from(prefix, start_after):
             seg = table.by_name[name]
             if seg.durable and not seg.hidden:
-                out.append(seg.info())
-                if len(out) == limit:
-                    break
-        return out
+                yield seg
 
     @property
     def segment_count(self) -> int:

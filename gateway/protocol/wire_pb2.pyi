@@ -459,14 +459,18 @@ class ClusterRequest(_message.Message):
     def __init__(self, take_over: _Optional[str] = ..., forget: _Optional[str] = ...) -> None: ...
 
 class ChangesRequest(_message.Message):
-    __slots__ = ("cursor", "limit", "streams_digest")
+    __slots__ = ("cursor", "limit", "streams_digest", "walk", "walk_after")
     CURSOR_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     STREAMS_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    WALK_FIELD_NUMBER: _ClassVar[int]
+    WALK_AFTER_FIELD_NUMBER: _ClassVar[int]
     cursor: ChangeCursor
     limit: int
     streams_digest: int
-    def __init__(self, cursor: _Optional[_Union[ChangeCursor, _Mapping]] = ..., limit: _Optional[int] = ..., streams_digest: _Optional[int] = ...) -> None: ...
+    walk: bool
+    walk_after: str
+    def __init__(self, cursor: _Optional[_Union[ChangeCursor, _Mapping]] = ..., limit: _Optional[int] = ..., streams_digest: _Optional[int] = ..., walk: _Optional[bool] = ..., walk_after: _Optional[str] = ...) -> None: ...
 
 class ChangeCursor(_message.Message):
     __slots__ = ("incarnation", "sequence")
@@ -485,7 +489,7 @@ class DeletedSegment(_message.Message):
     def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
 
 class ChangesResponse(_message.Message):
-    __slots__ = ("cursor", "resync", "records", "deleted", "more", "streams_digest", "streams_changed", "streams")
+    __slots__ = ("cursor", "resync", "records", "deleted", "more", "streams_digest", "streams_changed", "streams", "walk_last")
     CURSOR_FIELD_NUMBER: _ClassVar[int]
     RESYNC_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
@@ -494,6 +498,7 @@ class ChangesResponse(_message.Message):
     STREAMS_DIGEST_FIELD_NUMBER: _ClassVar[int]
     STREAMS_CHANGED_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
+    WALK_LAST_FIELD_NUMBER: _ClassVar[int]
     cursor: ChangeCursor
     resync: bool
     records: _containers.RepeatedCompositeFieldContainer[_metadata_pb2.SegmentRecord]
@@ -502,7 +507,8 @@ class ChangesResponse(_message.Message):
     streams_digest: int
     streams_changed: bool
     streams: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, cursor: _Optional[_Union[ChangeCursor, _Mapping]] = ..., resync: _Optional[bool] = ..., records: _Optional[_Iterable[_Union[_metadata_pb2.SegmentRecord, _Mapping]]] = ..., deleted: _Optional[_Iterable[_Union[DeletedSegment, _Mapping]]] = ..., more: _Optional[bool] = ..., streams_digest: _Optional[int] = ..., streams_changed: _Optional[bool] = ..., streams: _Optional[_Iterable[str]] = ...) -> None: ...
+    walk_last: str
+    def __init__(self, cursor: _Optional[_Union[ChangeCursor, _Mapping]] = ..., resync: _Optional[bool] = ..., records: _Optional[_Iterable[_Union[_metadata_pb2.SegmentRecord, _Mapping]]] = ..., deleted: _Optional[_Iterable[_Union[DeletedSegment, _Mapping]]] = ..., more: _Optional[bool] = ..., streams_digest: _Optional[int] = ..., streams_changed: _Optional[bool] = ..., streams: _Optional[_Iterable[str]] = ..., walk_last: _Optional[str] = ...) -> None: ...
 
 class ListSegmentsRequest(_message.Message):
     __slots__ = ("prefix", "limit", "start_after", "local_only")
