@@ -300,6 +300,25 @@ class GatewayCollector(Collector):
         yield CounterMetricFamily(
             f"{PREFIX}_tier2_flush_failures", "Flushes that failed", value=w.flush_failures
         )
+        uploads = CounterMetricFamily(
+            f"{PREFIX}_tier2_snapshots",
+            "Metadata snapshots uploaded to Tier 2: whole ones, and deltas of the last whole one",
+            labels=["kind"],
+        )
+        sizes = CounterMetricFamily(
+            f"{PREFIX}_tier2_snapshot_bytes", "Bytes of the metadata snapshots uploaded",
+            labels=["kind"],
+        )  # fmt: skip
+        keeper = writer.housekeeping
+        for kind in ("whole", "delta"):
+            uploads.add_metric([kind], keeper.snapshot_uploads[kind])
+            sizes.add_metric([kind], keeper.snapshot_bytes[kind])
+        yield uploads
+        yield sizes
+        yield CounterMetricFamily(
+            f"{PREFIX}_tier2_snapshot_failures", "Metadata snapshot uploads that failed",
+            value=keeper.snapshot_failures,
+        )  # fmt: skip
         o = writer.optimizer.statistics()
         yield CounterMetricFamily(
             f"{PREFIX}_defrag_runs",

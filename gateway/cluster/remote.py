@@ -62,7 +62,9 @@ from gateway.protocol.metadata_pb2 import MetadataSnapshot, SegmentRecord
 from gateway.read.chunks import ChunkReader
 from gateway.read.index import SegmentView
 from gateway.storage import object_keys as names
+from gateway.storage.interface import ObjectInfo
 from gateway.storage.layer import ChunkLayer
+from gateway.tier2.snapshot_store import with_newest_delta
 from gateway.tier2.snapshots import check_snapshot, record_problem
 from gateway.tier2.untrusted import Rejections
 
@@ -177,6 +179,11 @@ class RemoteNode:
         #: Names of its streams (directories in the mount, with or without segments).
         self.streams: set[str] = set()
         self._snapshot_key = ""
+        #: The newest object of the snapshot loaded (its newest delta, used or not).
+        self._snapshot_tried = ""
+        #: The whole snapshot last read, (key, snapshot): a newer delta of it
+        #: is applied without reading it again.
+        self._base: tuple[str, MetadataSnapshot] | None = None
         self._snapshot: dict[str, SegmentRecord] = {}
         self._snapshot_streams: set[str] = set()
         self.refreshes = 0
@@ -584,8 +591,12 @@ class RemoteNode:
         if any(epoch < fence_epoch for epoch, _, _ in found):
             fences = await FenceTimes.read(self.layer, self.node_id, deadline, self.rejections)
         for epoch, _, obj in sorted(found, key=lambda t: (t[0], t[1]), reverse=True):
-            if obj.key == self._snapshot_key:
-                return  # the newest usable one is loaded already
+            newest = max(
+                (o.key for o in listing if (d := names.parse_delta_key(o.key)) and d[0] == obj.key),
+                default=obj.key,
+            )
+            if newest == self._snapshot_tried:
+                return  # loaded already (or, a delta that failed, the best before it)
             version = (obj.size, obj.mtime)
             if self.rejections.current.get(("snapshot", obj.key), (None,))[0] == version:
                 continue  # known bad
@@ -597,11 +608,25 @@ class RemoteNode:
                 )  # fmt: skip
                 continue
             try:
-                snap = await self._load_snapshot(obj.key, obj.size, epoch, deadline)
+                if self._base is not None and self._base[0] == obj.key:
+                    snap = self._base[1]  # read already: only a delta is new
+                else:
+                    snap = await self._load_snapshot(obj.key, obj.size, epoch, deadline)
             except SnapshotInvalid as e:
                 self.rejections.reject("snapshot", obj.key, str(e), version)
                 continue
             self.rejections.accept("snapshot", obj.key)
+            self._base = (obj.key, snap)
+
+            def trusted(o: ObjectInfo, epoch: int = epoch) -> bool:
+                return fences is None or fences.trusted(epoch, o.mtime)
+
+            def bad(key: str, why: str) -> None:
+                self.rejections.reject("snapshot", key, why)
+
+            key, snap, _ = await with_newest_delta(
+                self.layer, listing, obj.key, snap, trusted, bad, deadline, MAX_SNAPSHOT_BYTES
+            )
             records: dict[str, SegmentRecord] = {}
             for r in snap.container.segments:
                 if r.txn_parent:
@@ -614,7 +639,8 @@ class RemoteNode:
                 records[r.name] = r
             self._snapshot = records
             self._snapshot_streams = {r.name for r in snap.container.streams}
-            self._snapshot_key = obj.key
+            self._snapshot_key = key
+            self._snapshot_tried = newest
             return
 
     async def _load_snapshot(

@@ -118,7 +118,8 @@ async def _from_snapshot(config: Config, options: Options, sink: Sink, replay_er
     the metadata check); "" if it is corrupt (the journal check said so).
     """
     from gateway.cluster.fence import FenceTimes
-    from gateway.recovery.rebuild import RebuildReport, newest_snapshot
+    from gateway.recovery.rebuild import RebuildReport
+    from gateway.tier2.snapshot_store import newest_snapshot
 
     why = (
         "the journal does not replay" if replay_error else "the journal cannot be read"

@@ -159,17 +159,21 @@ class TransactionOutcomeRecord(_message.Message):
     def __init__(self, name: _Optional[str] = ..., parent: _Optional[str] = ..., outcome: _Optional[_Union[TransactionOutcome, str]] = ..., segment: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., at_ms: _Optional[int] = ...) -> None: ...
 
 class MetadataSnapshot(_message.Message):
-    __slots__ = ("version", "node", "epoch", "created_at_ms", "software_version", "container")
+    __slots__ = ("version", "node", "epoch", "created_at_ms", "software_version", "container", "delta_of", "delta_number")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     SOFTWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_FIELD_NUMBER: _ClassVar[int]
+    DELTA_OF_FIELD_NUMBER: _ClassVar[int]
+    DELTA_NUMBER_FIELD_NUMBER: _ClassVar[int]
     version: int
     node: str
     epoch: int
     created_at_ms: int
     software_version: str
     container: ContainerSnapshot
-    def __init__(self, version: _Optional[int] = ..., node: _Optional[str] = ..., epoch: _Optional[int] = ..., created_at_ms: _Optional[int] = ..., software_version: _Optional[str] = ..., container: _Optional[_Union[ContainerSnapshot, _Mapping]] = ...) -> None: ...
+    delta_of: str
+    delta_number: int
+    def __init__(self, version: _Optional[int] = ..., node: _Optional[str] = ..., epoch: _Optional[int] = ..., created_at_ms: _Optional[int] = ..., software_version: _Optional[str] = ..., container: _Optional[_Union[ContainerSnapshot, _Mapping]] = ..., delta_of: _Optional[str] = ..., delta_number: _Optional[int] = ...) -> None: ...

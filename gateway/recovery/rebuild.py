@@ -69,7 +69,6 @@ from gateway.errors import (
     GatewayError,
     InvalidName,
     NothingToRecover,
-    SnapshotInvalid,
 )
 from gateway.protocol.metadata_pb2 import (
     AttributeIndexRecord,
@@ -81,7 +80,8 @@ from gateway.protocol.metadata_pb2 import (
 from gateway.storage import object_keys as names
 from gateway.storage.interface import ObjectInfo
 from gateway.storage.layer import ChunkLayer
-from gateway.tier2.snapshots import SNAPSHOT_VERSION, check_snapshot
+from gateway.tier2.snapshot_store import newest_snapshot, optional_int
+from gateway.tier2.snapshots import SNAPSHOT_VERSION
 from gateway.tier2.untrusted import BadRecord, decimal
 
 log = logging.getLogger(__name__)
@@ -608,57 +608,6 @@ def _new_segment(
     return _Outcome(record, end - start, new=True)
 
 
-async def newest_snapshot(
-    layer: ChunkLayer, node: str, report: RebuildReport, trusted: Trusted = _trust_all
-) -> tuple[str, MetadataSnapshot] | None:
-    """The newest readable snapshot of ``node`` (by epoch, then time), or None.
-
-    Unreadable ones (bad CRC, unknown version, another node's) and ones a
-    fenced process stored after its fence (``trusted``) are skipped and
-    reported; the next older one is tried.
-    """
-    import crc32c
-
-    listing = await layer.list(names.meta_prefix(node))
-    found: list[tuple[int, int, ObjectInfo]] = []
-    for obj in listing:
-        parsed = names.parse_snapshot_key(obj.key)
-        if parsed is not None:
-            at_ms, epoch = parsed
-            found.append((epoch, at_ms, obj))
-            report.max_epoch = max(report.max_epoch, epoch)
-    for epoch, _, obj in sorted(found, key=lambda t: (t[0], t[1]), reverse=True):
-        if not trusted(epoch, obj.mtime):
-            why = f"stored after epoch {epoch} was fenced (a fenced process's upload)"
-            report.bad_snapshots.append((obj.key, why))
-            log.warning("recovery: snapshot %s ignored: %s", obj.key, why)
-            continue
-        try:
-            info = await layer.stat(obj.key)
-            data = await layer.read(obj.key, 0, info.size)
-            if len(data) != info.size:
-                raise SnapshotInvalid(obj.key, f"read {len(data)} of {info.size} bytes")
-            want = info.metadata.get("crc32c")
-            if want is not None and int(want, 16) != crc32c.crc32c(data):
-                raise SnapshotInvalid(obj.key, "its CRC32C does not match")
-            try:
-                snap = MetadataSnapshot.FromString(data)
-            except Exception as e:  # protobuf's DecodeError; any failure means unusable
-                raise SnapshotInvalid(obj.key, f"does not decode: {e}") from e
-            check_snapshot(snap, obj.key)
-            if snap.node != node:
-                raise SnapshotInvalid(obj.key, f"it is of node {snap.node!r}")
-            if snap.epoch != epoch:
-                raise SnapshotInvalid(obj.key, f"it says epoch {snap.epoch}, its key {epoch}")
-        except (SnapshotInvalid, ChunkNotFound) as e:
-            report.bad_snapshots.append((obj.key, str(e)))
-            log.warning("recovery: %s", e)
-            continue
-        report.snapshot_applied_seq = _optional_int(info.metadata.get(names.APPLIED_SEQ))
-        return obj.key, snap
-    return None
-
-
 async def rebuild_metadata(layer: ChunkLayer, node: str, trusted: Trusted = _trust_all) -> Rebuilt:
     """Disaster recovery: ``node``'s metadata from its newest snapshot and newer chunks.
 
@@ -683,11 +632,6 @@ async def rebuild_metadata(layer: ChunkLayer, node: str, trusted: Trusted = _tru
             "--recover-from-tier2"
         )
     return rebuilt
-
-
-def _optional_int(text: str | None) -> int | None:
-    """A decimal from object metadata, or None (absent or unusable)."""
-    return int(text) if text is not None and text.isdigit() and len(text) < 19 else None
 
 
 def _drop_extended_attributes(r: SegmentRecord) -> None:
@@ -720,7 +664,7 @@ async def _batch_is_newer(
             info = await layer.stat(key)
         except ChunkNotFound:
             info = None
-        through = _optional_int(info.metadata.get(names.INDEX_THROUGH)) if info else None
+        through = optional_int(info.metadata.get(names.INDEX_THROUGH)) if info else None
         if through is not None:
             return through >= snapshot_seq
     return offset > snapshot_length

@@ -23,6 +23,7 @@ _CHUNK_NAME = re.compile(r"(?:.*/)?chunks/(\d+)/(\d{20})\.e(\d+)\.[0-9a-f]{32}")
 #: Chunks of attribute segments (`gateway.attrindex`): the same shape under attributes/.
 _ATTRIBUTE_CHUNK_NAME = re.compile(r"(?:.*/)?attributes/(\d+)/(\d{20})\.e(\d+)\.[0-9a-f]{32}")
 _SNAPSHOT_NAME = re.compile(r"(?:.*/)?meta/(\d{20})\.e(\d+)\.snapshot")
+_DELTA_NAME = re.compile(r"(?:.*/)?meta/(\d{20})\.e(\d+)\.d(\d{8})\.delta")
 
 
 def node_prefix(node: str) -> str:
@@ -113,6 +114,19 @@ def parse_snapshot_key(key: str) -> tuple[int, int] | None:
 def snapshot_key(node: str, at_ms: int, epoch: int) -> str:
     """Key of a metadata snapshot taken at ``at_ms``; keys sort by time."""
     return f"{node}/meta/{at_ms:020d}.e{epoch}.snapshot"
+
+
+def delta_key(base_key: str, number: int) -> str:
+    """Key of delta ``number`` of the whole snapshot ``base_key`` (sorts after it)."""
+    return f"{base_key.removesuffix('.snapshot')}.d{number:08d}.delta"
+
+
+def parse_delta_key(key: str) -> tuple[str, int] | None:
+    """(key of its whole snapshot, number) of a snapshot delta key, or None."""
+    m = _DELTA_NAME.fullmatch(key)
+    if m is None:
+        return None
+    return key[: m.end(2)] + ".snapshot", int(m.group(3))
 
 
 def chunk_metadata(segment: str, offset: int, length: int, crc: int, epoch: int) -> dict[str, str]:

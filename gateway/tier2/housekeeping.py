@@ -52,9 +52,12 @@ class WriterState(Protocol):
         """Raise if the writer may not touch Tier 2."""
 
 
-__all__ = ["Housekeeper"]
+__all__ = ["DELTAS_KEPT", "Housekeeper"]
 
 log = logging.getLogger(__name__)
+
+#: Deltas kept of each whole snapshot kept (the newest is the one readers use).
+DELTAS_KEPT = 2
 
 
 class Housekeeper:
@@ -77,6 +80,9 @@ class Housekeeper:
         self.chunks_deleted = 0
         self.delete_failures = 0
         self.snapshots = 0
+        #: Snapshot uploads and their bytes, whole ones and deltas.
+        self.snapshot_uploads = {"whole": 0, "delta": 0}
+        self.snapshot_bytes = {"whole": 0, "delta": 0}
         self.snapshot_failures = 0
         self.gc_passes = 0
         self.gc_deleted = 0
@@ -161,8 +167,11 @@ class Housekeeper:
                 self._flushed_since_snapshot.set()  # try again next interval
                 log.warning("metadata snapshot upload failed: %s", e)
 
-    async def upload_snapshot(self) -> str:
-        """Upload a metadata snapshot now and delete the oldest beyond ``snapshots_kept``."""
+    async def upload_snapshot(self, whole: bool = False) -> str:
+        """Upload a metadata snapshot now -- a delta of the last whole one while
+        that is much smaller (`SnapshotEncoder.capture_delta`), unless ``whole``
+        -- and delete the whole ones beyond ``snapshots_kept`` and the deltas no
+        longer needed."""
         w = self._writer
         w.check_fence()
         at_ms = int(time.time() * 1000)
@@ -170,23 +179,52 @@ class Housekeeper:
         # between the two): recovery tells by it whether an attribute index
         # batch the snapshot does not name holds newer values than its records.
         applied_seq = w.container.applied_seq
-        head, records = self._encoder.capture(w.container)
+        encoder = self._encoder
+        delta = None if whole else encoder.capture_delta(w.container)
+        if delta is None:
+            head, records = encoder.capture(w.container)
+            base, number = "", 0
+            key = names.snapshot_key(w.node, at_ms, w.epoch)
+        else:
+            head, records = delta
+            base, number = encoder.base_key, encoder.deltas + 1
+            key = names.delta_key(base, number)
         snapshot = await trio.to_thread.run_sync(
-            SnapshotEncoder.encode, head, records, w.node, w.epoch, at_ms
+            SnapshotEncoder.encode, head, records, w.node, w.epoch, at_ms, base, number
         )
-        key = names.snapshot_key(w.node, at_ms, w.epoch)
         crc = await crc32c_of(snapshot)
-        await w.layer.write(
-            key,
-            snapshot,
-            object_metadata(crc, applied_seq),
-        )
+        await w.layer.write(key, snapshot, object_metadata(crc, applied_seq))
+        kind = "delta" if base else "whole"
+        if base:
+            encoder.deltas = number
+        else:
+            encoder.based(key, applied_seq, len(snapshot))
         self.snapshots += 1
-        kept = await w.layer.list(names.meta_prefix(w.node))
-        old = sorted(o.key for o in kept if o.key.endswith(".snapshot"))
-        for stale in old[: max(0, len(old) - w.cfg.snapshots_kept)]:
-            await w.layer.delete(stale)
+        self.snapshot_uploads[kind] += 1
+        self.snapshot_bytes[kind] += len(snapshot)
+        await self._prune_snapshots()
         return key
+
+    async def _prune_snapshots(self) -> None:
+        """Keep the newest ``snapshots_kept`` whole snapshots and the newest
+        `DELTAS_KEPT` deltas of each (a reader that listed just before may still
+        be reading the one before the newest)."""
+        w = self._writer
+        listing = await w.layer.list(names.meta_prefix(w.node))
+        wholes = sorted(o.key for o in listing if o.key.endswith(".snapshot"))
+        stale = wholes[: max(0, len(wholes) - w.cfg.snapshots_kept)]
+        kept = set(wholes[len(stale) :])
+        deltas: dict[str, list[tuple[int, str]]] = {}
+        for obj in listing:
+            parsed = names.parse_delta_key(obj.key)
+            if parsed is not None:
+                deltas.setdefault(parsed[0], []).append((parsed[1], obj.key))
+        for base, found in deltas.items():
+            found.sort()
+            drop = found if base not in kept else found[:-DELTAS_KEPT]
+            stale += [key for _, key in drop]
+        for key in stale:
+            await w.layer.delete(key)
 
     # -- garbage collection ----------------------------------------------------------------
 

@@ -24,11 +24,19 @@ from gateway.storage import object_keys as names
 #: The MetadataSnapshot format version this code writes and reads.
 METADATA_VERSION = 1
 
+#: A delta is uploaded instead of a whole snapshot while its records take at
+#: most this share of the whole snapshot's bytes (deltas are cumulative: past
+#: it, a new whole snapshot is cheaper than the deltas that would follow).
+DELTA_SHARE = 0.25
+
 __all__ = [
+    "DELTA_SHARE",
     "METADATA_VERSION",
     "SNAPSHOT_VERSION",
     "SnapshotEncoder",
+    "apply_delta",
     "build_snapshot",
+    "check_delta",
     "check_snapshot",
     "object_metadata",
     "record_problem",
@@ -97,8 +105,11 @@ def record_problem(r: SegmentRecord) -> str | None:
     return None
 
 
-def check_snapshot(snap: MetadataSnapshot, what: str) -> MetadataSnapshot:
-    """``snap`` if this code can use it, else SnapshotInvalid naming ``what``."""
+def check_snapshot(snap: MetadataSnapshot, what: str, delta: bool = False) -> MetadataSnapshot:
+    """``snap`` if this code can use it, else SnapshotInvalid naming ``what``
+    (``delta``: a delta is wanted, else a whole snapshot)."""
+    if bool(snap.delta_of) != delta:
+        raise SnapshotInvalid(what, "it is a delta" if snap.delta_of else "it is not a delta")
     if snap.version != METADATA_VERSION:
         raise SnapshotInvalid(what, f"format version {snap.version} is unknown")
     if not snap.HasField("container") or snap.container.version != SNAPSHOT_VERSION:
@@ -159,10 +170,15 @@ class SnapshotEncoder:
         self._stamp = -1
         #: Records encoded in all (the unchanged ones are not).
         self.encoded = 0
+        #: The whole snapshot deltas are taken against ("": none yet): its key,
+        #: the journal sequence of its view, its bytes; and deltas uploaded of it.
+        self.base_key = ""
+        self.base_seq = -1
+        self.base_bytes = 0
+        self.deltas = 0
 
-    def capture(self, view: CommittedView) -> tuple[ContainerSnapshot, list[bytes]]:
-        """The committed view now: all but the records, and the records' bytes
-        (no await: the two are of the same instant)."""
+    def _refresh(self, view: CommittedView) -> None:
+        """Forget the kept records of the segments changed since the last capture."""
         cache = self._records
         changed = view.changed_since(self._stamp) if self._stamp >= 0 else None
         if changed is None:
@@ -173,25 +189,95 @@ class SnapshotEncoder:
             for segment_id, _ in changed[1]:
                 cache.pop(segment_id, None)
         self._stamp = view.applied_seq
-        out = []
-        for seg in view.segments():
-            data = seg.cold_record()
-            if data is not None:
-                cache.pop(seg.id, None)  # (cooled since)
-            else:
-                data = cache.get(seg.id)
-                if data is None:
-                    data = cache[seg.id] = seg.committed_record().SerializeToString()
-                    self.encoded += 1
-            out.append(data)
+
+    def _bytes(self, seg: Segment) -> bytes:
+        """The segment's committed record, encoded (a cold one's own bytes)."""
+        data = seg.cold_record()
+        if data is not None:
+            self._records.pop(seg.id, None)  # (cooled since)
+            return data
+        data = self._records.get(seg.id)
+        if data is None:
+            data = self._records[seg.id] = seg.committed_record().SerializeToString()
+            self.encoded += 1
+        return data
+
+    def capture(self, view: CommittedView) -> tuple[ContainerSnapshot, list[bytes]]:
+        """The committed view now: all but the records, and the records' bytes
+        (no await: the two are of the same instant)."""
+        self._refresh(view)
+        out = [self._bytes(seg) for seg in view.segments()]
         return view.committed_snapshot(segments=False), out
+
+    def capture_delta(self, view: CommittedView) -> tuple[ContainerSnapshot, list[bytes]] | None:
+        """What changed since the base (`base_key`), as `capture` gives the whole:
+        the container's state marked partial with the ids deleted since, and the
+        changed records' bytes. None: upload a whole snapshot instead (no base;
+        the change log no longer reaches back to it; the records would pass
+        `DELTA_SHARE` of it)."""
+        if not self.base_key:
+            return None
+        found = view.changed_since(self.base_seq)
+        if found is None:
+            return None
+        self._refresh(view)
+        changed, deleted = found
+        budget = self.base_bytes * DELTA_SHARE
+        out = []
+        for seg in changed:
+            out.append(self._bytes(seg))
+            budget -= len(out[-1])
+            if budget < 0:
+                return None
+        head = view.committed_snapshot(segments=False)
+        head.partial = True
+        head.deleted_ids.extend(segment_id for segment_id, _ in deleted)
+        return head, out
+
+    def based(self, key: str, seq: int, size: int) -> None:
+        """A whole snapshot of the view at ``seq`` was uploaded: the next deltas are of it."""
+        self.base_key, self.base_seq, self.base_bytes, self.deltas = key, seq, size, 0
 
     @staticmethod
     def encode(
-        head: ContainerSnapshot, records: list[bytes], node: str, epoch: int, at_ms: int
+        head: ContainerSnapshot,
+        records: list[bytes],
+        node: str,
+        epoch: int,
+        at_ms: int,
+        delta_of: str = "",
+        delta_number: int = 0,
     ) -> bytes:
-        """The MetadataSnapshot bytes of a `capture` (blocking: run it in a thread)."""
+        """The MetadataSnapshot bytes of a `capture` or `capture_delta` (with the
+        base's key and the delta's number) (blocking: run it in a thread)."""
         container = head.SerializeToString() + b"".join(_field(_SEGMENTS_FIELD, r) for r in records)
         wrapper = build_snapshot(ContainerSnapshot(), node, epoch, at_ms)
         wrapper.ClearField("container")
+        wrapper.delta_of, wrapper.delta_number = delta_of, delta_number
         return wrapper.SerializeToString() + _field(_CONTAINER_FIELD, container)
+
+
+def check_delta(delta: MetadataSnapshot, base_key: str, base: MetadataSnapshot, what: str) -> None:
+    """SnapshotInvalid naming ``what`` unless ``delta`` is a usable delta of ``base``."""
+    check_snapshot(delta, what, delta=True)
+    if delta.delta_of != base_key or not delta.container.partial:
+        raise SnapshotInvalid(what, f"it is not a delta of {base_key}")
+    if delta.node != base.node or delta.epoch != base.epoch:
+        raise SnapshotInvalid(what, "its node or epoch is not its base's")
+
+
+def apply_delta(base: MetadataSnapshot, delta: MetadataSnapshot) -> MetadataSnapshot:
+    """The whole snapshot ``base`` with ``delta`` applied (checked by `check_delta`):
+    the delta's state, its records, and the base's records of the segments it
+    neither changed nor deleted. Blocking (a million records take seconds)."""
+    out = MetadataSnapshot()
+    out.CopyFrom(delta)
+    out.ClearField("delta_of")
+    out.ClearField("delta_number")
+    container = out.container
+    container.ClearField("partial")
+    container.ClearField("deleted_ids")
+    gone = {r.id for r in delta.container.segments}
+    gone.update(delta.container.deleted_ids)
+    container.segments.extend(r for r in base.container.segments if r.id not in gone)
+    return out

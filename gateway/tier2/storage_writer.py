@@ -714,9 +714,10 @@ class StorageWriter:
         """Dropped chunks deleted in the background so far."""
         return self.housekeeping.chunks_deleted
 
-    async def upload_snapshot(self) -> str:
-        """Upload a metadata snapshot now and delete the oldest beyond ``snapshots_kept``."""
-        return await self.housekeeping.upload_snapshot()
+    async def upload_snapshot(self, whole: bool = False) -> str:
+        """Upload a metadata snapshot now (a delta of the last whole one where that
+        pays, unless ``whole``); its key. Older ones beyond what is kept go."""
+        return await self.housekeeping.upload_snapshot(whole)
 
     async def collect_garbage(self) -> gc.GcResult | None:
         """One GC pass now; None if it failed (logged) or could not run (no lease)."""
