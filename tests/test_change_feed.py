@@ -190,6 +190,19 @@ def test_a_page_never_splits_one_operations_changes() -> None:
     assert got == ["s1", "s2", "s3", "s4"] and cursor.sequence == 10
 
 
+async def sealed_in_tier2(c: DirectContainer, count: int) -> None:
+    """Segments s/00, s/01, ... of 1, 2, ... bytes, sealed and wholly in Tier 2."""
+    for i in range(count):
+        name = f"s/{i:02}"
+        await c.create(name)
+        await c.append(name, b"x" * (i + 1))
+        await c.prepare_chunk_added(
+            c.info(name).id, ChunkRecord(name=f"c{i}", start_offset=0, length=i + 1), False
+        ).wait()
+        await c.seal(name)
+        await c.prepare_storage_sealed(c.info(name).id).wait()
+
+
 class Owner:
     """A client of a container, as a follower uses one (the requests counted)."""
 
@@ -427,15 +440,7 @@ async def test_a_followers_sealed_flushed_segments_stay_cold_until_read() -> Non
     shows the same view once read."""
     c = make()
     node = RemoteNode("other", ChunkLayer(MemoryStorage(), retry_deadline=1.0), None, MountIds())
-    for i in range(10):
-        name = f"s/{i:02}"
-        await c.create(name)
-        await c.append(name, b"x" * (i + 1))
-        await c.prepare_chunk_added(
-            c.info(name).id, ChunkRecord(name=f"c{i}", start_offset=0, length=i + 1), False
-        ).wait()
-        await c.seal(name)
-        await c.prepare_storage_sealed(c.info(name).id).wait()
+    await sealed_in_tier2(c, 10)
     await c.create("active")
     await node.refresh_live(Owner(c, True))
     segs = list(node.segments.values())
@@ -524,15 +529,7 @@ async def test_an_owner_restarted_while_walked_is_walked_again() -> None:
 
 async def test_a_walk_page_stops_at_its_bytes_and_leaves_cold_segments_cold() -> None:
     c = make()
-    for i in range(30):
-        name = f"s/{i:02}"
-        await c.create(name)
-        await c.append(name, b"x" * (i + 1))
-        await c.prepare_chunk_added(
-            c.info(name).id, ChunkRecord(name=f"c{i}", start_offset=0, length=i + 1), False
-        ).wait()
-        await c.seal(name)
-        await c.prepare_storage_sealed(c.info(name).id).wait()
+    await sealed_in_tier2(c, 30)
     table = c._table
     assert table.cool(list(table.by_id.values()), set(), table.seq) == 30
     one = ask(c, None, 0, 0, "").records[0].ByteSize()
@@ -554,15 +551,7 @@ async def test_a_walk_again_keeps_the_sleeping_segments_it_holds() -> None:
     unchanged stays the object it was (no watcher hears of it); one deleted and
     created again under its name is replaced."""
     c = make()
-    for i in range(10):
-        name = f"s/{i:02}"
-        await c.create(name)
-        await c.append(name, b"x" * (i + 1))
-        await c.prepare_chunk_added(
-            c.info(name).id, ChunkRecord(name=f"c{i}", start_offset=0, length=i + 1), False
-        ).wait()
-        await c.seal(name)
-        await c.prepare_storage_sealed(c.info(name).id).wait()
+    await sealed_in_tier2(c, 10)
     node = RemoteNode("other", ChunkLayer(MemoryStorage(), retry_deadline=1.0), None, MountIds())
     owner = Owner(c)
     await node.refresh_live(owner)  # type: ignore[arg-type]
