@@ -32,9 +32,10 @@ buckets of their own, each with its mount in the work directory. Two parts:
   on an active segment, each its own frame, so at least one checkpoint
   falls among them; its cost on the event loop shows as the longest append
   stall over the median; its bytes from ``journal-dump`` after the stop);
-  the newest metadata snapshot's bytes in Tier 2 (``tier2.snapshot_interval
-  = "5s"``); time to stop and to start again until ready; after the start,
-  ``ls`` (``ls -1``, i.e. sorted, as a user runs it) of the mount's root and
+  the newest whole metadata snapshot's bytes in Tier 2 and the newest
+  delta's (``tier2.snapshot_interval = "5s"``; after the appends, only
+  the active segment changed); time to stop and to start again until
+  ready; after the start, ``ls`` (``ls -1``, i.e. sorted, as a user runs it) of the mount's root and
   of ``big/``, cold then again, and ``stat`` of one segment; then a second
   daemon on the same bucket (a follower, default ``cluster.refresh_interval``
   0.5 s): how long it takes to show all the first node's segments, and, in
@@ -236,8 +237,12 @@ def run_scale(work: pathlib.Path, s3: Any, env: dict[str, str], n: int,
             }  # fmt: skip
             time.sleep(6)  # a snapshot after the last flush (snapshot_interval 5 s)
             snaps = sorted(objects(s3c, bucket, f"gw/{node_id}/meta/"), key=lambda o: o["Key"])
-            snaps = [o for o in snaps if o["Key"].endswith(".snapshot")]
-            out["snapshot_bytes"] = snaps[-1]["Size"] if snaps else None
+            wholes = [o for o in snaps if o["Key"].endswith(".snapshot")]
+            deltas = [o for o in snaps if o["Key"].endswith(".delta")]
+            out["snapshot_bytes"] = wholes[-1]["Size"] if wholes else None
+            # What each later upload costs while few segments change (the
+            # active one here): a delta of the whole one.
+            out["snapshot_delta_bytes"] = deltas[-1]["Size"] if deltas else None
             out["chunk_objects"] = len(objects(s3c, bucket, f"gw/{node_id}/chunks/"))
             steps["stop_s"] = round(node.stop(), 2)
             sizes = timed(f"{n}: journal-dump", steps)(
@@ -344,7 +349,8 @@ def table(result: dict[str, Any]) -> list[str]:
     row("checkpoint stall: longest append − median, ms",
         lambda r: f"{r['checkpoint_stall']['stall_ms']:.0f} "
         f"(p50 {r['checkpoint_stall']['append_p50_ms']:.1f})")  # fmt: skip
-    row("Tier-2 snapshot bytes", lambda r: f"{r['snapshot_bytes']:,}")
+    row("Tier-2 snapshot bytes: whole / delta (1 segment changed)",
+        lambda r: f"{r['snapshot_bytes']:,} / {r.get('snapshot_delta_bytes') or 0:,}")  # fmt: skip
     row("`ls` root: entries, cold / again s",
         lambda r: f"{r['ls']['root']['entries']:,}: {r['ls']['root']['cold_s']:.2f} / "
         f"{r['ls']['root']['again_s']:.2f}")  # fmt: skip

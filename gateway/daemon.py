@@ -566,7 +566,7 @@ async def run_daemon(
                 if recover_from_tier2 and node.storage_writer is not None:
                     # The rebuilt metadata is the base every later recovery and
                     # follower must use, before anything a fenced process left.
-                    await node.storage_writer.upload_snapshot()
+                    await node.storage_writer.upload_snapshot(whole=True)
                 cluster = ClusterView(
                     config,
                     tier2,

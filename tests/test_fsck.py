@@ -33,6 +33,7 @@ from gateway.protocol.metadata_pb2 import ChunkRecord, SegmentRecord
 from gateway.storage import object_keys as names
 from gateway.storage.filesystem import FileStorage
 from tests.helpers.daemon import Daemon, run_cli
+from tests.helpers.snapshots import newest_metadata
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
 pytestmark = pytest.mark.slow
@@ -414,7 +415,9 @@ def test_corrupt_journal_frame_in_the_middle_is_reported_and_left_alone(node: No
     assert run.status("metadata") == "skipped"
     why = skipped(run, "metadata")
     assert why.startswith("the journal cannot be read"), why
-    newest = max(o.key for o in node.tier2.list(names.meta_prefix(NODE)))
+    found = newest_metadata(node.tier2, NODE)
+    assert found is not None
+    newest = found[0]
     assert f"use the newest metadata snapshot in Tier 2 instead, {newest} (taken " in why, why
     (missing,) = run.problems("chunks")
     assert missing["key"] == lost and "is missing" in missing["message"], missing

@@ -34,6 +34,7 @@ from gateway.storage import object_keys as names
 from gateway.storage.filesystem import FileStorage
 from gateway.storage.s3 import S3Storage
 from tests.helpers.daemon import Daemon, run_cli
+from tests.helpers.snapshots import newest_metadata
 from tests.helpers.wait import wait_for
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
@@ -57,10 +58,8 @@ def cli(
 
 
 def newest_snapshot(storage: ChunkStorage) -> MetadataSnapshot | None:
-    keys = sorted(o.key for o in storage.list(names.meta_prefix(NODE)))
-    if not keys:
-        return None
-    return MetadataSnapshot.FromString(storage.read(keys[-1], 0, 1 << 30))
+    found = newest_metadata(storage, NODE)
+    return None if found is None else found[1]
 
 
 def chunk_keys(storage: ChunkStorage) -> set[str]:

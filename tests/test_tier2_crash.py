@@ -12,6 +12,7 @@ from gateway.protocol.metadata_pb2 import MetadataSnapshot
 from gateway.storage import object_keys as names
 from gateway.storage.filesystem import FileStorage
 from tests.helpers.daemon import Daemon
+from tests.helpers.snapshots import newest_metadata
 from tests.helpers.wait import wait_for
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
@@ -32,8 +33,9 @@ gc_grace = "0s"
 
 
 def latest_snapshot(storage: FileStorage) -> MetadataSnapshot:
-    keys = sorted(o.key for o in storage.list(names.meta_prefix("node-1")))
-    return MetadataSnapshot.FromString(storage.read(keys[-1], 0, 1 << 30))
+    found = newest_metadata(storage, "node-1")
+    assert found is not None
+    return found[1]
 
 
 def test_kill_between_upload_and_journal_loses_nothing_and_gc_removes_orphan(

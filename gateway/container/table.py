@@ -15,6 +15,7 @@ Tier 2 or of waiting.
 from __future__ import annotations
 
 import bisect
+import gc
 import pathlib
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 
@@ -613,13 +614,22 @@ class SegmentTable:
         for sr in snap.streams:
             self.apply_set_stream(sr)
         self.total_blocks = 0
-        for r in snap.segments if records is None else records:
-            self.total_blocks += blocks(r.length)
-            if coolable_record(r):
-                check_record_chunks(r)
-                self.add(Segment.cold_from_record(r, r.SerializeToString()))
-            else:
-                self.add(Segment.from_record(r, self.seq))
+        # No cyclic collection while a million long-lived segments are built:
+        # each full one would walk all those built so far again (synchronous,
+        # so no other task runs meanwhile).
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            for r in snap.segments if records is None else records:
+                self.total_blocks += blocks(r.length)
+                if coolable_record(r):
+                    check_record_chunks(r)
+                    self.add(Segment.cold_from_record(r, r.SerializeToString()))
+                else:
+                    self.add(Segment.from_record(r, self.seq))
+        finally:
+            if paused:
+                gc.enable()
         self.live_count = sum(1 for s in self.by_id.values() if s.durable)
         self.sealed_count = sum(
             1 for s in self.by_id.values() if s.durable and (s.cold or s.sealed)
