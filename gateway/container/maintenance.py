@@ -21,6 +21,11 @@ The unchanged segments a checkpoint rewrites are at least
 journaled since the previous checkpoint: the journal keeps about four times
 the size of all records, and rewriting them costs about a quarter of the
 journal's write rate, whatever the number of segments.
+
+The checkpoint written to free a full disk is whole, though: it alone must
+let every older file go. The journal's reserve holds one
+(`Maintenance.whole_checkpoint_bytes`, told to the journal), so a node of
+many segments still gets out of a full disk.
 """
 
 from __future__ import annotations
@@ -48,6 +53,11 @@ MAX_PIECE_BYTES = 8 * 1024 * 1024
 COOL_INTERVAL = 30.0
 #: Segments looked at between two yields to the event loop while cooling.
 COOL_BATCH = 10_000
+#: Bytes of a segment record assumed until a checkpoint measured them (a cold
+#: one takes ~150).
+RECORD_BYTES = 200.0
+#: Margin on the estimate of a whole checkpoint: records vary by segment.
+WHOLE_MARGIN = 1.125
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +80,12 @@ class Maintenance:
         self._stamp = self._table.changes_floor
         self._lock = trio.Lock()
         #: Average bytes of a segment record in the last checkpoint.
-        self._record_bytes = 200.0
+        self._record_bytes = RECORD_BYTES
+        #: Average bytes of a record in the last whole checkpoint or complete pass
+        #: (every segment), and the records and bytes of the pass in progress.
+        self._whole_record_bytes = RECORD_BYTES
+        self._pass_records = 0
+        self._pass_bytes = 0
         #: Checkpoints written whole, and segment records written in all.
         self.full_checkpoints = 0
         self.checkpoint_records = 0
@@ -78,6 +93,12 @@ class Maintenance:
         #: Segments cooled, and how long a segment must be idle for it.
         self.cooled = 0
         self.cool_interval = COOL_INTERVAL
+        self._journal.estimate_checkpoints(self.whole_checkpoint_bytes)
+
+    def whole_checkpoint_bytes(self) -> int:
+        """An estimate of a checkpoint of every segment now (what a checkpoint for space
+        writes): the segments, pending creates included, times a measured record size."""
+        return int(len(self._table.by_name) * self._whole_record_bytes * WHOLE_MARGIN)
 
     # -- throttling ------------------------------------------------------------------
 
@@ -135,7 +156,7 @@ class Maintenance:
 
     async def _checkpoint(self, roll: bool) -> int:
         queue = self._queue
-        await self._journal.wait_for_space(64 * len(self._table.by_name) + 1024, reserved=True)
+        await self._journal.wait_for_space(self.whole_checkpoint_bytes() + 1024, reserved=True)
         # The snapshot is the pending view, but chunk lists and storage
         # lengths change only when an operation is applied. A chunk added,
         # sealed in storage or truncated away that is still in flight would
@@ -183,12 +204,19 @@ class Maintenance:
         if not snapshot.partial:
             self.full_checkpoints += 1
             table.complete_from = first
+            if snapshot.segments:
+                self._whole_record_bytes = written / len(snapshot.segments)
         else:
             if self._pass_start == 0:
                 self._pass_start = first
+                self._pass_records = self._pass_bytes = 0
+            self._pass_records += len(snapshot.segments)
+            self._pass_bytes += written
             if completes:
                 table.complete_from = self._pass_start
                 self._pass_start = 0
+                if self._pass_records:
+                    self._whole_record_bytes = self._pass_bytes / self._pass_records
         limit = table.complete_from or seq
         keep_from = self._table.oldest_needed_file()
         storage = queue.storage
