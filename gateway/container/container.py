@@ -292,6 +292,12 @@ class SegmentContainer:
     #: Checkpoints written, and journal files deleted after them.
     checkpoints = _PartCounter("_maintenance", "checkpoints")
     journal_files_truncated = _PartCounter("_maintenance", "journal_files_truncated")
+    #: Of those, written whole; segment records and bytes in all of them; segments
+    #: cold (only their record in memory) after the last cooling pass.
+    full_checkpoints = _PartCounter("_maintenance", "full_checkpoints")
+    checkpoint_records = _PartCounter("_maintenance", "checkpoint_records")
+    checkpoint_bytes = _PartCounter("_maintenance", "checkpoint_bytes")
+    cold_segments = _PartCounter("_maintenance", "cold_segments")
     #: Stream segments sealed by rolling; what retention deleted and truncated away.
     rolls = _PartCounter("_streams", "rolls")
     retention_deleted_segments = _PartCounter("_streams", "retention_deleted_segments")

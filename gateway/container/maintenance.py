@@ -86,13 +86,13 @@ class Maintenance:
         self._whole_record_bytes = RECORD_BYTES
         self._pass_records = 0
         self._pass_bytes = 0
-        #: Checkpoints written whole, and segment records written in all.
+        #: Checkpoints written whole (of the ``checkpoints``), and the segment
+        #: records and bytes written in all checkpoints (metrics).
         self.full_checkpoints = 0
         self.checkpoint_records = 0
         self.checkpoint_bytes = 0
-        #: Segments cooled, and how long a segment must be idle for it.
-        self.cooled = 0
-        self.cool_interval = COOL_INTERVAL
+        #: Segments cold (only their record in memory) after the last cooling pass.
+        self.cold_segments = sum(1 for s in self._table.by_id.values() if s.cold)
         self._journal.estimate_checkpoints(self.whole_checkpoint_bytes)
 
     def whole_checkpoint_bytes(self) -> int:
@@ -280,23 +280,25 @@ class Maintenance:
             if seg.p_deleted:
                 del segments[segment_id]
                 deleted.add(segment_id)
-        deleted -= segments.keys()
         complete_from = table.complete_from
         if completes and self._pass_start:
             complete_from = self._pass_start  # this checkpoint ends the pass
         return table.partial_snapshot(segments.values(), deleted, complete_from), completes
 
     async def run_cooling(self) -> None:
-        """Cool the segments that stayed unchanged for `cool_interval` and may be (a
+        """Cool the segments that stayed unchanged for COOL_INTERVAL and may be (a
         task): a few hundred bytes each instead of a few kilobytes."""
         while True:
             since = self._table.seq
-            await trio.sleep(self.cool_interval)
+            await trio.sleep(COOL_INTERVAL)
             segments = list(self._table.by_id.values())
+            cold = 0
             for i in range(0, len(segments), COOL_BATCH):
                 batch = segments[i : i + COOL_BATCH]
-                self.cooled += self._table.cool(batch, self._queue.dirty, since)
+                self._table.cool(batch, self._queue.dirty, since)
+                cold += sum(1 for s in batch if s.cold)
                 await trio.lowlevel.checkpoint()
+            self.cold_segments = cold
 
     def _checkpoint_for_space(self) -> bool:
         """Whether the disk is full and a checkpoint in a new file would free journal files."""
