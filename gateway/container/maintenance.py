@@ -53,6 +53,8 @@ MAX_PIECE_BYTES = 8 * 1024 * 1024
 COOL_INTERVAL = 30.0
 #: Segments looked at between two yields to the event loop while cooling.
 COOL_BATCH = 10_000
+#: The pause after a failed checkpoint before the next attempt.
+CHECKPOINT_RETRY_SECONDS = 0.5
 #: Bytes of a segment record assumed until a checkpoint measured them (a cold
 #: one takes ~150).
 RECORD_BYTES = 200.0
@@ -323,3 +325,7 @@ class Maintenance:
                     await self.checkpoint(roll=for_space)
                 except (GatewayError, OSError) as e:
                     log.warning("checkpoint failed: %s", e)
+                    # Not at once again: on a full disk every operation
+                    # wakes this task (seen: 20 failures a second, each a
+                    # whole checkpoint built and refused).
+                    await trio.sleep(CHECKPOINT_RETRY_SECONDS)
