@@ -51,8 +51,14 @@ async def test_the_reserve_grows_with_the_estimate_while_there_is_room(
         assert st.reserve_target == 3 * MiB + RESERVE_MARGIN
         assert st.reserve_bytes == st.reserve_target and not st.short_of_space
         await j.append_parts(encode_append(1, 0, b"x" * 100))
+        estimate = 2 * MiB  # a few segments went: kept
+        await trio.sleep(1.5)
+        assert j.statistics().reserve_bytes == 3 * MiB + RESERVE_MARGIN
+        estimate = 100 * KiB  # most went: given back, down to the floor (256 KiB)
+        await wait_until(lambda: j.statistics().reserve_bytes < 3 * MiB)
+        assert j.statistics().reserve_bytes == 256 * KiB
     # Kept on disk for the next start (a start on a full disk needs it).
-    assert (tmp_path / "journal" / "RESERVE").stat().st_size == 3 * MiB + RESERVE_MARGIN
+    assert (tmp_path / "journal" / "RESERVE").stat().st_size == 256 * KiB
 
 
 @pytest.mark.expect_errors("journal refused client operations")

@@ -211,11 +211,17 @@ class SpaceKeeper:
             self.poke = trio.Event()
 
     async def _keep_whole(self, limiter: trio.CapacityLimiter) -> None:
-        """Grow the reserve to its target if that rose; short of space if there is no room."""
+        """Grow the reserve to its target if that rose (short of space if there is no
+        room); give most of it back if the target fell to less than half."""
         reserve = self.reserve
-        if reserve is None or reserve.size >= self.target():
+        if reserve is None:
             return
-        target = self.target()
+        target, size = self.target(), reserve.size
+        if size > 2 * target:  # segments went
+            await trio.to_thread.run_sync(reserve.release, size - target, limiter=limiter)
+            return
+        if size >= target:
+            return
         try:
             grown = await trio.to_thread.run_sync(reserve.grow_to, target, limiter=limiter)
         except OSError as e:
