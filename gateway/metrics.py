@@ -205,6 +205,28 @@ class GatewayCollector(Collector):
             value=c.retention_deleted_bytes + c.retention_truncated_bytes,
         )
 
+        checkpoints = counter(
+            f"{PREFIX}_checkpoints",
+            "Checkpoints journaled: whole (every segment) or rolling (the changes and a share)",
+            labels=["kind"],
+        )
+        checkpoints.add_metric(["whole"], c.full_checkpoints)
+        checkpoints.add_metric(["rolling"], c.checkpoints - c.full_checkpoints)
+        yield checkpoints
+        yield counter(
+            f"{PREFIX}_checkpoint_records",
+            "Segment records in checkpoints",
+            value=c.checkpoint_records,
+        )
+        yield counter(
+            f"{PREFIX}_checkpoint_bytes", "Bytes of checkpoints journaled", value=c.checkpoint_bytes
+        )
+        yield g(
+            f"{PREFIX}_cold_segments",
+            "Segments kept as their record only, at the last cooling pass",
+            value=c.cold_segments,
+        )
+
         j = c.journal_statistics()
         yield g(f"{PREFIX}_epoch", "Epoch of this run of the daemon", value=j.epoch)
         yield g(f"{PREFIX}_journal_bytes", "Journal bytes on disk", value=j.disk_bytes)

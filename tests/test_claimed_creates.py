@@ -219,8 +219,6 @@ async def test_create_and_delete_of_one_name_pipelined_leave_the_claim_right(
     assert served.claims.unreleased == set()
 
 
-@pytest.mark.xfail(strict=True, reason="container: a create of a name whose deletion is not "
-                   "durable yet fails with SegmentExists (no cluster needed)")  # fmt: skip
 async def test_delete_then_create_of_one_name_pipelined_creates_it(tmp_path: pathlib.Path) -> None:
     """Requests on one connection take effect in order: the create follows the delete."""
     async with served_alone(make_config(tmp_path)) as s:

@@ -292,6 +292,12 @@ class SegmentContainer:
     #: Checkpoints written, and journal files deleted after them.
     checkpoints = _PartCounter("_maintenance", "checkpoints")
     journal_files_truncated = _PartCounter("_maintenance", "journal_files_truncated")
+    #: Of those, written whole; segment records and bytes in all of them; segments
+    #: cold (only their record in memory) after the last cooling pass.
+    full_checkpoints = _PartCounter("_maintenance", "full_checkpoints")
+    checkpoint_records = _PartCounter("_maintenance", "checkpoint_records")
+    checkpoint_bytes = _PartCounter("_maintenance", "checkpoint_bytes")
+    cold_segments = _PartCounter("_maintenance", "cold_segments")
     #: Stream segments sealed by rolling; what retention deleted and truncated away.
     rolls = _PartCounter("_streams", "rolls")
     retention_deleted_segments = _PartCounter("_streams", "retention_deleted_segments")
@@ -378,8 +384,8 @@ class SegmentContainer:
         the change feed's walk). Consume it before the table changes (no await)."""
         table = self._table
         for name in table.names_from(prefix, start_after):
-            seg = table.by_name[name]
-            if seg.durable and not seg.hidden:
+            seg = table.committed_named(name)
+            if seg is not None and seg.durable and not seg.hidden:
                 yield seg
 
     @property
@@ -496,8 +502,13 @@ class SegmentContainer:
         txn_deadline_ms: int = 0,
         attributes_from: Segment | None = None,
     ) -> PendingOperation:
-        """Create a segment with resolved attribute values (streams and transactions too)."""
-        if name in self._table.by_name:
+        """Create a segment with resolved attribute values (streams and transactions too).
+
+        A name whose segment's deletion is still in flight may be created: the
+        deletion applies first (journal order), and if it is refused, so is this.
+        """
+        old = self._table.by_name.get(name)
+        if old is not None and not old.p_deleted:
             raise SegmentExists(name)
         if len(self._table.by_name) >= self._cfg.max_segments:
             raise LimitExceeded(f"{self._cfg.max_segments} segments exist (container.max_segments)")

@@ -9,7 +9,7 @@ in memory.
 from __future__ import annotations
 
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from gateway.buffers import Buffer
@@ -94,6 +94,10 @@ class OperationJournal(Protocol):
 
     def rolled_checkpoint_frees(self, keep_from: int | None) -> bool:
         """Whether a checkpoint in a new file would let files go."""
+
+    def estimate_checkpoints(self, estimate: Callable[[], int]) -> None:
+        """``estimate()``: the bytes of a checkpoint of every segment now (the
+        journal's disk reserve holds one: it is the checkpoint that frees a full disk)."""
 
     def statistics(self) -> JournalStatistics:
         """Counters: size on disk, files, syncs."""

@@ -21,6 +21,11 @@ The unchanged segments a checkpoint rewrites are at least
 journaled since the previous checkpoint: the journal keeps about four times
 the size of all records, and rewriting them costs about a quarter of the
 journal's write rate, whatever the number of segments.
+
+The checkpoint written to free a full disk is whole, though: it alone must
+let every older file go. The journal's reserve holds one
+(`Maintenance.whole_checkpoint_bytes`, told to the journal), so a node of
+many segments still gets out of a full disk.
 """
 
 from __future__ import annotations
@@ -48,6 +53,13 @@ MAX_PIECE_BYTES = 8 * 1024 * 1024
 COOL_INTERVAL = 30.0
 #: Segments looked at between two yields to the event loop while cooling.
 COOL_BATCH = 10_000
+#: The pause after a failed checkpoint before the next attempt.
+CHECKPOINT_RETRY_SECONDS = 0.5
+#: Bytes of a segment record assumed until a checkpoint measured them (a cold
+#: one takes ~150).
+RECORD_BYTES = 200.0
+#: Margin on the estimate of a whole checkpoint: records vary by segment.
+WHOLE_MARGIN = 1.125
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +82,25 @@ class Maintenance:
         self._stamp = self._table.changes_floor
         self._lock = trio.Lock()
         #: Average bytes of a segment record in the last checkpoint.
-        self._record_bytes = 200.0
-        #: Checkpoints written whole, and segment records written in all.
+        self._record_bytes = RECORD_BYTES
+        #: Average bytes of a record in the last whole checkpoint or complete pass
+        #: (every segment), and the records and bytes of the pass in progress.
+        self._whole_record_bytes = RECORD_BYTES
+        self._pass_records = 0
+        self._pass_bytes = 0
+        #: Checkpoints written whole (of the ``checkpoints``), and the segment
+        #: records and bytes written in all checkpoints (metrics).
         self.full_checkpoints = 0
         self.checkpoint_records = 0
         self.checkpoint_bytes = 0
-        #: Segments cooled, and how long a segment must be idle for it.
-        self.cooled = 0
-        self.cool_interval = COOL_INTERVAL
+        #: Segments cold (only their record in memory) after the last cooling pass.
+        self.cold_segments = sum(1 for s in self._table.by_id.values() if s.cold)
+        self._journal.estimate_checkpoints(self.whole_checkpoint_bytes)
+
+    def whole_checkpoint_bytes(self) -> int:
+        """An estimate of a checkpoint of every segment now (what a checkpoint for space
+        writes): the segments, pending creates included, times a measured record size."""
+        return int(len(self._table.by_name) * self._whole_record_bytes * WHOLE_MARGIN)
 
     # -- throttling ------------------------------------------------------------------
 
@@ -135,7 +158,7 @@ class Maintenance:
 
     async def _checkpoint(self, roll: bool) -> int:
         queue = self._queue
-        await self._journal.wait_for_space(64 * len(self._table.by_name) + 1024, reserved=True)
+        await self._journal.wait_for_space(self.whole_checkpoint_bytes() + 1024, reserved=True)
         # The snapshot is the pending view, but chunk lists and storage
         # lengths change only when an operation is applied. A chunk added,
         # sealed in storage or truncated away that is still in flight would
@@ -183,12 +206,19 @@ class Maintenance:
         if not snapshot.partial:
             self.full_checkpoints += 1
             table.complete_from = first
+            if snapshot.segments:
+                self._whole_record_bytes = written / len(snapshot.segments)
         else:
             if self._pass_start == 0:
                 self._pass_start = first
+                self._pass_records = self._pass_bytes = 0
+            self._pass_records += len(snapshot.segments)
+            self._pass_bytes += written
             if completes:
                 table.complete_from = self._pass_start
                 self._pass_start = 0
+                if self._pass_records:
+                    self._whole_record_bytes = self._pass_bytes / self._pass_records
         limit = table.complete_from or seq
         keep_from = self._table.oldest_needed_file()
         storage = queue.storage
@@ -252,23 +282,25 @@ class Maintenance:
             if seg.p_deleted:
                 del segments[segment_id]
                 deleted.add(segment_id)
-        deleted -= segments.keys()
         complete_from = table.complete_from
         if completes and self._pass_start:
             complete_from = self._pass_start  # this checkpoint ends the pass
         return table.partial_snapshot(segments.values(), deleted, complete_from), completes
 
     async def run_cooling(self) -> None:
-        """Cool the segments that stayed unchanged for `cool_interval` and may be (a
+        """Cool the segments that stayed unchanged for COOL_INTERVAL and may be (a
         task): a few hundred bytes each instead of a few kilobytes."""
         while True:
             since = self._table.seq
-            await trio.sleep(self.cool_interval)
+            await trio.sleep(COOL_INTERVAL)
             segments = list(self._table.by_id.values())
+            cold = 0
             for i in range(0, len(segments), COOL_BATCH):
                 batch = segments[i : i + COOL_BATCH]
-                self.cooled += self._table.cool(batch, self._queue.dirty, since)
+                self._table.cool(batch, self._queue.dirty, since)
+                cold += sum(1 for s in batch if s.cold)
                 await trio.lowlevel.checkpoint()
+            self.cold_segments = cold
 
     def _checkpoint_for_space(self) -> bool:
         """Whether the disk is full and a checkpoint in a new file would free journal files."""
@@ -293,3 +325,7 @@ class Maintenance:
                     await self.checkpoint(roll=for_space)
                 except (GatewayError, OSError) as e:
                     log.warning("checkpoint failed: %s", e)
+                    # Not at once again: on a full disk every operation
+                    # wakes this task (seen: 20 failures a second, each a
+                    # whole checkpoint built and refused).
+                    await trio.sleep(CHECKPOINT_RETRY_SECONDS)

@@ -188,7 +188,7 @@ class OperationQueue:
 
     def committed(self, name: str) -> Segment:
         """The committed segment ``name``; SegmentNotFound if there is none."""
-        seg = self.table.by_name.get(name)
+        seg = self.table.committed_named(name)
         if seg is None or not seg.durable or seg.gone:
             validate_name(name)
             raise SegmentNotFound(name)

@@ -471,11 +471,17 @@ def chunks_of(seg: Segment) -> Iterable[ChunkRecord]:
     a cold segment."""
     data = seg.cold_record()
     if data is not None:
-        r = SegmentRecord.FromString(data)
-        return [*r.chunks, *r.attribute_index.chunks]
+        return record_chunks(data)
     if seg.attr_index is None:
         return seg.chunks
     return [*seg.chunks, *seg.attr_index.chunks]
+
+
+def record_chunks(record: SegmentRecord | bytes) -> list[ChunkRecord]:
+    """Every chunk a segment record (or its encoding) names: its bytes' and its
+    attribute index's."""
+    r = SegmentRecord.FromString(record) if isinstance(record, bytes) else record
+    return [*r.chunks, *r.attribute_index.chunks]
 
 
 def coolable_record(r: SegmentRecord) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+import itertools
 import pathlib
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 
@@ -65,6 +66,11 @@ class SegmentTable:
         #: In name order: a listing is a range of it (`names_from`).
         self.by_name: SortedDict[str, Segment] = SortedDict()
         self.by_id: dict[int, Segment] = {}
+        #: Name -> the segments a pending create took the name from while their
+        #: deletions were in flight, oldest first (`add`): the committed view
+        #: still has the one whose deletion did not apply yet (`committed_named`),
+        #: and a refused deletion gives the name back (`remove`).
+        self.replaced: dict[str, list[Segment]] = {}
         self.next_id = 1
         #: Journal file (first sequence number) -> segment id -> end offset of
         #: that segment's last append in the file. Decides journal truncation.
@@ -136,7 +142,11 @@ class SegmentTable:
             self.changes_floor = max(self.changes_floor, self.deletions.pop(oldest)[0])
 
     def add(self, seg: Segment) -> None:
-        """A new segment (pending until its create is durable)."""
+        """A new segment (pending until its create is durable); one whose name is
+        still held by a segment being deleted takes the name over (`replaced`)."""
+        old = self.by_name.get(seg.name)
+        if old is not None and old is not seg and old.p_deleted:
+            self.replaced.setdefault(seg.name, []).append(old)
         self.by_name[seg.name] = seg
         self.by_id[seg.id] = seg
         self.next_id = max(self.next_id, seg.id + 1)
@@ -148,8 +158,15 @@ class SegmentTable:
 
     def remove(self, seg: Segment) -> None:
         """Forget the segment (deleted, or its create was refused)."""
+        gone = self.replaced.get(seg.name)
         if self.by_name.get(seg.name) is seg:
             del self.by_name[seg.name]
+            if gone:  # a refused create: the name goes back to the segment it took it from
+                self.by_name[seg.name] = gone.pop()
+        elif gone and seg in gone:
+            gone.remove(seg)
+        if gone is not None and not gone:
+            del self.replaced[seg.name]
         if self.by_id.pop(seg.id, None) is not None and seg.durable:
             self.live_count -= 1
             self.sealed_count -= seg.sealed
@@ -180,7 +197,16 @@ class SegmentTable:
 
     def committed(self) -> Iterator[Segment]:
         """Every committed live segment."""
-        return (s for s in self.by_name.values() if s.durable)
+        replaced = (s for same in self.replaced.values() for s in same if s.durable)
+        return itertools.chain((s for s in self.by_name.values() if s.durable), replaced)
+
+    def committed_named(self, name: str) -> Segment | None:
+        """The segment of the committed view named ``name`` if any (else the pending
+        one, or None): one being deleted while its name went to a pending create."""
+        seg = self.by_name.get(name)
+        if seg is not None and not seg.durable and name in self.replaced:
+            return next((s for s in self.replaced[name] if s.durable), seg)
+        return seg
 
     # -- changes to the committed view ---------------------------------------------
 
@@ -605,6 +631,7 @@ class SegmentTable:
             raise ContainerCorrupt(f"checkpoint snapshot version {snap.version} is unknown")
         self.by_name = SortedDict()
         self.by_id = {}
+        self.replaced = {}
         self.changes = {}
         self.deletions = {}
         self.changes_floor = self.seq

@@ -64,8 +64,6 @@ from gateway.stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)
 
-KiB = 1024
-
 
 class Journal:
     """An open journal. Get one from `open_journal`."""
@@ -403,7 +401,14 @@ class Journal:
                 break
             with suppress(FileNotFoundError):
                 freed += f.path.stat().st_size
-        return freed > 2 * self._room.last_checkpoint_bytes + 64 * KiB
+        return freed > self._room.roll_bytes()
+
+    def estimate_checkpoints(self, estimate: Callable[[], int]) -> None:
+        """``estimate()``: the bytes of a checkpoint of every segment now (the owner's
+        estimate, cheap to call). The reserve holds one, since the checkpoint that frees
+        a full disk is such a one (`rolled_checkpoint_frees`), and grows with it."""
+        self._room.checkpoint_estimate = estimate
+        self._room.poke.set()
 
     def would_truncate(self, checkpoint_sequence: int, keep_from: int | None = None) -> bool:
         """Whether `truncate` with these arguments would delete a file."""

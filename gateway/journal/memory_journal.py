@@ -77,6 +77,8 @@ class MemoryJournal:
         self.max_operation_bytes = 16 * 1024 * 1024
         self._checkpoints: set[int] = set()
         self.truncated_files = 0
+        #: The owner's estimate of a checkpoint of every segment (`estimate_checkpoints`).
+        self.checkpoint_estimate: Callable[[], int] = lambda: 0
 
     # -- test controls -------------------------------------------------------------------
 
@@ -186,6 +188,10 @@ class MemoryJournal:
         await trio.lowlevel.checkpoint()
         return deleted
 
+    def estimate_checkpoints(self, estimate: Callable[[], int]) -> None:
+        """Kept for `statistics` (no disk, no reserve)."""
+        self.checkpoint_estimate = estimate
+
     def rolled_checkpoint_frees(self, keep_from: int | None) -> bool:
         """Whether any file would go after a checkpoint in a new one."""
         return len(self.files) >= 2 and (keep_from is None or self.files[1] <= keep_from)
@@ -211,6 +217,6 @@ class MemoryJournal:
             failed=str(self.failed) if self.failed else None,
             short_of_space=self.short_of_space,
             reserve_bytes=0,
-            reserve_target=0,
+            reserve_target=self.checkpoint_estimate(),
             refusals=0,
         )

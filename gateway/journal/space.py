@@ -11,6 +11,11 @@ again and there is room for a preallocation step, the journal is *short of
 space*: client operations wait (`Journal.wait_for_space`) or are refused at
 once (`Journal.submit`), reserved ones go on, and a background task
 (`SpaceKeeper.keep`) retries the refill.
+
+The way out of a full disk is a checkpoint written into a new file, and that
+one holds every segment (a normal checkpoint may hold a share of them): the
+reserve holds one such checkpoint, as its owner estimates it
+(`SpaceKeeper.checkpoint_estimate`), and grows with it while there is room.
 """
 
 from __future__ import annotations
@@ -27,7 +32,13 @@ from gateway.config import JournalConfig
 from gateway.errors import JournalError
 from gateway.journal.files import JournalFile, ReserveFile
 
-__all__ = ["REFUSAL_LOG_SECONDS", "RESERVE_RETRY_SECONDS", "SpaceKeeper", "auto_reserve"]
+__all__ = [
+    "REFUSAL_LOG_SECONDS",
+    "RESERVE_CHECK_SECONDS",
+    "RESERVE_RETRY_SECONDS",
+    "SpaceKeeper",
+    "auto_reserve",
+]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +46,12 @@ KiB = 1024
 MiB = 1024 * KiB
 #: How often a journal short of space tries to make its reserve whole again.
 RESERVE_RETRY_SECONDS = 0.2
+#: How often a journal with room checks that its reserve still holds a whole
+#: checkpoint (segments come and go), and grows it if not.
+RESERVE_CHECK_SECONDS = 1.0
+#: Margin of the reserve beyond the checkpoint it must hold (the flush records
+#: written meanwhile, a frame header per piece).
+RESERVE_MARGIN = 64 * KiB
 #: Refusals while short of space are logged once, then at most this often.
 REFUSAL_LOG_SECONDS = 60.0
 
@@ -61,9 +78,11 @@ class SpaceKeeper:
         self._reserve_base = config.reserve
         #: The size of the last checkpoint submitted (the reserve holds two of them).
         self.last_checkpoint_bytes = 0
+        #: The bytes of a checkpoint of every segment now, as the journal's owner
+        #: estimates it (`Journal.estimate_checkpoints`); the reserve holds one.
+        self.checkpoint_estimate: Callable[[], int] = lambda: 0
         #: Set on the first refusal or use of the reserve, cleared by `keep`.
         self.short_of_space = False
-        self.space_lost = trio.Event()
         #: Set while not short of space; a new event each time space runs short.
         self.space_restored = trio.Event()
         self.space_restored.set()
@@ -77,9 +96,14 @@ class SpaceKeeper:
         self._refusal_logged = -float("inf")
         self._refusals_unlogged = 0
 
+    def roll_bytes(self) -> int:
+        """What the checkpoint that frees a full disk may take: one of every segment, and
+        at least twice the last checkpoint, with a margin."""
+        return max(2 * self.last_checkpoint_bytes, self.checkpoint_estimate()) + RESERVE_MARGIN
+
     def target(self) -> int:
-        """Bytes the reserve should hold: the configured floor, and twice the last checkpoint."""
-        return max(self._reserve_base, 2 * self.last_checkpoint_bytes + 64 * KiB)
+        """Bytes the reserve should hold: the configured floor, and `roll_bytes`."""
+        return max(self._reserve_base, self.roll_bytes())
 
     def open(self) -> bool:
         """Open the reserve; whether it is whole, or could be made so (worker thread)."""
@@ -108,7 +132,6 @@ class SpaceKeeper:
         if not self.short_of_space:
             self.short_of_space = True
             self.space_restored = trio.Event()
-            self.space_lost.set()
         self.poke.set()
 
     def note_refusal(self, e: JournalError | None) -> None:
@@ -155,14 +178,18 @@ class SpaceKeeper:
         limiter: trio.CapacityLimiter,
     ) -> None:
         """While short of space, retry the refill; when it works, let clients in again.
+        With room, keep the reserve at its target as that grows.
 
         Runs while ``running()``; ``has_room`` is `has_room` of the journal's
         active file, run in a worker thread under ``limiter``.
         """
         while running():
             if not self.short_of_space:
-                await self.space_lost.wait()
-                self.space_lost = trio.Event()
+                with trio.move_on_after(RESERVE_CHECK_SECONDS):
+                    await self.poke.wait()
+                self.poke = trio.Event()
+                if not self.short_of_space and running():
+                    await self._keep_whole(limiter)
                 continue
             try:
                 room = await trio.to_thread.run_sync(has_room, limiter=limiter)
@@ -183,11 +210,35 @@ class SpaceKeeper:
                 await self.poke.wait()
             self.poke = trio.Event()
 
+    async def _keep_whole(self, limiter: trio.CapacityLimiter) -> None:
+        """Grow the reserve to its target if that rose (short of space if there is no
+        room); give most of it back if the target fell to less than half."""
+        reserve = self.reserve
+        if reserve is None:
+            return
+        target, size = self.target(), reserve.size
+        if size > 2 * target:  # segments went
+            await trio.to_thread.run_sync(reserve.release, size - target, limiter=limiter)
+            return
+        if size >= target:
+            return
+        try:
+            grown = await trio.to_thread.run_sync(reserve.grow_to, target, limiter=limiter)
+        except OSError as e:
+            log.warning("journal: cannot grow the reserve %s: %s", reserve.path, e)
+            grown = False
+        if not grown:
+            log.warning(
+                "journal: no room to grow the reserve to %d bytes (a checkpoint of every "
+                "segment, which frees a full disk); client operations wait until there is",
+                target,
+            )
+            self.become_short()
+
     def wake_all(self) -> None:
         """The journal is closing: waiters for room and `keep` see it."""
         self.space_restored.set()
-        self.space_lost.set()  # `keep` ends
-        self.poke.set()
+        self.poke.set()  # `keep` ends
 
     def close(self) -> None:
         """Close the reserve file (it stays on disk for the next run)."""

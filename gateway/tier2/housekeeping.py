@@ -22,9 +22,8 @@ from gateway.attrindex.store import AttributeIndexStore
 from gateway.config import Tier2Config
 from gateway.container.container import SegmentContainer
 from gateway.container.interfaces import LeaseGate
-from gateway.container.segment import chunks_of
+from gateway.container.segment import chunks_of, record_chunks
 from gateway.errors import GatewayError, Tier2Error
-from gateway.protocol.metadata_pb2 import SegmentRecord
 from gateway.read.chunks import ChunkReader
 from gateway.storage import object_keys as names
 from gateway.storage.layer import ChunkLayer
@@ -280,9 +279,4 @@ class Housekeeper:
 
 def _chunk_names(records: list[bytes]) -> set[str]:
     """The chunk names (attribute index chunks too) the encoded records hold."""
-    named: set[str] = set()
-    for data in records:
-        r = SegmentRecord.FromString(data)
-        named.update(c.name for c in r.chunks)
-        named.update(c.name for c in r.attribute_index.chunks)
-    return named
+    return {c.name for data in records for c in record_chunks(data)}
