@@ -158,7 +158,12 @@ class Maintenance:
 
     async def _checkpoint(self, roll: bool) -> int:
         queue = self._queue
-        await self._journal.wait_for_space(self.whole_checkpoint_bytes() + 1024, reserved=True)
+        # Room under max_pending_bytes for a piece of it (pieces are at most
+        # MAX_PIECE_BYTES): asking for a whole one's size at 10^6 segments
+        # (~170 MB, more than the limit) would wait for an empty queue, and
+        # every append would queue behind that wait at each checkpoint.
+        size = min(self.whole_checkpoint_bytes(), MAX_PIECE_BYTES)
+        await self._journal.wait_for_space(size + 1024, reserved=True)
         # The snapshot is the pending view, but chunk lists and storage
         # lengths change only when an operation is applied. A chunk added,
         # sealed in storage or truncated away that is still in flight would

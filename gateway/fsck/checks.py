@@ -40,6 +40,8 @@ changed on its word.
 
 from __future__ import annotations
 
+from gateway.container.segment import record_chunks
+
 from .cache_check import check_cache
 from .chunk_checks import check_attribute_indexes, check_chunk_data, check_chunks
 from .claim_check import check_name_claims
@@ -47,7 +49,7 @@ from .journal_check import JournalScan, check_journal, scan_journal
 from .metadata_check import check_metadata, segment_problems
 from .orphan_check import check_orphans
 from .report import Sink
-from .target import CheckRun, CheckState, Options, Target, record_chunks, skip
+from .target import CheckRun, CheckState, Options, Target, skip
 
 __all__ = [
     "CheckRun",

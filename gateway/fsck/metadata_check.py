@@ -11,10 +11,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator
 
+from gateway.container.segment import record_chunks
 from gateway.protocol.metadata_pb2 import SegmentRecord
 from gateway.read.index import SegmentView
 
-from .target import CheckRun, CheckState, Target, record_chunks, show_size
+from .target import CheckRun, CheckState, Target, show_size
 
 
 def segment_problems(r: SegmentRecord) -> Iterable[tuple[str, int | None]]:

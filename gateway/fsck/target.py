@@ -12,7 +12,7 @@ import trio
 
 from cache import CacheStore
 from gateway.config import Tier2Config
-from gateway.protocol.metadata_pb2 import ChunkRecord, ContainerSnapshot, SegmentRecord
+from gateway.protocol.metadata_pb2 import ChunkRecord, ContainerSnapshot
 from gateway.read.index import ReadIndex
 from gateway.storage.layer import ChunkLayer
 
@@ -196,11 +196,6 @@ class CheckState:
     bad: set[str] = field(default_factory=set)
     #: chunk key -> indexes of cached blocks that differ from Tier 2 (deep).
     cache_mismatch: dict[str, set[int]] = field(default_factory=dict)
-
-
-def record_chunks(r: SegmentRecord) -> list[ChunkRecord]:
-    """Every chunk a segment record names: its bytes' and its attribute index's."""
-    return [*r.chunks, *r.attribute_index.chunks]
 
 
 def per_basis(target: Target) -> str:
