@@ -199,7 +199,9 @@ class Tier2Config:
     snapshot_interval: float = _key(
         60.0, _duration_in(0.0, 86400), "at most one metadata snapshot upload per this interval"
     )
-    snapshots_kept: int = _key(5, _int_in(1, 10_000), "metadata snapshots kept in Tier 2")
+    snapshots_kept: int = _key(
+        5, _int_in(1, 10_000), "whole metadata snapshots kept in Tier 2 (each with two deltas)"
+    )
     gc_interval: float = _key(600.0, _duration_in(0.1, 86400 * 7), "time between GC passes")
     gc_grace: float = _key(
         3600.0, _duration_in(0.0, 86400 * 30), "unreferenced objects younger than this are kept"
