@@ -24,6 +24,7 @@ import trio
 from gateway.config import Config, Tier2Config
 from gateway.container.segment import Segment
 from gateway.container.table import SegmentTable, check_chunks
+from gateway.errors import JournalClosed
 from gateway.fsck.online import live_target
 from gateway.protocol.metadata_pb2 import ChunkRecord
 from gateway.storage import object_keys as names
@@ -475,6 +476,31 @@ async def test_merges_at_once_share_the_defrag_rate(tmp_path: pathlib.Path) -> N
         for name, expected in data.items():
             assert len(c._committed(name).chunks) == 2
             assert (await c.read(name, 0, len(expected))).data == expected
+
+
+async def test_a_pass_stopped_by_the_journal_keeps_the_segments_it_did_not_merge(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A merge whose swap the journal refuses stops the pass (not the segment's fault); the
+    segments not merged are looked at in the next pass though they got no new chunks."""
+    storage = MemoryStorage(supports_append=False)
+    config = optimizer_config(tmp_path, defrag_concurrency=1)
+    async with running(config, storage) as (c, writer):
+        data = {f"s{i}": await trickle(c, f"s{i}", 5, 1000) for i in range(4)}
+        journal_upload = writer.journal_upload
+
+        async def refused(prepare: Any) -> Any:
+            raise JournalClosed()
+
+        monkeypatch.setattr(writer, "journal_upload", refused)
+        assert await writer.optimizer.optimize() == 0
+        assert [len(c._committed(n).chunks) for n in data] == [5, 5, 5, 5]
+        monkeypatch.setattr(writer, "journal_upload", journal_upload)
+        assert await writer.optimizer.optimize() == 4
+        for name, expected in data.items():
+            assert len(c._committed(name).chunks) == 2
+            assert (await c.read(name, 0, len(expected))).data == expected
+        assert writer.optimizer.statistics().failures == 0
 
 
 async def test_optimizer_leaves_a_binding_without_concat_alone(tmp_path: pathlib.Path) -> None:
