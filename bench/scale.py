@@ -4,18 +4,21 @@
 One SeaweedFS (`gateway.embedded.EmbeddedS3`) and real gateway daemons on
 buckets of their own, each with its mount in the work directory. Two parts:
 
-- **Trickle**: one node (``tier2.flush_interval = "1s"``), N segments
-  (--trickle-segments, default 1,000) each getting one small event (a
-  63-byte line) a second for --trickle-seconds (default 180), so each
-  segment is flushed many times; run twice, each on a bucket of its own,
-  with ``tier2.defrag`` off and on (the merge rules at their defaults,
-  ``defrag_interval`` 10 s, ``gc_grace`` 5 s). Measured: the node's Tier-2
-  requests by operation over the run (its /metrics,
-  ``segment_gateway_tier2_requests``; a concat also counted as the S3
-  GETs and PUT it makes) extrapolated to an hour, and, once the last
-  flushes, merges and deletions are done, the chunk objects under the
-  node's ``chunks/`` prefix per segment (listed with boto3). The defrag-off
-  run's segments are then sealed and read cold -- a Spark
+- **Trickle**: N segments (--trickle-segments, default 1,000) each getting
+  one small event (a 63-byte line) a second for --trickle-seconds (default
+  180), ``tier2.flush_interval = "1s"``, so each segment is flushed many
+  times; two nodes at the same time (the same load), each on a bucket of
+  its own, with ``tier2.defrag`` off and on (``defrag_min_chunks`` 8,
+  ``defrag_interval`` 10 s, ``gc_grace`` 5 s; see scale_trickle.py), then
+  every segment sealed. Measured: the chunks named per segment every 30 s
+  during the trickle; the node's Tier-2 requests by operation over the
+  trickle (its /metrics, ``segment_gateway_tier2_requests``; also as S3
+  requests, a concat counted as the GETs and PUT it makes) extrapolated to
+  an hour; the optimizer's bytes rewritten per byte written; and, once the
+  last flushes, merges and deletions are done, the chunk objects under the
+  node's ``chunks/`` prefix per segment (listed with boto3), active and
+  then sealed. Then (unless --trickle-skip-cold), alone, the defrag-off
+  node's sealed segments are read cold -- a Spark
   ``read.text(<mount>/fleet).count()`` (``local[2]``, median of
   --spark-repeat) and every segment through the mount (Python reads, one
   file after another), each with the node started on an empty cache
@@ -411,6 +414,8 @@ def main() -> int:
     parser.add_argument("--million", action="store_true", help="also 10^6 segments")
     parser.add_argument("--follow-seconds", type=float, default=30.0)
     parser.add_argument("--skip-trickle", action="store_true")
+    parser.add_argument("--trickle-skip-cold", action="store_true",
+                        help="no cold reads before and after packing the trickle")  # fmt: skip
     parser.add_argument(
         "--skip-scale",
         action="store_true",
@@ -449,8 +454,8 @@ def main() -> int:
         try:
             if not args.skip_trickle:
                 result["trickle"] = run_trickle(work, s3, env, args.trickle_segments,
-                                                args.trickle_seconds,
-                                                args.spark_repeat)  # fmt: skip
+                                                args.trickle_seconds, args.spark_repeat,
+                                                not args.trickle_skip_cold)  # fmt: skip
             else:
                 result["trickle"] = {"failures": ["skipped"]}
             result["scale"] = []

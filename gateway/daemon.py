@@ -77,6 +77,7 @@ RELOADABLE_TIER2 = frozenset(
         "defrag_small",
         "defrag_rate",
         "defrag_interval",
+        "defrag_concurrency",
     }
 )
 

@@ -259,3 +259,51 @@ def test_another_nodes_mount_reads_every_byte_while_the_owner_defragments(
         assert merged == 1
     finally:
         cluster.teardown()
+
+
+@pytest.mark.timeout(150)
+def test_defrag_concurrency_is_reloaded_and_every_segment_merged(
+    tmp_path: pathlib.Path, seaweedfs: EmbeddedS3, s3_storage: S3Storage
+) -> None:
+    """Six trickle segments; a reload turns defrag on with ``defrag_concurrency`` 3 (applied
+    at once, not at the next start): each segment is merged, every byte reads back through
+    the protocol and the mount, and fsck --deep finds nothing."""
+    require_fuse()
+    bucket = s3_storage.bucket
+    node = tmp_path / "node"
+    daemon = MountedDaemon(
+        node,
+        tmp_path / "mnt",
+        config_text=config_text(node, seaweedfs, bucket, defrag=False),
+        env=s3_env(seaweedfs),
+    )
+    rng = random.Random(34)
+    segments = [f"slow/s{i}" for i in range(6)]
+    try:
+        daemon.start(timeout=60)
+        with SyncClient(daemon.address) as c:
+            data = {}
+            for name in segments:
+                c.create(name)
+                data[name] = trickle(c, name, 9, rng)
+            assert len(objects(s3_storage)) == 6 * 9
+            daemon.config_path.write_text(
+                config_text(node, seaweedfs, bucket) + "defrag_concurrency = 3\n"
+            )
+            assert daemon.proc is not None
+            daemon.proc.send_signal(signal.SIGHUP)
+            wait_for(lambda: "tier2.defrag_concurrency" in daemon.log(), 20, "the reload")
+            assert "take effect at the next start" not in daemon.log()
+            # Nine chunks of 1-2 KB: the eight before the tail merged into one.
+            wait_for(lambda: all(c.info(n).chunk_count == 2 for n in segments), 30, "the merges")
+            for name in segments:
+                assert read_all(c, name) == data[name]
+                assert run("cat", daemon.mnt / name).stdout == data[name]
+            wait_for(lambda: len(objects(s3_storage)) == 6 * 2, 20, "the replaced deleted")
+            m = scrape(daemon.metrics_port)
+            assert m["segment_gateway_defrag_runs_total"] == 6
+            assert m["segment_gateway_defrag_failures_total"] == 0
+        assert daemon.stop() == 0, daemon.log()
+    finally:
+        daemon.teardown()
+    assert_clean(fsck(daemon.config_path, "--deep", env=s3_env(seaweedfs)))

@@ -7,11 +7,13 @@ and call `Optimizer.optimize` directly instead of waiting for its interval.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import pathlib
 import random
 import shutil
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,6 +24,7 @@ import trio
 from gateway.config import Config, Tier2Config
 from gateway.container.segment import Segment
 from gateway.container.table import SegmentTable, check_chunks
+from gateway.errors import JournalClosed
 from gateway.fsck.online import live_target
 from gateway.protocol.metadata_pb2 import ChunkRecord
 from gateway.storage import object_keys as names
@@ -378,6 +381,126 @@ async def test_readers_holding_the_old_list_read_until_the_grace_ends(
         assert replaced <= target.referenced()
         await async_wait_for(lambda: not writer.housekeeping.deleting(), 10, "deleted")
         assert not replaced & {o.key for o in storage.list("")}
+
+
+class _TimedConcat(MemoryStorage):
+    """Memory binding that records every concat: (segment id, entered, left, bytes).
+
+    The first ``hold`` concats wait for one another (5 s at most) before
+    going on, so that a bound of ``hold`` merges at once is reached whatever
+    the machine's load; each then takes ``pause`` seconds.
+    """
+
+    def __init__(self, hold: int = 1, pause: float = 0.0) -> None:
+        super().__init__(supports_append=False)
+        self.hold = hold
+        self.pause = pause
+        self.cond = threading.Condition()
+        self.entered = self.inside = self.most = 0
+        self.concats: list[tuple[str, float, float, int]] = []
+
+    def concat(
+        self,
+        key: str,
+        sources: Sequence[str],
+        metadata: Mapping[str, str],
+        *,
+        sizes: Sequence[int] | None = None,
+    ) -> None:
+        entered = time.monotonic()
+        with self.cond:
+            self.entered += 1
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: self.entered >= self.hold, timeout=5)
+        time.sleep(self.pause)
+        super().concat(key, sources, metadata, sizes=sizes)
+        with self.cond:
+            self.inside -= 1
+            self.concats.append((key.split("/")[-2], entered, time.monotonic(), sum(sizes or [])))
+
+
+async def test_merges_overlap_up_to_defrag_concurrency_never_two_of_one_segment(
+    tmp_path: pathlib.Path,
+) -> None:
+    storage = _TimedConcat(hold=3, pause=0.2)
+    config = optimizer_config(tmp_path, defrag_concurrency=3)
+    async with running(config, storage) as (c, writer):
+        # Six segments of nine 60 KiB chunks: two runs of four each (240 KiB of 256 KiB).
+        data = {f"s{i}": await trickle(c, f"s{i}", 9, 60 * KiB) for i in range(6)}
+        assert await writer.optimizer.optimize() == 12
+        assert storage.most == 3  # three at once, never more
+        by_segment: dict[str, list[tuple[float, float]]] = {}
+        for seg, entered, left, _ in storage.concats:
+            by_segment.setdefault(seg, []).append((entered, left))
+        assert sorted(len(v) for v in by_segment.values()) == [2] * 6
+        for spans in by_segment.values():
+            (_, left), (entered, _) = sorted(spans)
+            assert left <= entered  # one segment's merges one after another
+        for name, expected in data.items():
+            chunks = c._committed(name).chunks
+            assert [ch.length for ch in chunks] == [240 * KiB, 240 * KiB, 60 * KiB]
+            assert object_bytes(storage, chunks) == expected
+            assert (await c.read(name, 0, len(expected))).data == expected
+        assert writer.optimizer.statistics().runs_merged == 12
+        # Reloaded: one at a time from the next pass on.
+        writer.reconfigure(dataclasses.replace(writer.cfg, defrag_concurrency=1))
+        storage.hold, storage.most, storage.pause = 1, 0, 0.1
+        more = {f"t{i}": await trickle(c, f"t{i}", 5, 60 * KiB) for i in range(4)}
+        assert await writer.optimizer.optimize() == 4
+        assert storage.most == 1
+        for name, expected in more.items():
+            assert len(c._committed(name).chunks) == 2
+            assert (await c.read(name, 0, len(expected))).data == expected
+
+
+async def test_merges_at_once_share_the_defrag_rate(tmp_path: pathlib.Path) -> None:
+    """Four segments, one 40 KiB run each, four merges allowed at once, 100 KiB/s: each
+    merge starts once the bytes of those before it fit the rate (0.4 s apart)."""
+    storage = _TimedConcat()
+    config = optimizer_config(tmp_path, defrag_concurrency=4, defrag_rate="100 KiB")
+    async with running(config, storage) as (c, writer):
+        data = {f"s{i}": await trickle(c, f"s{i}", 5, 10 * KiB) for i in range(4)}
+        t = trio.current_time()
+        assert await writer.optimizer.optimize() == 4
+        assert trio.current_time() - t >= 1.2 - 0.05
+        calls = sorted(storage.concats, key=lambda call: call[1])
+        first = calls[0][1]
+        started = 0
+        for _, entered, _, nbytes in calls:
+            assert nbytes == 40 * KiB
+            # Bytes started by then: at most the rate's worth since the first, plus one run.
+            assert started <= (entered - first + 0.05) * 100 * KiB
+            started += nbytes
+        for name, expected in data.items():
+            assert len(c._committed(name).chunks) == 2
+            assert (await c.read(name, 0, len(expected))).data == expected
+
+
+async def test_a_pass_stopped_by_the_journal_keeps_the_segments_it_did_not_merge(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A merge whose swap the journal refuses stops the pass (not the segment's fault); the
+    segments not merged are looked at in the next pass though they got no new chunks."""
+    storage = MemoryStorage(supports_append=False)
+    config = optimizer_config(tmp_path, defrag_concurrency=1)
+    async with running(config, storage) as (c, writer):
+        data = {f"s{i}": await trickle(c, f"s{i}", 5, 1000) for i in range(4)}
+        journal_upload = writer.journal_upload
+
+        async def refused(prepare: Any) -> Any:
+            raise JournalClosed()
+
+        monkeypatch.setattr(writer, "journal_upload", refused)
+        assert await writer.optimizer.optimize() == 0
+        assert [len(c._committed(n).chunks) for n in data] == [5, 5, 5, 5]
+        monkeypatch.setattr(writer, "journal_upload", journal_upload)
+        assert await writer.optimizer.optimize() == 4
+        for name, expected in data.items():
+            assert len(c._committed(name).chunks) == 2
+            assert (await c.read(name, 0, len(expected))).data == expected
+        assert writer.optimizer.statistics().failures == 0
 
 
 async def test_optimizer_leaves_a_binding_without_concat_alone(tmp_path: pathlib.Path) -> None:

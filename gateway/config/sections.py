@@ -222,6 +222,7 @@ class Tier2Config:
     defrag_interval: float = _key(
         60.0, _duration_in(0.01, 86400), "time between the optimizer's looks at flushed segments"
     )
+    defrag_concurrency: int = _key(4, _int_in(1, 64), "segments merged at once")
     embedded_port: int = _key(
         0, _int_in(0, 55535), "embedded S3 port (0 = a free one; gRPC ports are +10000)"
     )

@@ -24,7 +24,9 @@ background, beside the storage writer, the optimizer
 
 A crash after 2 leaves an orphan that GC deletes; after 3 (before 4 ends)
 the replaced objects, which no metadata names any more, are deleted by GC.
-Optimizer I/O is paced to ``defrag_rate`` bytes of merged chunks a second.
+Optimizer I/O is paced to ``defrag_rate`` bytes of merged chunks a second,
+shared by up to ``defrag_concurrency`` merges at once (each on a segment of
+its own: one segment's runs are merged one after another, by one task).
 """
 
 from __future__ import annotations
@@ -171,6 +173,16 @@ def pick_run(
     return None
 
 
+@dataclass
+class _Pass:
+    """What the tasks of one `Optimizer.optimize` pass share."""
+
+    #: Runs merged.
+    merged: int = 0
+    #: A task was stopped (fenced, lease lost, the journal refused): start no more.
+    stopped: bool = False
+
+
 @dataclass(frozen=True)
 class OptimizerStatistics:
     """Counters of the storage optimizer (`Optimizer.statistics`)."""
@@ -207,6 +219,10 @@ class Optimizer:
         self._retired_ready = trio.Event()
         #: Trio time before which the next merge may not start (``defrag_rate``).
         self._next_slot = 0.0
+        #: Merges at once (``defrag_concurrency``; each segment in at most one).
+        self._limiter = trio.CapacityLimiter(writer.cfg.defrag_concurrency)
+        #: Segment ids whose runs a task is merging now.
+        self._busy: set[int] = set()
         self.runs_merged = 0
         self.chunks_replaced = 0
         self.objects_deleted = 0
@@ -237,7 +253,13 @@ class Optimizer:
                 await self.optimize()
 
     async def optimize(self) -> int:
-        """One pass now over the segments that got chunks since the last; runs merged."""
+        """One pass now over the segments that got chunks since the last; runs merged.
+
+        Up to ``defrag_concurrency`` segments are merged at once (read as
+        each segment's task starts, so a reload applies within the pass),
+        each by one task that merges its runs one after another; a segment
+        another pass is merging is left for the next.
+        """
         w = self._writer
         if w.fenced is not None or (w.lease is not None and not w.lease.held()):
             return 0
@@ -246,53 +268,93 @@ class Optimizer:
         else:
             segments = list(self._candidates)
         self._candidates = set()
-        merged = 0
-        for n, seg_id in enumerate(segments):
-            if n % _SCAN_BATCH == _SCAN_BATCH - 1:
-                await trio.lowlevel.checkpoint()
-            try:
-                merged += await self._optimize_segment(seg_id)
-            except Tier2Error as e:
-                self.failures += 1
-                self._candidates.add(seg_id)  # another look next time
-                log.warning("storage optimizer: merging chunks of segment id %d: %s", seg_id, e)
-            except GatewayError as e:
-                # Fenced, lease lost, the journal refused: not this segment's fault.
-                self._candidates.add(seg_id)
+        state = _Pass()
+        async with trio.open_nursery() as nursery:
+            for n, seg_id in enumerate(segments):
+                if n % _SCAN_BATCH == _SCAN_BATCH - 1:
+                    await trio.lowlevel.checkpoint()
+                if state.stopped or not self._enabled():
+                    self._candidates.update(segments[n:])
+                    break
+                if seg_id in self._busy:
+                    self._candidates.add(seg_id)  # another pass is merging it
+                    continue
+                if self._next_run(seg_id) is None:
+                    continue
+                self._limiter.total_tokens = w.cfg.defrag_concurrency
+                token = object()
+                await self._limiter.acquire_on_behalf_of(token)
+                if state.stopped or seg_id in self._busy:  # while this pass waited
+                    self._limiter.release_on_behalf_of(token)
+                    self._candidates.update(segments[n:] if state.stopped else [seg_id])
+                    if state.stopped:
+                        break
+                    continue
+                self._busy.add(seg_id)
+                nursery.start_soon(self._segment_task, seg_id, token, state)
+        return state.merged
+
+    async def _segment_task(self, seg_id: int, token: object, state: _Pass) -> None:
+        """Merge the runs of one segment; the limiter's ``token`` is released at the end."""
+        try:
+            merged = await self._optimize_segment(seg_id)
+            state.merged += merged  # not `+= await`: that reads the count before the wait
+        except Tier2Error as e:
+            self.failures += 1
+            self._add_candidate(seg_id)  # another look next time
+            log.warning("storage optimizer: merging chunks of segment id %d: %s", seg_id, e)
+        except GatewayError as e:
+            # Fenced, lease lost, the journal refused: not this segment's fault.
+            self._add_candidate(seg_id)
+            if not state.stopped:
+                state.stopped = True
                 log.info("storage optimizer: stopped this pass: %s", e)
-                break
-        return merged
+        finally:
+            self._busy.discard(seg_id)
+            self._limiter.release_on_behalf_of(token)
+
+    def _add_candidate(self, seg_id: int) -> None:
+        if self._candidates is not None:
+            self._candidates.add(seg_id)
+
+    def _next_run(self, seg_id: int) -> tuple[Segment, list[ChunkRecord]] | None:
+        """The segment and the run of its chunks to merge next; None if none is due."""
+        if not self._enabled():
+            return None
+        seg = self._writer.container.segment_by_id(seg_id)
+        if seg is None or seg.txn_parent or seg.merged_into:
+            return None
+        cold = seg.cold_record()
+        if cold is not None:  # sealed and in Tier 2: warm it only to merge
+            chunks = SegmentRecord.FromString(cold).chunks
+            if pick_run(chunks, self._writer.cfg, include_last=True, final=True) is None:
+                return None
+        if seg.merges:
+            return None
+        final = seg.sealed_in_storage
+        run = pick_run(seg.chunks, self._writer.cfg, include_last=final, final=final)
+        if run is None:
+            return None
+        first, count = run
+        return seg, list(seg.chunks[first : first + count])
 
     async def _optimize_segment(self, seg_id: int) -> int:
         merged = 0
-        while self._enabled():
-            seg = self._writer.container.segment_by_id(seg_id)
-            if seg is None or seg.txn_parent or seg.merged_into:
-                return merged
-            cold = seg.cold_record()
-            if cold is not None:  # sealed and in Tier 2: warm it only to merge
-                chunks = SegmentRecord.FromString(cold).chunks
-                if pick_run(chunks, self._writer.cfg, include_last=True, final=True) is None:
-                    return merged
-            if seg.merges:
-                return merged
-            final = seg.sealed_in_storage
-            run = pick_run(seg.chunks, self._writer.cfg, include_last=final, final=final)
-            if run is None:
-                return merged
-            first, count = run
-            if not await self.merge(seg, list(seg.chunks[first : first + count])):
-                return merged
+        while (picked := self._next_run(seg_id)) is not None:
+            if not await self.merge(*picked):
+                break
             merged += 1
         return merged
 
     async def _pace(self, nbytes: int) -> None:
-        """Wait for ``nbytes`` of optimizer I/O to fit ``defrag_rate``."""
-        now = trio.current_time()
-        if self._next_slot > now:
-            await trio.sleep_until(self._next_slot)
-            now = trio.current_time()
-        self._next_slot = max(now, self._next_slot) + nbytes / self._writer.cfg.defrag_rate
+        """Wait for ``nbytes`` of optimizer I/O to fit ``defrag_rate``.
+
+        The slot is taken before the wait, so merges running at once share
+        the budget: each starts once the bytes of those before it fit.
+        """
+        start = max(trio.current_time(), self._next_slot)
+        self._next_slot = start + nbytes / self._writer.cfg.defrag_rate
+        await trio.sleep_until(start)
 
     async def merge(self, seg: Segment, run: list[ChunkRecord]) -> bool:
         """Merge ``run`` (adjacent chunks of ``seg``) into a new chunk; if it was swapped in."""
