@@ -189,6 +189,45 @@ async def test_truncate_and_delete_remove_chunks(
         assert writer.chunks_deleted == len(gone)
 
 
+class SlowDeletes(MemoryStorage):
+    """Deletes of chunks that take a while; the most in flight at once is counted."""
+
+    def __init__(self) -> None:
+        super().__init__(supports_append=False)
+        self._lock = threading.Lock()
+        self.in_flight = self.most = 0
+
+    def delete(self, key: str) -> None:
+        if "/chunks/" not in key:
+            return super().delete(key)  # (snapshots the writer prunes meanwhile)
+        with self._lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+        try:
+            threading.Event().wait(0.05)
+            super().delete(key)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+
+async def test_dropped_chunks_are_deleted_several_at_once(tmp_path: pathlib.Path) -> None:
+    storage = SlowDeletes()
+    async with running(tier2_config(tmp_path, flush_size="4 KiB"), storage) as (c, writer):
+        for i in range(6):
+            await c.create(f"d{i}")
+            for _ in range(5):
+                await c.append(f"d{i}", b"d" * (8 * KiB))
+                await c.flush(f"d{i}")
+        gone = {ch.name for i in range(6) for ch in c._committed(f"d{i}").chunks}
+        assert len(gone) >= 30
+        for i in range(6):
+            await c.delete(f"d{i}")
+        await async_wait_for(lambda: writer.chunks_deleted == len(gone), 20, "all deleted")
+        assert not gone & {o.key for o in storage.list("")}
+        assert storage.most > 1  # (the layer here runs at most 4 calls at once)
+
+
 async def test_restart_never_appends_to_an_earlier_epochs_chunk(tmp_path: pathlib.Path) -> None:
     storage = FileStorage(tmp_path / "tier2")
     config = tier2_config(tmp_path)

@@ -31,7 +31,8 @@ appends, 1-3 KiB, against 16 KiB and 4 x 16 KiB <= 64 KiB).
 
 With 1,000 segments it takes minutes on a 2-core machine (260 s here,
 shared): 20,000 flushes at the ~150-250 uploads a second the storage writer
-manages here, then the optimizer catching up (it merges one run at a time).
+manages here, then the optimizer catching up (``tier2.defrag_concurrency``
+segments at once).
 So the suite runs it with 200 segments (~80 s), and
 ``SEGMENT_GATEWAY_TRICKLE_SEGMENTS=1000`` runs the issue's size.
 """

@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 
 #: Deltas kept of each whole snapshot kept (the newest is the one readers use).
 DELTAS_KEPT = 2
+#: Chunk objects deleted at once in the background.
+DELETES_IN_FLIGHT = 8
 
 
 class Housekeeper:
@@ -119,20 +121,34 @@ class Housekeeper:
 
     async def _run_deletes(self) -> None:
         w = self._writer
-        while True:
-            if not self._deletes:
-                await self._deletes_ready.wait()
-                self._deletes_ready = trio.Event()
-                continue
-            if w.lease is not None and not w.lease.held():
-                await trio.sleep(1.0)  # another process may own these objects by now
-                continue
-            key, seg_id = self._deletes.popleft()
-            if key in w.uploading or self._still_named(key, seg_id):
-                continue
-            self._in_delete.add(key)
+        # Several at once: one at a time, the objects a trickle's merges
+        # retire (thousands an hour) were deleted slower than they came.
+        limiter = trio.CapacityLimiter(DELETES_IN_FLIGHT)
+        async with trio.open_nursery() as nursery:
+            while True:
+                if not self._deletes:
+                    await self._deletes_ready.wait()
+                    self._deletes_ready = trio.Event()
+                    continue
+                if w.lease is not None and not w.lease.held():
+                    await trio.sleep(1.0)  # another process may own these objects by now
+                    continue
+                token = object()
+                await limiter.acquire_on_behalf_of(token)
+                if not self._deletes:
+                    limiter.release_on_behalf_of(token)
+                    continue
+                key, seg_id = self._deletes.popleft()
+                if key in w.uploading or self._still_named(key, seg_id):
+                    limiter.release_on_behalf_of(token)
+                    continue
+                self._in_delete.add(key)
+                nursery.start_soon(self._delete_one, key, limiter, token)
+
+    async def _delete_one(self, key: str, limiter: trio.CapacityLimiter, token: object) -> None:
+        try:
             try:
-                await w.layer.delete(key)
+                await self._writer.layer.delete(key)
                 self.chunks_deleted += 1
             except Tier2Error as e:
                 self.delete_failures += 1
@@ -140,6 +156,8 @@ class Housekeeper:
             finally:
                 self._in_delete.discard(key)
             await self._forget_chunk(key)
+        finally:
+            limiter.release_on_behalf_of(token)
 
     async def _forget_chunk(self, key: str) -> None:
         """A chunk object is gone: drop its blocks from memory and the cache store."""
