@@ -28,8 +28,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 #
 # `make test` runs the suite in two phases: ``--suite-phase=parallel`` on two
 # xdist workers (``-n 2 --dist loadgroup``), then ``--suite-phase=serial`` in
-# one process: the tests marked ``serial`` assert a bound on wall time tight
-# enough (a second or two) that a second worker's load could break it. Plain
+# one process: the tests marked ``serial`` are timing-sensitive, with a bound
+# on wall time tight enough (a second or two) that a second worker's load
+# could break it, or faults timed against real daemons (the tortures). Plain
 # ``pytest`` (no option) runs everything in one process, as before.
 #
 # With ``--dist loadgroup`` the scheduler below sends each module whole to
