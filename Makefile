@@ -16,8 +16,25 @@ run: install
 	$(VENV)/bin/segment-gateway serve --data-dir $(CURDIR)/data --listen 127.0.0.1:9410 \
 		--mountpoint $(CURDIR)/mnt
 
+# Two phases (tests/conftest.py): every test not marked serial on
+# $(TEST_WORKERS) xdist workers, each module (the Spark ones and the tortures:
+# each kind together) on one worker; then the serial ones alone. Each phase
+# prints its slowest tests and its time (the parallel one's wall time also in
+# a line of its own, before the serial phase starts: pytest's summary stays
+# the last line). The exit status is the first failing phase's, and 5 (no
+# test ran) only when neither phase ran one.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@set +e; start=$$(date +%s); \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup \
+		--suite-phase=parallel $(PYTEST_ARGS); parallel=$$?; \
+	echo "make test: the parallel phase took $$(($$(date +%s) - start)) s (exit $$parallel);" \
+		"now the serial phase"; \
+	$(PY) -m pytest --suite-phase=serial $(PYTEST_ARGS); serial=$$?; \
+	for rc in $$parallel $$serial; do \
+		case $$rc in 0|5) ;; *) exit $$rc ;; esac; \
+	done; \
+	[ $$parallel = 5 ] && [ $$serial = 5 ] && exit 5; exit 0
 
 # A developer's loop: everything but the tests marked slow (daemons,
 # SeaweedFS, Spark, crash loops); `make test` (what CI runs) runs them all.

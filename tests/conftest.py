@@ -24,6 +24,109 @@ if TYPE_CHECKING:
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+# -- Phases and xdist groups (`make test`) -----------------------------------------
+#
+# `make test` runs the suite in two phases: ``--suite-phase=parallel`` on two
+# xdist workers (``-n 2 --dist loadgroup``), then ``--suite-phase=serial`` in
+# one process: the tests marked ``serial`` are timing-sensitive, with a bound
+# on wall time tight enough (a second or two) that a second worker's load
+# could break it, or faults timed against real daemons (the tortures). Plain
+# ``pytest`` (no option) runs everything in one process, as before.
+#
+# With ``--dist loadgroup`` the scheduler below sends each module whole to
+# one worker, so its module-scoped fixtures are made once. The modules that
+# use Spark form one group (one worker starts the standalone cluster and the
+# local session, not both workers), and so do the tortures (at most one runs
+# at a time). A worker sends its items in this order, which is the order the
+# groups are handed out in: the tortures and Spark first, then the modules
+# with slow tests, then the rest, so that the last groups are short and both
+# workers end together.
+
+#: The modules that run Spark: every one that uses the ``spark`` or
+#: ``spark_standalone`` fixture (checked at collection: a new one must be
+#: added here), and test_spark_streaming_restarts (drivers of its own).
+SPARK_MODULES = frozenset(
+    {
+        "tests/test_cluster_spark.py",
+        "tests/test_failover_spark.py",
+        "tests/test_parseable_files.py",
+        "tests/test_pipeline.py",
+        "tests/test_replication.py",
+        "tests/test_spark_cluster_harness.py",
+        "tests/test_spark_streaming.py",
+        "tests/test_spark_streaming_restarts.py",
+        "tests/test_streams_spark.py",
+    }
+)
+SPARK_FIXTURES = frozenset({"spark", "spark_standalone"})
+
+
+def xdist_group(nodeid: str) -> str:
+    """The group a test runs in under ``--dist loadgroup``: its module, or "spark", "torture"."""
+    module = nodeid.split("::", 1)[0]
+    if module.startswith("tests/torture/"):
+        return "torture"
+    if module in SPARK_MODULES:
+        return "spark"
+    return module
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--suite-phase",
+        choices=("all", "parallel", "serial"),
+        default="all",
+        help="run only the tests not marked serial (parallel), only those marked serial "
+        "(serial), or all (default); see tests/conftest.py",
+    )
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup``: a whole module, or a group of them (`xdist_group`), per worker."""
+    if config.getoption("dist", "no") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    # Hand the groups out in the order of the items (see above), not by size.
+    config.option.loadscopereorder = False
+
+    class ModuleGroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return ModuleGroupScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep this phase's items and, on an xdist worker, put the long groups first."""
+    phase = config.getoption("--suite-phase")
+    if phase != "all":
+        keep, drop = [], []
+        for item in items:
+            serial = item.get_closest_marker("serial") is not None
+            (keep if serial == (phase == "serial") else drop).append(item)
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
+    groups: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        if SPARK_FIXTURES & set(getattr(item, "fixturenames", ())) and module not in SPARK_MODULES:
+            raise pytest.UsageError(f"{module} uses Spark: add it to SPARK_MODULES in {__file__}")
+        groups.setdefault(xdist_group(item.nodeid), []).append(item)
+    if not hasattr(config, "workerinput"):
+        return  # not an xdist worker: the order of the files
+    rank = {"torture": 0, "spark": 1}
+
+    def key(group: tuple[int, tuple[str, list[pytest.Item]]]) -> tuple[int, int]:
+        n, (name, members) = group
+        slow = any(i.get_closest_marker("slow") for i in members)
+        return rank.get(name, 2 if slow else 3), n
+
+    ordered = sorted(enumerate(groups.items()), key=key)
+    items[:] = [item for _, (_, members) in ordered for item in members]
+
+
 class _ErrorRecords(logging.Handler):
     """Keeps the ERROR (and worse) records logged while a test runs."""
 

@@ -167,6 +167,7 @@ def _read_in_subprocess(
     return float(took), int(n)
 
 
+@pytest.mark.serial  # a wall-time bound of a second or two (tests/conftest.py)
 def test_a_stopped_owner_is_timed_out_and_down_for_readers(cluster: Cluster) -> None:
     a, b = cluster.daemons["node-a"], cluster.daemons["node-b"]
     name = "b/log"

@@ -520,6 +520,7 @@ def test_random_seeks_and_reads_match(random_read_file: tuple[pathlib.Path, byte
         os.close(fd)
 
 
+@pytest.mark.serial  # find over 10,000 segments within 10 s (tests/conftest.py)
 @pytest.mark.timeout(240)
 async def test_ten_thousand_segments_list_quickly(tmp_path: pathlib.Path) -> None:
     # Tier 2 on a local directory: with S3 every create also claims its name

@@ -113,6 +113,7 @@ class _Host:
         )
 
 
+@pytest.mark.serial  # a wall-time bound of a second or two (tests/conftest.py)
 @pytest.mark.timeout(30)
 async def test_a_hung_hosted_container_does_not_stall_the_scrape(tmp_path: pathlib.Path) -> None:
     """The host's /metrics includes a hosted container's series, labelled with its

@@ -299,6 +299,7 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.serial  # a wall-time bound of a second or two (tests/conftest.py)
 @pytest.mark.parametrize("deadline", [0.3, 1.5])
 async def test_layer_gives_up_after_the_deadline_when_s3_stays_down(deadline: float) -> None:
     with S3FaultProxy(f"http://127.0.0.1:{closed_port()}") as dead:

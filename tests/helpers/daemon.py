@@ -16,11 +16,24 @@ from tests.helpers.wait import wait_for
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 
 
+#: Every port `free_port` has handed out in this process.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback TCP port that was free a moment ago, never one handed out before.
+
+    The kernel may give the port it just gave again once it is closed: a
+    daemon's server and metrics ports, picked one after the other, were the
+    same once (its configuration refused to start).
+    """
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 #: Every Daemon made since the current test started (tests/conftest.py clears it).
