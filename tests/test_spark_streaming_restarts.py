@@ -37,7 +37,9 @@ from gateway.client.sync import SyncClient
 from tests.helpers.mount import mounted_daemon
 from tests.helpers.wait import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# Serial (tests/conftest.py): deadlines on a query under SIGKILLs, missed with
+# another worker beside it.
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(300)]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KILLS = 3
