@@ -11,6 +11,7 @@ import pathlib
 from typing import Any
 
 import pytest
+import trio
 
 from gateway.client.client import open_client
 from gateway.cluster import feed
@@ -564,3 +565,28 @@ async def test_a_walk_again_keeps_the_sleeping_segments_it_holds() -> None:
     assert node.walks == 2 and view_of(node) == owner_view(c)
     now = {s.name: s for s in node.segments.values()}
     assert [n for n in held if now[n] is not held[n]] == ["s/04"]
+
+
+async def test_the_deadline_bounds_each_request_of_a_walk_not_the_whole_walk() -> None:
+    """A walk longer than the deadline ends, when each page comes within it (a
+    first sync of 10^6 segments takes ~20 s: bounded as a whole, it was given
+    up and begun again forever); one page that does not come fails it."""
+    c = make()
+    for i in range(50):
+        await c.create(f"s/{i:02}")
+    node = RemoteNode("o", ChunkLayer(MemoryStorage(), retry_deadline=1.0), None, MountIds())
+    owner = Owner(c)
+    pause = 0.15
+
+    async def slow(after: str) -> None:
+        await trio.sleep(pause)
+
+    owner.between_pages = slow
+    started = trio.current_time()
+    await node.refresh_live(owner, deadline=0.5)  # type: ignore[arg-type]
+    assert trio.current_time() - started > 1.0 and node.walk_pages == 8  # 50 names, 7 a page
+    assert view_of(node) == owner_view(c)
+    pause = 5.0
+    node._cursor = None
+    with pytest.raises(trio.TooSlowError):
+        await node.refresh_live(owner, deadline=0.5)  # type: ignore[arg-type]

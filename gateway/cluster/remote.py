@@ -36,8 +36,8 @@ never reused while the daemon runs), so their inodes never meet local ones.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from typing import NoReturn, Protocol
+from collections.abc import Awaitable, Iterable
+from typing import NoReturn, Protocol, TypeVar
 
 import trio
 
@@ -69,6 +69,8 @@ from gateway.tier2.snapshots import check_snapshot, record_problem
 from gateway.tier2.untrusted import Rejections
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Ids of remote segments on this node start here (local ids stay far below).
 REMOTE_ID_BASE = 1 << 39
@@ -207,6 +209,8 @@ class RemoteNode:
         #: Walks of the owner (a first sync, a resync) and their pages.
         self.walks = 0
         self.walk_pages = 0
+        #: Seconds each request of a live refresh may take (None: no bound).
+        self._deadline: float | None = None
 
     @property
     def tail_available(self) -> bool:
@@ -376,11 +380,17 @@ class RemoteNode:
             await self._refresh_wanted.wait()
         self._refresh_wanted = trio.Event()
 
-    async def refresh_live(self, client: Client) -> None:
+    async def refresh_live(self, client: Client, deadline: float | None = None) -> None:
         """Bring the view up to date from the owner: its changes since the last
         refresh, or (first, or on "resync") a walk over all its records, or
         (from an owner without the feed, or without walks) a listing and the
-        records that changed."""
+        records that changed.
+
+        ``deadline``: seconds each request may take (trio.TooSlowError past
+        it). Not the whole refresh: a walk of a million segments is a hundred
+        and more requests, and must not be given up and begun again forever.
+        """
+        self._deadline = deadline
         self._live_started += 1
         started = self._live_started
         cursor = await self._follow_changes(client) if self._cursor is not None else None
@@ -389,7 +399,8 @@ class RemoteNode:
         if self._cursor is None:
             if cursor is None and client.serves(feed.FEATURE):
                 self.feed_requests += 1
-                cursor = (await client.changes(streams_digest=self._streams_digest)).cursor
+                first = await self._ask(client.changes(streams_digest=self._streams_digest))
+                cursor = first.cursor
             # The cursor is from before the listing: what changes in between comes again.
             await self._refresh_by_listing(client)
             self._cursor = cursor
@@ -403,7 +414,8 @@ class RemoteNode:
         says to resync, forget the cursor and return the one to list from."""
         while self._cursor is not None:
             self.feed_requests += 1
-            page = await client.changes(self._cursor, streams_digest=self._streams_digest)
+            digest = self._streams_digest
+            page = await self._ask(client.changes(self._cursor, streams_digest=digest))
             if page.resync:
                 self._cursor = None
                 return page.cursor
@@ -425,6 +437,13 @@ class RemoteNode:
                 self._set_streams(set(page.streams))
             break
         return None
+
+    async def _ask(self, request: Awaitable[T]) -> T:
+        """One request of a refresh, within the refresh's per-request deadline."""
+        if self._deadline is None:
+            return await request
+        with trio.fail_after(self._deadline):
+            return await request
 
     def _take_records(self, records: Iterable[SegmentRecord], seen: set[int] | None = None) -> None:
         """Put the owner's records into the view (``seen``: add the ids of those taken)."""
@@ -467,8 +486,8 @@ class RemoteNode:
         after = ""
         while True:
             self.walk_pages += 1
-            page = await client.changes(limit=feed.MAX_LIMIT, walk_after=after,
-                                        streams_digest=self._streams_digest)  # fmt: skip
+            page = await self._ask(client.changes(limit=feed.MAX_LIMIT, walk_after=after,
+                                                  streams_digest=self._streams_digest))  # fmt: skip
             if page.resync:
                 return None  # an owner older than walks
             if start is not None and page.cursor.incarnation != start.incarnation:
@@ -493,7 +512,7 @@ class RemoteNode:
     async def _refresh_by_listing(self, client: Client) -> None:
         """The whole view from the owner: a listing, then the records that changed."""
         self.listings += 1
-        infos = await client.list(local_only=True)
+        infos = await self._ask(client.list(local_only=True))
         seen: set[int] = set()
         changed: list[SegmentInfo] = []
         for info in infos:
@@ -507,7 +526,7 @@ class RemoteNode:
 
         async def fetch(name: str) -> None:
             try:
-                records[name] = await client.record(name)
+                records[name] = await self._ask(client.record(name))
             except SegmentNotFound:
                 pass  # deleted since the listing: the next one drops it
             except GatewayError as e:
@@ -534,7 +553,7 @@ class RemoteNode:
             elif self.ids.get(self.node_id, info.id) not in self.segments:
                 self.ids.forget(self.node_id, info.id)  # deleted before we saw it
         # After the segments: a deleted stream's segments have gone by now.
-        names = await client.stream_names()
+        names = await self._ask(client.stream_names())
         self._streams_digest = feed.streams_digest(names)
         self._set_streams(set(names))
 

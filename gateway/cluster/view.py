@@ -475,8 +475,9 @@ class ClusterView:
                 try:
                     while self._same_process(record, node.node_id):
                         try:
-                            with trio.fail_after(deadline):
-                                await node.refresh_live(client)
+                            # Each request within the deadline, not the whole
+                            # refresh (a first walk of 10^6 segments takes ~20 s).
+                            await node.refresh_live(client, deadline)
                         except trio.TooSlowError:
                             raise ConnectionLost(
                                 record.advertise, f"no answer within {deadline:g}s"
