@@ -64,7 +64,7 @@ from gateway.read.index import SegmentView
 from gateway.storage import object_keys as names
 from gateway.storage.interface import ObjectInfo
 from gateway.storage.layer import ChunkLayer
-from gateway.tier2.snapshot_store import with_newest_delta
+from gateway.tier2.snapshot_store import deltas_of, with_newest_delta
 from gateway.tier2.snapshots import check_snapshot, record_problem
 from gateway.tier2.untrusted import Rejections
 
@@ -610,10 +610,7 @@ class RemoteNode:
         if any(epoch < fence_epoch for epoch, _, _ in found):
             fences = await FenceTimes.read(self.layer, self.node_id, deadline, self.rejections)
         for epoch, _, obj in sorted(found, key=lambda t: (t[0], t[1]), reverse=True):
-            newest = max(
-                (o.key for o in listing if (d := names.parse_delta_key(o.key)) and d[0] == obj.key),
-                default=obj.key,
-            )
+            newest = next((d.key for d in deltas_of(listing, obj.key)), obj.key)
             if newest == self._snapshot_tried:
                 return  # loaded already (or, a delta that failed, the best before it)
             version = (obj.size, obj.mtime)

@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -80,7 +79,7 @@ from gateway.protocol.metadata_pb2 import (
 from gateway.storage import object_keys as names
 from gateway.storage.interface import ObjectInfo
 from gateway.storage.layer import ChunkLayer
-from gateway.tier2.snapshot_store import newest_snapshot, optional_int
+from gateway.tier2.snapshot_store import Trusted, newest_snapshot, optional_int, trust_all
 from gateway.tier2.snapshots import SNAPSHOT_VERSION
 from gateway.tier2.untrusted import BadRecord, decimal
 
@@ -317,16 +316,6 @@ class _Outcome:
     new: bool
 
 
-#: Whether an object of an epoch, stored at a time (Unix s), may be believed:
-#: false for what a fenced process uploaded after its fence
-#: (`gateway.cluster.fence.FenceTimes.trusted`).
-Trusted = Callable[[int, float], bool]
-
-
-def _trust_all(epoch: int, mtime: float) -> bool:
-    return True
-
-
 async def rebuild(
     layer: ChunkLayer,
     node: str,
@@ -334,7 +323,7 @@ async def rebuild(
     *,
     replay_chunks: bool,
     report: RebuildReport | None = None,
-    trusted: Trusted = _trust_all,
+    trusted: Trusted = trust_all,
 ) -> Rebuilt:
     """Metadata for ``node`` from ``base`` (may be None) checked against Tier 2.
 
@@ -608,7 +597,7 @@ def _new_segment(
     return _Outcome(record, end - start, new=True)
 
 
-async def rebuild_metadata(layer: ChunkLayer, node: str, trusted: Trusted = _trust_all) -> Rebuilt:
+async def rebuild_metadata(layer: ChunkLayer, node: str, trusted: Trusted = trust_all) -> Rebuilt:
     """Disaster recovery: ``node``'s metadata from its newest snapshot and newer chunks.
 
     ``trusted`` leaves out what fenced processes stored after their fence.
@@ -677,7 +666,7 @@ async def _rebuild_attribute_indexes(
     replay_chunks: bool,
     report: RebuildReport,
     snapshot_epoch: int = 0,
-    trusted: Trusted = _trust_all,
+    trusted: Trusted = trust_all,
 ) -> None:
     """Point each record at its newest complete attribute index in Tier 2 (or none).
 

@@ -80,7 +80,6 @@ class Housekeeper:
         self._cold_parsed: set[int] = set()
         self.chunks_deleted = 0
         self.delete_failures = 0
-        self.snapshots = 0
         #: Snapshot uploads and their bytes, whole ones and deltas.
         self.snapshot_uploads = {"whole": 0, "delta": 0}
         self.snapshot_bytes = {"whole": 0, "delta": 0}
@@ -108,6 +107,11 @@ class Housekeeper:
         nursery.start_soon(self._run_deletes)
         nursery.start_soon(self._run_snapshots)
         nursery.start_soon(self._run_gc)
+
+    @property
+    def snapshots(self) -> int:
+        """Metadata snapshots uploaded, whole ones and deltas."""
+        return sum(self.snapshot_uploads.values())
 
     # -- background deletion -------------------------------------------------------------
 
@@ -216,7 +220,6 @@ class Housekeeper:
             encoder.deltas = number
         else:
             encoder.based(key, applied_seq, len(snapshot))
-        self.snapshots += 1
         self.snapshot_uploads[kind] += 1
         self.snapshot_bytes[kind] += len(snapshot)
         await self._prune_snapshots()

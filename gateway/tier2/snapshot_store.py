@@ -23,20 +23,25 @@ from gateway.tier2.snapshots import apply_delta, check_delta, check_snapshot
 
 __all__ = [
     "SnapshotReport",
+    "Trusted",
+    "deltas_of",
     "newest_snapshot",
     "optional_int",
     "read_snapshot",
+    "trust_all",
     "with_newest_delta",
 ]
 
 log = logging.getLogger(__name__)
 
-#: Whether an object stored by ``epoch`` at ``mtime`` may be believed (not a
-#: fenced process's upload after its fence).
+#: Whether an object of an epoch, stored at a time (Unix s), may be believed:
+#: false for what a fenced process uploaded after its fence
+#: (`gateway.cluster.fence.FenceTimes.trusted`).
 Trusted = Callable[[int, float], bool]
 
 
-def _trust_all(epoch: int, mtime: float) -> bool:
+def trust_all(epoch: int, mtime: float) -> bool:
+    """The `Trusted` of a caller that knows of no fence."""
     return True
 
 
@@ -79,6 +84,16 @@ async def read_snapshot(
         raise SnapshotInvalid(key, f"does not decode: {e}") from e
 
 
+def deltas_of(listing: Sequence[ObjectInfo], base_key: str) -> list[ObjectInfo]:
+    """The deltas of the whole snapshot ``base_key`` in ``listing``, newest first."""
+    deltas = []
+    for obj in listing:
+        parsed = names.parse_delta_key(obj.key)
+        if parsed is not None and parsed[0] == base_key:
+            deltas.append((parsed[1], obj))
+    return [obj for _, obj in sorted(deltas, key=lambda t: t[0], reverse=True)]
+
+
 async def with_newest_delta(
     layer: ChunkLayer,
     listing: Sequence[ObjectInfo],
@@ -97,12 +112,7 @@ async def with_newest_delta(
     is needed; one that does not (``bad`` is told why) or that ``trusted``
     refuses (a fenced process's upload) gives way to the one before it.
     """
-    deltas = []
-    for obj in listing:
-        parsed = names.parse_delta_key(obj.key)
-        if parsed is not None and parsed[0] == base_key:
-            deltas.append((parsed[1], obj))
-    for _, obj in sorted(deltas, key=lambda t: t[0], reverse=True):
+    for obj in deltas_of(listing, base_key):
         if not trusted(obj):
             continue
         try:
@@ -117,7 +127,7 @@ async def with_newest_delta(
 
 
 async def newest_snapshot(
-    layer: ChunkLayer, node: str, report: SnapshotReport, trusted: Trusted = _trust_all
+    layer: ChunkLayer, node: str, report: SnapshotReport, trusted: Trusted = trust_all
 ) -> tuple[str, MetadataSnapshot] | None:
     """The newest readable snapshot of ``node`` (by epoch, then time), or None.
 
