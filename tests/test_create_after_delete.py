@@ -10,20 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from cache.memory_store import MemoryCache
-from gateway.config import ContainerConfig
-from gateway.container.replayer import Replayer
-from gateway.container.table import SegmentTable
 from gateway.errors import JournalRefused, Overloaded, SegmentExists, SegmentNotFound
 from gateway.journal.memory_journal import MemoryJournal
-from gateway.read.index import ReadIndex
 from tests.helpers.container import DirectContainer
+from tests.test_container_unit import make, restart
 
 pytestmark = pytest.mark.timeout(30)
-
-
-def make(journal: MemoryJournal) -> DirectContainer:
-    return DirectContainer(ContainerConfig(), SegmentTable(ReadIndex(MemoryCache())), journal)
 
 
 def named(c: DirectContainer, name: str) -> list[int]:
@@ -56,11 +48,7 @@ async def test_create_behind_a_pending_delete_of_its_name_applies_after_it() -> 
     assert (await c.read("d/y", 0, 100)).data == b"new"
     assert named(c, "d/y") == [new.id]
     # A replay of the journal builds the same.
-    table = SegmentTable(ReadIndex(MemoryCache()))
-    replayer = Replayer(table)
-    journal.replay(replayer.replay)
-    replayer.finish()
-    assert [(s.id, s.length) for s in table.committed()] == [(new.id, 3)]
+    assert [(s.id, s.length) for s in restart(journal)._table.committed()] == [(new.id, 3)]
 
 
 async def test_a_refused_delete_refuses_the_create_behind_it_and_keeps_the_name() -> None:
