@@ -184,6 +184,12 @@ def test_a_stopped_owner_is_timed_out_and_down_for_readers(cluster: Cluster) -> 
     path = a.mnt / name
     wait_for(lambda: path.exists() and path.stat().st_size == len(flushed + tail), 5,
              "the whole segment on node-a")  # fmt: skip
+    # node-a follows node-b by polling: a poll between b/log's last append and
+    # b/unflushed's creation shows the first and not yet the second.
+    unflushed = a.mnt / "b/unflushed"
+    size = sum(len(b"event %d\n" % i) for i in range(20))
+    wait_for(lambda: unflushed.exists() and unflushed.stat().st_size == size, 5,
+             "b/unflushed on node-a")  # fmt: skip
     assert b.proc is not None
     os.kill(b.proc.pid, signal.SIGSTOP)  # alive, not answering
     try:
