@@ -142,6 +142,23 @@ async def test_orphan_claims_are_found_and_only_old_ones_released(
     assert await mine.owner("gone/old") == "n2"
 
 
+async def test_a_claim_of_a_newer_format_is_left_alone_even_by_repair(
+    layer: ChunkLayer, tier2: pathlib.Path
+) -> None:
+    """A newer version's claim naming this node: a note, never a problem or a release;
+    and its name is still held for creates."""
+    key = claim_key("gone/future")
+    body = {"format": 99, "name": "gone/future", "node": NODE, "epoch": 1}
+    await layer.write(key, json.dumps(body).encode(), {})
+    age(tier2, "gone/future", 2 * HOUR)
+    found, _ = await check(target(layer, []), repair=True)
+    assert [(f.problem, f.repaired) for f in found] == [(False, False)], found
+    assert "format 99, newer than this version's 1" in found[0].message
+    assert "left alone" in found[0].message
+    assert claim_exists(tier2, "gone/future")
+    assert await NameClaims(layer, "n2", 1).owner("gone/future") == NODE
+
+
 async def test_online_young_claims_and_creates_in_flight_are_notes_and_kept(
     layer: ChunkLayer, tier2: pathlib.Path
 ) -> None:

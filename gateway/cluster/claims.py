@@ -67,6 +67,12 @@ def parse_claim(key: str, data: bytes, mtime: float) -> Claim:
         raise ValueError(f"not JSON ({e})") from None
     if not isinstance(doc, dict):
         raise ValueError("not a JSON object")
+    fmt = doc.get("format")
+    if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt < 1:
+        raise ValueError(f"its 'format' is {fmt!r}, not a claim format")
+    if fmt > CLAIM_FORMAT:
+        # A newer version's claim: what its fields mean is that version's to say.
+        raise ValueError(f"format {fmt}, newer than this version's {CLAIM_FORMAT}")
     name, node = doc.get("name"), doc.get("node")
     if not isinstance(node, str) or not node:
         raise ValueError(f"its 'node' is {node!r}, not a node id")
