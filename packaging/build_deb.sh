@@ -69,6 +69,10 @@ mkdir -p "$BUILD/src"
 git ls-files -z --cached --others --exclude-standard |
     while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
     tar --null -T - -cf - | tar -C "$BUILD/src" -xf -
+# The JVM reader's jar (format "segments-jvm"), compiled here against .venv's
+# pyspark jars: built, not tracked, so copied in by name.
+.venv/bin/python -m pipeline.jvm >/dev/null || die "the segments-jvm jar did not build"
+cp pipeline/jvm/segments-jvm.jar "$BUILD/src/pipeline/jvm/"
 
 # No pip inside: nothing on the node should change this venv but a new .deb.
 # Made with the real interpreter (python3.X), not the python3 alias: the venv

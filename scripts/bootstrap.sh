@@ -17,6 +17,8 @@ if ! "$PYTHON" -c 'import ensurepip' 2>/dev/null; then packages+=(python3-venv);
 
 # Spark (the pipeline and its tests) runs on Java 17; the machines ship it.
 if ! command -v java >/dev/null; then packages+=(openjdk-17-jre-headless); fi
+# javac builds the JVM reader of segments (pipeline/jvm) against pyspark's jars.
+if ! command -v javac >/dev/null; then packages+=(openjdk-17-jdk-headless); fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -47,3 +49,5 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q -e ".[test,dev,pipeline]"
     touch "$stamp"
 fi
+# The JVM reader's jar (format "segments-jvm"), rebuilt when a source changed.
+.venv/bin/python -m pipeline.jvm >/dev/null

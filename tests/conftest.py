@@ -52,6 +52,7 @@ SPARK_MODULES = frozenset(
         "tests/test_parseable_files.py",
         "tests/test_pipeline.py",
         "tests/test_replication.py",
+        "tests/test_segments_jvm.py",
         "tests/test_spark_cluster_harness.py",
         "tests/test_spark_streaming.py",
         "tests/test_spark_streaming_restarts.py",
