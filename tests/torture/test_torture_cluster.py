@@ -844,27 +844,34 @@ async def verify(t: ClusterTorture) -> int:
         await nursery.start(supervising, t, where)
         total = await verify_views(t, where)
         nursery.cancel_scope.cancel()
-    restarted = await trio.to_thread.run_sync(t.supervise)
-    if restarted:
-        print(f"torture cluster: {where}: started again (as systemd would): {restarted}")
-    alive_or_fail(t, where)
+    await supervised(t, where)
     return total
+
+
+async def supervised(t: ClusterTorture, where: str) -> None:
+    """Every node alive, after starting again those that stopped by themselves (one
+    that was stopping cleanly a moment ago has exited by the second look)."""
+    for _ in range(3):
+        restarted = await trio.to_thread.run_sync(t.supervise)
+        if restarted:
+            print(f"torture cluster: {where}: started again (as systemd would): {restarted}")
+        if all(d.alive() for d in t.daemons.values()):
+            break
+        await trio.sleep(1.0)
+    alive_or_fail(t, where)
 
 
 async def supervising(t: ClusterTorture, where: str, *, task_status: Any) -> None:
     """As systemd does, for as long as a check runs: a node that stops by itself after
     its container moved is started again -- also one whose container a survivor takes
     over during the check (its heartbeat late after SeaweedFS came back slow)."""
-    first = True
+    await supervised(t, where)
+    task_status.started()
     while True:
+        await trio.sleep(0.5)
         restarted = await trio.to_thread.run_sync(t.supervise)
         if restarted:
             print(f"torture cluster: {where}: started again (as systemd would): {restarted}")
-        if first:
-            alive_or_fail(t, where)
-            task_status.started()
-            first = False
-        await trio.sleep(0.5)
 
 
 async def verify_views(t: ClusterTorture, where: str) -> int:
