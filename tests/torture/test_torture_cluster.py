@@ -383,7 +383,7 @@ class ClusterTorture:
             lambda: wait_for(lambda: "took over in" in host_log.read_text(), CATCH_UP,
                              f"{host} serving {node}'s container")
         )  # fmt: skip
-        await trio.to_thread.run_sync(lambda: d.start(timeout=180))
+        await trio.to_thread.run_sync(lambda: start_as_systemd(d, 180))
 
     async def drain(self, node: str) -> None:
         """``cluster drain`` a live node (it exits 0), then start it again (handback)."""
@@ -396,7 +396,7 @@ class ClusterTorture:
         assert d.proc is not None
         code = await trio.to_thread.run_sync(lambda: d.proc.wait(60) if d.proc else None)
         assert code == 0, f"the drained {node} exited {code}:\n{d.log()}"
-        await trio.to_thread.run_sync(lambda: d.start(timeout=180))
+        await trio.to_thread.run_sync(lambda: start_as_systemd(d, 180))
 
     def supervise(self) -> list[str]:
         """As systemd would: start again a node that stopped by itself after its container
@@ -412,7 +412,7 @@ class ClusterTorture:
 
         def start(d: MountedDaemon) -> None:
             try:
-                d.start(timeout=180)
+                start_as_systemd(d, 180)
             except BaseException as e:
                 failures.append(e)
 
@@ -435,7 +435,7 @@ class ClusterTorture:
         d = self.daemons[node]
         d.kill()
         time.sleep(pause)
-        d.start(timeout=120)
+        start_as_systemd(d, 120)
 
     def wipe_node(self, node: str) -> None:
         """A dead disk: kill, delete the data directory's contents, rebuild from replicas."""
@@ -827,6 +827,26 @@ NOT_YET_HERE: dict[str, Any] = {
     "interval": 0.25,
     "not_yet": (GatewayError, OSError, trio.TooSlowError),
 }
+
+
+#: Exit codes of a start that met its container taken over meanwhile (44: its
+#: epoch registered by the process that took it over; 48: fenced). systemd's
+#: Restart=on-failure starts it again, and that start takes the container back.
+TAKEN_OVER_AT_START = (44, 48)
+
+
+def start_as_systemd(d: MountedDaemon, timeout: float) -> None:
+    """``d.start``, started again (as systemd would) while it exits taken over at start."""
+    for attempt in range(3):
+        try:
+            d.start(timeout=timeout)
+            return
+        except RuntimeError:
+            code = d.proc.returncode if d.proc is not None else None
+            if code not in TAKEN_OVER_AT_START or attempt == 2:
+                raise
+            print(f"torture cluster: {d.data_dir.name} exited {code} at start; starting it again")
+            force_unmount(d.mnt)
 
 
 def alive_or_fail(t: ClusterTorture, where: str) -> None:
