@@ -18,21 +18,7 @@ pytest.importorskip("pyarrow")
 
 from pipeline import parts
 from pipeline.parts import LinesPart, line_events
-
-
-def expected(data: bytes, first: int, complete: bool) -> list[tuple[int, bytes]]:
-    """Every line starting at or after ``first`` (a line start), as (offset, bytes)."""
-    rows = []
-    pos = first
-    while pos < len(data):
-        nl = data.find(b"\n", pos)
-        if nl < 0:
-            if complete:
-                rows.append((pos, data[pos:]))
-            break
-        rows.append((pos, data[pos:nl]))
-        pos = nl + 1
-    return rows
+from tests.helpers.lines import line_rows
 
 
 def rows_of(part: LinesPart) -> list[tuple[int, bytes]]:
@@ -85,9 +71,9 @@ def test_every_line_once_across_blocks_and_parts(
         monkeypatch.setattr(parts, "LINES_BLOCK", block)
         monkeypatch.setattr(parts, "SCAN_BYTES", max(1, block // 4))
         for split in (1, 5, 100, 1000, 5000, len(data) + 1):
-            assert read(path, data, split) == expected(data, 0, True), (block, split)
+            assert read(path, data, split) == line_rows(data, 0, True), (block, split)
         # Active: a last line without a newline may still be growing.
-        assert read(path, data, 333, complete=False) == expected(data, 0, False), block
+        assert read(path, data, 333, complete=False) == line_rows(data, 0, False), block
 
 
 def test_a_line_longer_than_the_block_and_the_part(
@@ -119,11 +105,11 @@ def test_a_part_not_known_to_start_at_a_line(
         for a in range(start, len(data), split):
             b = min(a + split, len(data))
             rows += rows_of(LinesPart(str(path), "s", a, b, len(data), False, True, True))
-        assert rows == expected(data, first, True), split
+        assert rows == line_rows(data, first, True), split
     # A newline just before the part's start: a line starts exactly there.
     part = LinesPart(str(path), "s", first, len(data), len(data), False, True, True)
     got = rows_of(part)
-    assert got == expected(data, first, True)
+    assert got == line_rows(data, first, True)
 
 
 def test_empty_lines_only_and_a_file_of_one_newline(tmp_path: pathlib.Path) -> None:
@@ -131,4 +117,4 @@ def test_empty_lines_only_and_a_file_of_one_newline(tmp_path: pathlib.Path) -> N
     for data in (b"\n", b"\n\n\n", b"x", b"\nx"):
         path.write_bytes(data)
         for split in (1, 2, 10):
-            assert read(path, data, split) == expected(data, 0, True), (data, split)
+            assert read(path, data, split) == line_rows(data, 0, True), (data, split)

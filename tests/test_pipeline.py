@@ -22,6 +22,7 @@ pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
 from gateway.client.sync import SyncClient
+from tests.helpers.lines import append_raw, line_rows
 from tests.helpers.mount import MountedDaemon, mounted_daemon
 from tests.helpers.wait import wait_for
 
@@ -333,29 +334,6 @@ def test_example_job_streaming_counts_closed_windows_once(
 
 
 # -- codec=lines: lines are found by their newlines, never by the event index --
-
-
-def line_rows(data: bytes, first: int = 0, final: bool = True) -> list[tuple[int, bytes]]:
-    """(offset, line) of every line of ``data`` from ``first`` on, found the plain way.
-
-    ``final``: a last line without a newline counts (a sealed segment).
-    """
-    rows = []
-    pos = first
-    while pos < len(data):
-        nl = data.find(b"\n", pos)
-        if nl < 0:
-            if final:
-                rows.append((pos, data[pos:]))
-            break
-        rows.append((pos, data[pos:nl]))
-        pos = nl + 1
-    return rows
-
-
-def append_raw(c: SyncClient, name: str, data: bytes, piece: int = 64 * KiB) -> list[int]:
-    """Append ``data`` in ``piece``-byte appends (as ``append --raw`` does); their offsets."""
-    return [c.append(name, data[i : i + piece]).offset for i in range(0, len(data), piece)]
 
 
 def seq_json(first: int, last: int) -> bytes:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import random
 import struct
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -27,6 +26,7 @@ pytest.importorskip("pyarrow")
 from pyspark.sql import functions as F
 
 from gateway.client.sync import SyncClient
+from tests.helpers.lines import Committer, append_raw, line_rows
 from tests.helpers.mount import MountedDaemon, mounted_daemon
 from tests.helpers.wait import wait_for
 
@@ -77,10 +77,6 @@ def both(spark: Any, path: Any, where: str = "", **options: str) -> Rows:
 
 def framed(event: bytes) -> bytes:
     return struct.pack(">I", len(event)) + event
-
-
-def append_raw(c: SyncClient, name: str, data: bytes, piece: int) -> list[int]:
-    return [c.append(name, data[i : i + piece]).offset for i in range(0, len(data), piece)]
 
 
 @pytest.fixture(scope="module")
@@ -165,21 +161,6 @@ def test_offset_ranges_filters_and_pruned_columns(
     assert sorted(r.n for r in sizes) == sorted(len(e) for _, e in events)
 
 
-def line_rows(data: bytes, first: int = 0, final: bool = True) -> list[tuple[int, bytes]]:
-    """(offset, line) of every line starting at or after ``first``."""
-    out = []
-    at = first
-    while at < len(data):
-        nl = data.find(b"\n", at)
-        if nl < 0:
-            if final:
-                out.append((at, data[at:]))
-            break
-        out.append((at, data[at:nl]))
-        at = nl + 1
-    return out
-
-
 def test_lines_at_every_part_size(gateway: MountedDaemon, spark: Any) -> None:
     """Sealed, active, cut at an append boundary and mid-line; CRLF; parts down to a byte."""
     data = b"".join(
@@ -251,38 +232,13 @@ def test_a_stream_read_during_commits_has_only_whole_transactions(
     per_txn = 50
     with SyncClient(gateway.address) as c:
         c.create_stream("tx", {"roll_size": 16 * KiB})
-    stop = threading.Event()
-    committed: list[int] = []
-    errors: list[BaseException] = []
-
-    def commit_loop() -> None:
-        try:
-            with SyncClient(gateway.address) as c:
-                n = 0
-                while not stop.is_set():
-                    t = c.begin_transaction("tx")
-                    for i in range(0, per_txn, 10):
-                        c.append(
-                            t.name, b"".join(b"t%05d-%02d\n" % (n, j) for j in range(i, i + 10))
-                        )
-                    c.commit_transaction(t.name)
-                    n += 1
-                    committed.append(n)
-        except BaseException as e:
-            errors.append(e)
-
-    thread = threading.Thread(target=commit_loop)
-    thread.start()
     reads: list[list[bytes]] = []
-    try:
+    with Committer(gateway.address, "tx", per_txn) as committer:
         deadline = time.monotonic() + 60
         while len(reads) < 6 and time.monotonic() < deadline:
             got = rows(spark, "segments-jvm", gateway.mnt / "tx", codec="lines")
             reads.append([e for _, _, e, _ in got])
-    finally:
-        stop.set()
-        thread.join(timeout=60)
-    assert not errors, errors
+    assert not committer.errors, committer.errors
     counts = [len(r) for r in reads]
     assert len(set(counts)) > 2, f"the commits did not overlap the reads: {counts}"
     for events in reads:
@@ -293,7 +249,7 @@ def test_a_stream_read_during_commits_has_only_whole_transactions(
             assert events[at : at + per_txn] == [b"t%05d-%02d" % (k, j) for j in range(per_txn)]
     assert counts == sorted(counts)
     final = both(spark, gateway.mnt / "tx", codec="lines")
-    assert len(final) == per_txn * len(committed)
+    assert len(final) == per_txn * len(committer.committed)
 
 
 def test_bad_paths_and_options_are_clear_errors(gateway: MountedDaemon, spark: Any) -> None:

@@ -19,6 +19,7 @@ pytest.importorskip("pyarrow")
 from pyspark.sql import functions as F
 
 from gateway.client.sync import SyncClient
+from tests.helpers.lines import Committer
 from tests.helpers.mount import MountedDaemon, mounted_daemon
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -115,25 +116,8 @@ def test_a_spark_count_during_commits_sees_only_whole_transactions(
     with SyncClient(d.address) as c:
         c.create_stream("tx", {"roll_size": 16 * KiB})
     stop = threading.Event()
-    committed: list[int] = []
     errors: list[BaseException] = []
-
-    def commit_loop() -> None:
-        try:
-            with SyncClient(d.address) as c:
-                n = 0
-                while not stop.is_set():
-                    t = c.begin_transaction("tx")
-                    for i in range(0, per_txn, 10):
-                        c.append(
-                            t.name, b"".join(b"t%05d-%02d\n" % (n, j) for j in range(i, i + 10))
-                        )
-                    c.commit_transaction(t.name)
-                    n += 1
-                    committed.append(n)
-        except BaseException as e:
-            errors.append(e)
-
+    committer = Committer(d.address, "tx", per_txn)
     direct: list[int] = []
 
     def append_loop() -> None:
@@ -147,7 +131,7 @@ def test_a_spark_count_during_commits_sees_only_whole_transactions(
         except BaseException as e:
             errors.append(e)
 
-    threads = [threading.Thread(target=commit_loop), threading.Thread(target=append_loop)]
+    threads = [committer, threading.Thread(target=append_loop)]
     for t in threads:
         t.start()
     counts = []
@@ -157,9 +141,11 @@ def test_a_spark_count_during_commits_sees_only_whole_transactions(
             counts.append(events.where(F.expr("substring(event, 1, 1) = X'74'")).count())
     finally:
         stop.set()
+        committer.stop()
         for t in threads:
             t.join(timeout=60)
-    assert not errors, errors
+    assert not errors and not committer.errors, (errors, committer.errors)
+    committed = committer.committed
     assert len(set(counts)) > 2, f"the commits did not overlap the counts: {counts}"
     assert all(n % per_txn == 0 for n in counts), counts
     assert counts == sorted(counts)
