@@ -20,6 +20,11 @@ after mounting. The order of the systems rotates between rounds. Reported:
 the median MB/s over ``--repeat`` rounds, every run, the ratio to the local
 file at the same temperature, and the CPU the FUSE daemon used per read.
 
+With ``--pyfuse3-python``, two more rows: the one-file pyfuse3 file system
+of ``bench/passthrough/passthrough_pyfuse3.py`` (run by that Python, whose
+pyfuse3 carries ``bench/passthrough/pyfuse3-3.5.0-passthrough.patch``),
+serving reads itself and by passthrough, with the READ requests it served.
+
 Evidence that passthrough served the reads: the FUSE requests each
 ``passthrough_hp`` mode received while reading a small file, counted from
 libfuse's own debug log (``--debug-fuse``); passthrough_hp also answers any
@@ -38,6 +43,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import hashlib
+import json
 import os
 import pathlib
 import re
@@ -73,6 +79,10 @@ LOCAL = "local file"
 LL = "passthrough_ll (libfuse {v}, cache=always)"
 HP_OFF = "passthrough_hp (libfuse {v}, --nopassthrough)"
 HP_ON = "passthrough_hp (libfuse {v}, passthrough)"
+PY_DAEMON = "pyfuse3 + patch (daemon reads, keep_cache)"
+PY_ON = "pyfuse3 + patch (passthrough)"
+#: The one-file pyfuse3 file system, run by --pyfuse3-python.
+PYFUSE3_FS = BENCH / "passthrough" / "passthrough_pyfuse3.py"
 #: What the examples that come with this machine's libfuse3-dev need to build.
 SYSTEM_EXAMPLES = pathlib.Path("/usr/share/doc/libfuse3-dev/examples")
 
@@ -205,6 +215,8 @@ def mounted(
         yield proc
     finally:
         unmount(mountpoint)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)  # a daemon may report what it served once unmounted
         if proc.poll() is None:
             proc.terminate()
             try:
@@ -264,7 +276,14 @@ def make_file(path: pathlib.Path, size: int) -> dict[int, str]:
 class Systems:
     """The mounts to compare: name -> the daemon's command (None for the local file)."""
 
-    def __init__(self, ll: pathlib.Path, ll_version: str, hp: pathlib.Path, hp_version: str):
+    def __init__(
+        self,
+        ll: pathlib.Path,
+        ll_version: str,
+        hp: pathlib.Path,
+        hp_version: str,
+        pyfuse3_python: pathlib.Path | None,
+    ):
         self.commands: dict[str, list[str] | None] = {
             LOCAL: None,
             LL.format(v=ll_version): [str(ll), "-f", "-o", "cache=always,source={src}", "{mnt}"],
@@ -273,6 +292,11 @@ class Systems:
             ],
             HP_ON.format(v=hp_version): [str(hp), "--foreground", "--debug", "{src}", "{mnt}"],
         }  # fmt: skip
+        if pyfuse3_python is not None:
+            for name, mode in ((PY_DAEMON, "daemon"), (PY_ON, "passthrough")):
+                self.commands[name] = [
+                    str(pyfuse3_python), str(PYFUSE3_FS), "{src}/segment", "{mnt}", "--mode", mode
+                ]  # fmt: skip
 
     def command(self, name: str, src: pathlib.Path, mnt: pathlib.Path) -> list[str] | None:
         """The daemon's command line for ``name`` mirroring ``src`` at ``mnt``."""
@@ -315,6 +339,9 @@ def one_round(
         text = log_path.read_text(errors="replace")
         out["backing_files_opened"] = text.count("setup shared backing file")
         out["read_errors_logged"] = text.count("fuse_passthrough read failed")
+        served = [line for line in text.splitlines() if line.startswith("{")]
+        if served:  # the pyfuse3 file system's report
+            out["served"] = json.loads(served[-1])
     return out
 
 
@@ -363,7 +390,9 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                 "ratio_to_local": round(median / local[t], 3),
                 "daemon_cpu_s": round(statistics.median(r[t]["daemon_cpu_s"] for r in rounds), 3),
             }
-        if "backing_files_opened" in rounds[0]:
+        if "served" in rounds[0]:
+            row["served"] = {k: sum(r["served"][k] for r in rounds) for k in rounds[0]["served"]}
+        elif "backing_files_opened" in rounds[0]:
             row["backing_files_opened"] = sum(r["backing_files_opened"] for r in rounds)
             row["read_errors_logged"] = sum(r["read_errors_logged"] for r in rounds)
         table[name] = row
@@ -406,6 +435,11 @@ def main() -> None:
         type=pathlib.Path,
         help="a meson build dir of libfuse >= 3.16 with its examples, instead of building one",
     )
+    parser.add_argument(
+        "--pyfuse3-python",
+        type=pathlib.Path,
+        help="a Python whose pyfuse3 has bench/passthrough's patch: adds its rows",
+    )
     args = parser.parse_args()
     stop_on_signals()
     if os.geteuid() != 0:
@@ -422,7 +456,7 @@ def main() -> None:
         ll, ll_version = build_system_passthrough_ll(build)
         newer, hp_version = built_examples(build, args.libfuse_build, args.suite)
         result["libfuse"] = {"system": ll_version, "built": hp_version}
-        systems = Systems(ll, ll_version, newer["passthrough_hp"], hp_version)
+        systems = Systems(ll, ll_version, newer["passthrough_hp"], hp_version, args.pyfuse3_python)
         (work / "src").mkdir()
         (work / "mnt").mkdir()
         try:
