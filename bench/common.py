@@ -83,6 +83,28 @@ def run_fio(fio: str, directory: pathlib.Path, bs: str, size: str) -> dict[str, 
     return {"MBps": job["bw_bytes"] / 1e6, "iops": job["iops"]}
 
 
+def wait_mounted(
+    proc: subprocess.Popen[bytes],
+    mounted: Callable[[], bool],
+    name: str,
+    log_path: pathlib.Path,
+    timeout: float,
+    interval: float = 0.05,
+) -> None:
+    """Until ``mounted()``: RuntimeError with the log's tail if ``proc`` (a FUSE server
+    named ``name``) exits first or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while not mounted():
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"{name} exited with {proc.returncode} before mounting:\n"
+                + log_path.read_text(errors="replace")[-2000:]
+            )
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name} did not mount in {timeout:.0f}s")
+        time.sleep(interval)
+
+
 def drop_page_cache(warn: Callable[[str], None] | None = None) -> None:
     """Write back dirty pages, then drop the page cache (and dentries, inodes).
 

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import crc32c
-from common import drop_page_cache, ensure_rclone, ensure_s3fs, log, running_daemon
+from common import (
+    drop_page_cache,
+    ensure_rclone,
+    ensure_s3fs,
+    log,
+    running_daemon,
+    wait_mounted,
+)
 from fuse_read_measure import (
     PAGE,
     SEED,
@@ -384,16 +391,8 @@ class Bench:
                 start_new_session=True,
             )  # fmt: skip
         try:
+            wait_mounted(proc, lambda: is_mounted(self.peer_mnt), name, log_path, MOUNT_TIMEOUT)
             deadline = time.monotonic() + MOUNT_TIMEOUT
-            while not is_mounted(self.peer_mnt):
-                if proc.poll() is not None:
-                    raise RuntimeError(
-                        f"{name} exited with {proc.returncode} before mounting:\n"
-                        + log_path.read_text(errors="replace")[-2000:]
-                    )
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{name} did not mount in {MOUNT_TIMEOUT:.0f}s")
-                time.sleep(0.05)
             # Mounted is not yet answering: wait until the first chunk is visible.
             while not self.peer_files()[0].exists():
                 if time.monotonic() > deadline:

@@ -68,6 +68,7 @@ from common import (  # noqa: E402
     print_result,
     result_header,
     stop_on_signals,
+    wait_mounted,
     work_directory,
 )
 
@@ -202,16 +203,8 @@ def mounted(
             command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
         )
     try:
-        deadline = time.monotonic() + MOUNT_TIMEOUT
-        while not os.path.ismount(mountpoint):
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"{command[0]} exited with {proc.returncode} before mounting:\n"
-                    + log_path.read_text(errors="replace")[-2000:]
-                )
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{command[0]} did not mount in {MOUNT_TIMEOUT:.0f}s")
-            time.sleep(0.02)
+        wait_mounted(proc, lambda: os.path.ismount(mountpoint), command[0], log_path,
+                     MOUNT_TIMEOUT, interval=0.02)  # fmt: skip
         yield proc
     finally:
         unmount(mountpoint)
