@@ -105,6 +105,17 @@ def wait_mounted(
         time.sleep(interval)
 
 
+def terminate(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """Stop ``proc`` if it still runs: SIGTERM, then SIGKILL after ``timeout`` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def drop_page_cache(warn: Callable[[str], None] | None = None) -> None:
     """Write back dirty pages, then drop the page cache (and dentries, inodes).
 

@@ -23,6 +23,7 @@ from common import (
     ensure_s3fs,
     log,
     running_daemon,
+    terminate,
     wait_mounted,
 )
 from fuse_read_measure import (
@@ -401,13 +402,7 @@ class Bench:
             yield
         finally:
             lazy_unmount(self.peer_mnt)
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            terminate(proc)
 
     def s3fs_mount(self) -> contextlib.AbstractContextManager[None]:
         s = self.server

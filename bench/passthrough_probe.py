@@ -68,6 +68,7 @@ from common import (  # noqa: E402
     print_result,
     result_header,
     stop_on_signals,
+    terminate,
     wait_mounted,
     work_directory,
 )
@@ -210,13 +211,7 @@ def mounted(
         unmount(mountpoint)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(5)  # a daemon may report what it served once unmounted
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate(proc)
 
 
 def cpu_seconds(pid: int | None) -> float:
