@@ -46,7 +46,7 @@ from gateway.cluster.registry import UP
 from gateway.cluster.view import ClusterView
 from gateway.config import Config, Tier2Config
 from gateway.container.container import SegmentContainer
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, Unavailable
 from gateway.fsck.online import live_target
 from gateway.node import Node, give_back_memory, open_node
 from gateway.notify import Notifier
@@ -188,12 +188,19 @@ def handovers(config: Config) -> bool:
     return config.replication.write_quorum > 1 and lease_duration(config) > 0
 
 
-def _handed_over(life: _Lifecycle, node: str, claimant: str) -> None:
-    """Another node claimed this container (a drain, or its own node taking it back)."""
-    log.warning("handover: node %s claimed this container (node %s); stopping cleanly so that "
-                "it continues there", claimant, node)  # fmt: skip
+def _handed_over(
+    life: _Lifecycle, node: str, leave: list[GatewayError] | None, claimant: str, takeover: bool
+) -> None:
+    """Another node claimed this container: a drain, its own node taking it back, or a
+    takeover of this process while it was cut off (then it leaves as `TakenOver`, which
+    a supervisor starts again, and that start takes the container back)."""
+    log.warning("handover: node %s claimed this container (node %s)%s; stopping cleanly so "
+                "that it continues there", claimant, node,
+                " in a takeover" if takeover else "")  # fmt: skip
+    if takeover and leave is not None and not leave:
+        leave.append(Unavailable(f"node {claimant} took its container over"))
     life.handed_over = claimant
-    os.kill(os.getpid(), signal.SIGTERM)  # the ordered stop: answers in flight, "stopped"
+    life.stop()  # the ordered stop: answers in flight, "stopped"
 
 
 def takes_over(config: Config) -> bool:
@@ -294,7 +301,11 @@ async def _recover(
 
 
 def _replicator(
-    config: Config, tier2: ChunkLayer, node: Node, leave: list[GatewayError] | None
+    config: Config,
+    tier2: ChunkLayer,
+    node: Node,
+    leave: list[GatewayError] | None,
+    life: _Lifecycle | None = None,
 ) -> Replicator:
     return Replicator(
         config.node.id,
@@ -302,7 +313,7 @@ def _replicator(
         config.replication,
         tier2,
         partial(_connect_node, config, node_ssl_context(config)),
-        on_fenced=partial(_fenced, node, leave=leave),
+        on_fenced=partial(_fenced, node, leave=leave, life=life),
         record_deadline=min(config.tier2.retry_deadline, 10.0),
     )
 
@@ -332,7 +343,12 @@ async def _epoch_current(tier2: ChunkLayer, source: str, epoch: int) -> bool:
     return await current_epoch(tier2, source, deadline=5.0) <= epoch
 
 
-def _fenced(node: Node, error: GatewayError, leave: list[GatewayError] | None = None) -> None:
+def _fenced(
+    node: Node,
+    error: GatewayError,
+    leave: list[GatewayError] | None = None,
+    life: _Lifecycle | None = None,
+) -> None:
     """Another process took this node id over: stop changing anything anyone trusts.
 
     ``leave`` (containers that move between nodes): the first error is kept
@@ -351,7 +367,10 @@ def _fenced(node: Node, error: GatewayError, leave: list[GatewayError] | None = 
     leave.append(error)
     log.error("cluster: %s. This process accepts no more changes and stops; started again, "
               "it takes its container back (cluster.handback)", error)  # fmt: skip
-    os.kill(os.getpid(), signal.SIGTERM)
+    if life is not None:
+        life.stop()
+    else:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 class TakenOver(GatewayError):
@@ -426,6 +445,14 @@ class _Lifecycle:
         self.mount_done = trio.Event()
         #: The node this container is being handed over to ("": none).
         self.handed_over = ""
+        self._stop_sent = False
+
+    def stop(self) -> None:
+        """Stop as at SIGTERM, once: a second SIGTERM of its own (a handover, then the
+        fence it implies) would outlive the signal receiver and kill the process."""
+        if not self._stop_sent:
+            self._stop_sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
 
     async def run_mount(
         self, node: Node, cluster: ClusterView, *, task_status: trio.TaskStatus[Any]
@@ -562,7 +589,7 @@ async def run_daemon(
                 if config.replication.write_quorum > 1:
                     # Changes wait for the replicas from the start: not one is
                     # acknowledged on this disk alone (`Replicator.check`).
-                    replicator = _replicator(config, tier2, node, leave)
+                    replicator = _replicator(config, tier2, node, leave, life)
                     container.lease = replicator
                 if recover_from_tier2 and node.storage_writer is not None:
                     # The rebuilt metadata is the base every later recovery and
@@ -574,7 +601,7 @@ async def run_daemon(
                     node.reader,
                     partial(_connect_node, config, node_ssl_context(config)),
                     partial(_progress, node),
-                    partial(_fenced, node, leave=leave),
+                    partial(_fenced, node, leave=leave, life=life),
                     lease,
                 )
                 claims = None
@@ -646,7 +673,7 @@ async def run_daemon(
                             watch_handover, tier2, config.node.id, node.journal.epoch,
                             hosting.host if hosting is not None else config.node.id,
                             config.cluster.heartbeat_interval,
-                            partial(_handed_over, life, config.node.id),
+                            partial(_handed_over, life, config.node.id, leave),
                         )  # fmt: skip
                     containers = None
                     if hosting is None and takes_over(config):

@@ -734,7 +734,12 @@ async def test_a_drained_process_keeps_serving_until_the_claimant_waits(
 
     async def watch(node: str, epoch: int) -> None:
         await handover.watch_handover(
-            layer, node, epoch, node, 0.1, lambda by: claimed.append((by, trio.current_time()))
+            layer,
+            node,
+            epoch,
+            node,
+            0.1,
+            lambda by, _takeover: claimed.append((by, trio.current_time())),
         )
 
     async with trio.open_nursery() as nursery:

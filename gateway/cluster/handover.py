@@ -220,10 +220,15 @@ async def watch_handover(
     epoch: int,
     host: str,
     interval: float,
-    on_claimed: Callable[[str], None],
+    on_claimed: Callable[[str, bool], None],
 ) -> None:
-    """Call ``on_claimed(claimant)`` once a node other than ``host`` (the node whose
-    host runs this process) claims ``epoch`` of ``node``."""
+    """Call ``on_claimed(claimant, takeover)`` once a node other than ``host`` (the node
+    whose host runs this process) claims ``epoch`` of ``node``.
+
+    ``takeover``: the claim is a failover's (neither a drain's announce nor the
+    node itself taking its container back): this process was taken over while
+    it ran, cut off, and should leave as taken over, to be started again.
+    """
     failing = False
     while True:
         await trio.sleep(interval)
@@ -239,7 +244,7 @@ async def watch_handover(
             if claim.announce:
                 # A drain: keep serving while the claimant's process starts.
                 await _announced(layer, node, epoch)
-            on_claimed(claim.host)
+            on_claimed(claim.host, not claim.announce and claim.host != node)
             return
 
 
