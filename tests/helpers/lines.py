@@ -41,13 +41,13 @@ class Committer(threading.Thread):
         self.address, self.stream, self.per_txn = address, stream, per_txn
         self.committed: list[int] = []
         self.errors: list[BaseException] = []
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
 
     def run(self) -> None:
         try:
             with SyncClient(self.address) as c:
                 n = 0
-                while not self._stop.is_set():
+                while not self._stopping.is_set():
                     t = c.begin_transaction(self.stream)
                     for i in range(0, self.per_txn, 10):
                         lines = b"".join(b"t%05d-%02d\n" % (n, j) for j in range(i, i + 10))
@@ -60,7 +60,7 @@ class Committer(threading.Thread):
 
     def stop(self, timeout: float = 60) -> None:
         """Stop after the transaction in progress, and wait for that."""
-        self._stop.set()
+        self._stopping.set()
         self.join(timeout)
 
     def __enter__(self) -> Committer:

@@ -335,6 +335,8 @@ class SparkCluster:
         """
         from pyspark.sql import SparkSession
 
+        from pipeline.jvm import jar_path
+
         # One SparkContext per process: the suite's shared local session
         # makes way (the next module that needs it starts it again).
         stop_local_spark()
@@ -342,8 +344,15 @@ class SparkCluster:
         # environment, not from spark.pyspark.python: this interpreter too.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        builder = SparkSession.builder
+        jar = jar_path()
+        if jar is not None:
+            # On the driver's class path only if the JVM starts with it: this
+            # session may be the first of the process (the suite's local one
+            # reuses the same JVM), and it ships the jar to the executors too.
+            builder = builder.config("spark.jars", str(jar))
         spark = (
-            SparkSession.builder.master(self.master_url)
+            builder.master(self.master_url)
             .appName(app)
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
