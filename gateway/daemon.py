@@ -188,17 +188,17 @@ def handovers(config: Config) -> bool:
     return config.replication.write_quorum > 1 and lease_duration(config) > 0
 
 
-def _handed_over(
-    life: _Lifecycle, node: str, leave: list[GatewayError] | None, claimant: str, takeover: bool
-) -> None:
+def _handed_over(life: _Lifecycle, node: str, claimant: str, takeover: bool) -> None:
     """Another node claimed this container: a drain, its own node taking it back, or a
     takeover of this process while it was cut off (then it leaves as `TakenOver`, which
     a supervisor starts again, and that start takes the container back)."""
     log.warning("handover: node %s claimed this container (node %s)%s; stopping cleanly so "
                 "that it continues there", claimant, node,
                 " in a takeover" if takeover else "")  # fmt: skip
-    if takeover and leave is not None and not leave:
-        leave.append(Unavailable(f"node {claimant} took its container over"))
+    if takeover:
+        # Not in `leave`: that list says the fence was applied (`_fenced`), and
+        # the fence this claim implies must still be applied when it comes.
+        life.taken_over = Unavailable(f"node {claimant} took its container over")
     life.handed_over = claimant
     life.stop()  # the ordered stop: answers in flight, "stopped"
 
@@ -445,6 +445,9 @@ class _Lifecycle:
         self.mount_done = trio.Event()
         #: The node this container is being handed over to ("": none).
         self.handed_over = ""
+        #: Why this process leaves as `TakenOver` though no fence reached it yet
+        #: (a failover's claim on its epoch; None: not taken over).
+        self.taken_over: GatewayError | None = None
         self._stop_sent = False
 
     def stop(self) -> None:
@@ -673,7 +676,7 @@ async def run_daemon(
                             watch_handover, tier2, config.node.id, node.journal.epoch,
                             hosting.host if hosting is not None else config.node.id,
                             config.cluster.heartbeat_interval,
-                            partial(_handed_over, life, config.node.id, leave),
+                            partial(_handed_over, life, config.node.id),
                         )  # fmt: skip
                     containers = None
                     if hosting is None and takes_over(config):
@@ -725,8 +728,8 @@ async def run_daemon(
                     nursery.cancel_scope.cancel()
     notifier.close()
     log.info("stopped")
-    if leave:
-        raise TakenOver(config.node.id, leave[0])
+    if leave or life.taken_over is not None:
+        raise TakenOver(config.node.id, leave[0] if leave else life.taken_over)
 
 
 async def _stop(life: _Lifecycle, server: Server, node: Node) -> None:
