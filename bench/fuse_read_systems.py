@@ -31,6 +31,7 @@ from fuse_read_measure import (
     SEED,
     Expected,
     MiB,
+    crc_of,
     dd,
     file_iops,
     find_pid,
@@ -80,6 +81,9 @@ SEQ_MODES = {
     "boto3_parallel": f"boto3, {RAW_THREADS} threads × {RAW_RANGE >> 20} MiB ranged GETs",
     "local_cold": "local file, page cache dropped",
     "local_warm": "local file, page cache warm",
+    "cfuse_cold": "C FUSE: libfuse's passthrough_ll (cache=always) over the local file, "
+    "page cache dropped",
+    "cfuse_warm": "C FUSE: the same, page cache warm",
 }
 #: Systems with first-byte latency and random-read IOPS, in table order.
 RANDOM_SYSTEMS = {
@@ -90,7 +94,7 @@ RANDOM_SYSTEMS = {
     "local": "local file",
 }
 #: What --parts can name: the systems of every round, and the active-segment case.
-PARTS = ("ours", "s3fs", "rclone_off", "rclone_full", "boto3", "local", "active")
+PARTS = ("ours", "s3fs", "rclone_off", "rclone_full", "boto3", "local", "cfuse", "active")
 
 
 @dataclass
@@ -117,14 +121,25 @@ class Bench:
         self.storage: S3Storage | None = None
         self.s3fs = ""
         self.rclone = ""
+        #: libfuse's passthrough_ll example, built from this machine's libfuse3-dev.
+        self.passthrough_ll = ""
+        self.cfuse_mnt = work / "cfuse-mnt"
         self.daemon_pid: int | None = None
 
     # -- set-up
 
-    def start(self, peers: bool = True) -> None:
+    def start(self, peers: bool = True, cfuse: bool = True) -> None:
         if peers:
             self.s3fs = ensure_s3fs()
             self.rclone = ensure_rclone()
+        if cfuse:
+            from passthrough_probe import build_system_passthrough_ll
+
+            built = self.work / "cfuse-build"
+            built.mkdir()
+            ll, version = build_system_passthrough_ll(built)
+            self.passthrough_ll = str(ll)
+            log(f"built passthrough_ll (libfuse {version})")
         log("starting SeaweedFS")
         self.server.start()
         s = self.server
@@ -139,7 +154,7 @@ class Bench:
         self.peer_mnt.mkdir()
 
     def stop(self) -> None:
-        for path in (self.peer_mnt, self.mnt):
+        for path in (self.peer_mnt, self.mnt, self.cfuse_mnt):
             lazy_unmount(path)
         if self.storage is not None:
             self.storage.close()
@@ -611,6 +626,38 @@ class Bench:
             f"{out['local_warm']['MBps']:.0f} MB/s, first byte "
             f"{statistics.median(out['first_byte_ms']):.2f} ms, "
             f"{out['iops']['iops']:.0f} IOPS"
+        )
+        return out
+
+    def run_cfuse(self, rnd: int) -> dict[str, Any]:
+        """The local file through a minimal C FUSE file system (the kernel's FUSE read
+        path with a daemon that only ``pread``s), cold and warm: what any FUSE
+        daemon on this kernel reaches, the baseline of the RocksDB-warm read.
+        """
+        self.cfuse_mnt.mkdir(exist_ok=True)
+        command = [self.passthrough_ll, "-f", "-o", f"cache=always,source={self.local.parent}",
+                   str(self.cfuse_mnt)]  # fmt: skip
+        out: dict[str, Any] = {}
+        log_path = self.work / "cfuse.log"
+        with open(log_path, "wb") as sink:
+            proc = subprocess.Popen(command, stdout=sink, stderr=sink, start_new_session=True)
+        try:
+            wait_mounted(proc, lambda: is_mounted(self.cfuse_mnt), "passthrough_ll", log_path,
+                         MOUNT_TIMEOUT, interval=0.02)  # fmt: skip
+            path = [self.cfuse_mnt / self.local.name]
+            self.daemon_pid = proc.pid
+            drop_page_cache()
+            out["cfuse_cold"] = self.timed_dd(path)
+            out["cfuse_warm"] = self.warm_dd(path)
+            self.expected.check("passthrough_ll", *crc_of(path))
+        finally:
+            self.daemon_pid = None
+            lazy_unmount(self.cfuse_mnt)
+            terminate(proc)
+        log(
+            f"round {rnd} C FUSE: cold {out['cfuse_cold']['MBps']:.0f} MB/s, warm "
+            f"{out['cfuse_warm']['MBps']:.0f} MB/s ({out['cfuse_warm']['vs_local']:.2f}× the "
+            "local file read alternately)"
         )
         return out
 
