@@ -1,5 +1,5 @@
 """Commands that run or inspect a node: ``version``, ``check-config``, ``journal-dump``,
-``fsck``, ``pipeline``, ``serve``, ``export-metadata`` and ``import-metadata``.
+``fsck``, ``pipeline``, ``serve``, ``status``, ``export-metadata`` and ``import-metadata``.
 
 Each imports what it runs (the daemon, fsck, Spark) only when it runs, so
 that the other commands start fast.
@@ -240,6 +240,32 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return overrides
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    import json
+
+    from gateway import summary
+
+    async def run(client: Any) -> int:
+        s = await client.status()
+        rows = summary.rows(s)
+        if args.json:
+            print(json.dumps(summary.as_dict(s)))
+        else:
+            width = max(len(r.label) for r in rows)
+            for r in rows:
+                print(f"{'!' if r.attention else ' '} {r.label:<{width}}  {r.text}")
+        return 1 if any(r.attention for r in rows) else 0
+
+    return run_client(args, run)
+
+
+def _add_status(sub: Commands) -> None:
+    p = add_command(sub, "status", _cmd_status, "print the daemon's node at a glance: journal, "
+                    "cache, Tier-2 backlog, mount, embedded S3 (exit 1 if a line is marked !)",
+                    client=True)  # fmt: skip
+    p.add_argument("--json", action="store_true", help="one JSON object, every field by name")
+
+
 def _cmd_export_metadata(args: argparse.Namespace) -> int:
     import trio
 
@@ -333,6 +359,7 @@ def register(sub: Commands) -> None:
         _add_fsck,
         _add_pipeline,
         _add_serve,
+        _add_status,
         _add_export_metadata,
         _add_import_metadata,
     ):
