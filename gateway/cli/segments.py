@@ -14,9 +14,17 @@ import time
 from typing import Any
 
 from gateway.cli import append
-from gateway.cli.common import Commands, add_command, info_dict, run_client
+from gateway.cli.common import (
+    Commands,
+    add_command,
+    connect_settings,
+    info_dict,
+    run_client,
+    tls_options,
+)
 from gateway.cli.values import MAX_OFFSET, MAX_TIMEOUT, attribute_id, integer, seconds
-from gateway.errors import BadRequest, Unavailable
+from gateway.errors import BadRequest, GatewayError, Unavailable
+from gateway.progress import Progress, shown
 
 
 def _cmd_create(args: argparse.Namespace) -> int:
@@ -39,32 +47,40 @@ def _add_create(sub: Commands) -> None:
 
 def _cmd_cat(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
+    # Progress only when the bytes go elsewhere than the terminal it is drawn on.
+    show = shown(args.quiet) and not sys.stdout.isatty()
 
     async def run(client: Any) -> int:
         offset = args.offset
-        if offset is None:
-            offset = (await client.info(args.segment)).start_offset
-        while True:
-            got = 0
-            end = False
-            async for piece in client.read_pieces(
-                args.segment, offset, 8 << 20, wait=1.0 if args.follow else 0.0
-            ):
-                out.write(piece.data)
-                got += len(piece.data)
-                end = piece.end_of_segment or (
-                    not args.follow and piece.offset + len(piece.data) >= piece.length
-                )
-            out.flush()
-            offset += got
-            if end:
-                return 0
+        info = None
+        if offset is None or show:
+            info = await client.info(args.segment)
+            offset = info.start_offset if offset is None else offset
+        total = None if args.follow or info is None else max(0, info.length - offset)
+        with Progress(f"cat {args.segment}", total, show=show) as bar:
+            while True:
+                got = 0
+                end = False
+                async for piece in client.read_pieces(
+                    args.segment, offset, 8 << 20, wait=1.0 if args.follow else 0.0
+                ):
+                    out.write(piece.data)
+                    got += len(piece.data)
+                    bar.advance(len(piece.data))
+                    end = piece.end_of_segment or (
+                        not args.follow and piece.offset + len(piece.data) >= piece.length
+                    )
+                out.flush()
+                offset += got
+                if end:
+                    return 0
 
     return run_client(args, run)
 
 
 def _add_cat(sub: Commands) -> None:
-    p = add_command(sub, "cat", _cmd_cat, "write a segment's bytes to stdout", client=True)
+    p = add_command(sub, "cat", _cmd_cat, "write a segment's bytes to stdout", client=True,
+                    progress=True)  # fmt: skip
     p.add_argument("segment")
     p.add_argument("--offset", type=integer(0, MAX_OFFSET),
                    help="start here (default: the segment's start offset)")  # fmt: skip
@@ -178,21 +194,62 @@ def _add_seal(sub: Commands) -> None:
 def _cmd_flush(args: argparse.Namespace) -> int:
     import trio
 
+    what = args.segment or "every segment"
+
     async def run(client: Any) -> int:
         # The daemon waits (retrying) up to --timeout and then says what was
         # left; a little longer here, for a daemon that does not answer.
-        with trio.move_on_after(args.timeout + FLUSH_ANSWER_GRACE):
-            await client.flush(args.segment, args.timeout)
-            print(f"flushed {args.segment or 'every segment'} to Tier 2")
+        with (
+            Progress(f"flush {what}", show=shown(args.quiet)) as bar,
+            trio.move_on_after(args.timeout + FLUSH_ANSWER_GRACE),
+        ):
+            async with trio.open_nursery() as nursery:
+                if bar.drawn:
+                    nursery.start_soon(_watch_flush, args, bar)
+                await client.flush(args.segment, args.timeout)
+                nursery.cancel_scope.cancel()
+            bar.close()
+            print(f"flushed {what} to Tier 2")
             return 0
         raise Unavailable(f"the daemon did not answer the flush within {args.timeout:g}s")
 
     return run_client(args, run)
 
 
+async def _watch_flush(args: argparse.Namespace, bar: Progress) -> None:
+    """Draw how much of what was unflushed at the start is in Tier 2 now.
+
+    Asked on a connection of its own (one connection answers in request
+    order: after the flush), every FLUSH_POLL_INTERVAL.
+    """
+    import trio
+
+    from gateway.client.client import open_client
+
+    address, token = connect_settings(args)
+    try:
+        async with open_client(address, token, **tls_options(args)) as client:
+            if not args.segment and not client.serves("status"):
+                return  # an older daemon: no total to draw against
+
+            async def unflushed() -> int:
+                if args.segment:
+                    info = await client.info(args.segment)
+                    return max(0, info.length - max(info.storage_length, info.start_offset))
+                return int((await client.status()).tier2_unflushed_bytes)
+
+            total = await unflushed()
+            bar.set_total(total)
+            while True:
+                await trio.sleep(FLUSH_POLL_INTERVAL)
+                bar.reach(max(0, total - await unflushed()))
+    except (GatewayError, OSError):
+        return  # only the drawing stops: the flush answers for itself
+
+
 def _add_flush(sub: Commands) -> None:
     p = add_command(sub, "flush", _cmd_flush, "flush to Tier 2 now and wait until it is there",
-                    client=True)  # fmt: skip
+                    client=True, progress=True)  # fmt: skip
     p.add_argument("segment", nargs="?", default="", help="one segment (default: all)")
     p.add_argument("--timeout", type=seconds(0, MAX_TIMEOUT), default=60.0, metavar="SECONDS",
                    help="wait this long at most, while the daemon retries what fails (an "
@@ -202,6 +259,8 @@ def _add_flush(sub: Commands) -> None:
 
 #: How long `flush` waits for the daemon's answer beyond its --timeout.
 FLUSH_ANSWER_GRACE = 10.0
+#: Seconds between two looks at what is left, while `flush` draws its progress.
+FLUSH_POLL_INTERVAL = 0.5
 
 
 def _cmd_truncate(args: argparse.Namespace) -> int:
