@@ -152,7 +152,7 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
 def _add_pipeline(sub: Commands) -> None:
     p = add_command(sub, "pipeline", _cmd_pipeline,
                     "run a Spark job over the mounted segments (local Spark)")  # fmt: skip
-    p.add_argument("action", choices=["run"])
+    p.add_argument("action", choices=["run"], help="run JOB (the only action)")
     p.add_argument("job", metavar="JOB", help="a module of pipeline.jobs, e.g. events_per_minute")
     p.add_argument("--mount", required=True, metavar="DIR", help="the gateway's mountpoint")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
@@ -266,9 +266,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _add_status(sub: Commands) -> None:
-    p = add_command(sub, "status", _cmd_status, "print the daemon's node at a glance: journal, "
-                    "cache, Tier-2 backlog, mount, embedded S3 (exit 1 if a line is marked !)",
-                    client=True)  # fmt: skip
+    p = add_command(sub, "status", _cmd_status, "show the daemon's node at a glance: version, "
+                    "uptime, journal, cache, Tier-2 backlog, mount, embedded S3 (exit 1 when a "
+                    "line is marked !)", client=True)  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object, every field by name")
 
 
@@ -319,10 +319,10 @@ def _cmd_export_metadata(args: argparse.Namespace) -> int:
 async def with_progress(what: str, quiet: bool, work: Callable[[Progress], Awaitable[T]]) -> T:
     """``work(bar)``, with a bar that it labels with each step and that is redrawn
     meanwhile (its time moves on while the work is one long call)."""
-    import trio
+    from gateway.aio import service_nursery
 
     with Progress(what, unit="", show=shown(quiet)) as bar:
-        async with trio.open_nursery() as nursery:
+        async with service_nursery() as nursery:  # the work's errors as they are
             if bar.drawn:
                 nursery.start_soon(keep_drawing, bar)
             result = await work(bar)

@@ -387,7 +387,8 @@ def cmd_append(args: argparse.Namespace) -> int:
 def _add_append(sub: Commands) -> None:
     p = add_command(sub, "append", cmd_append, "append events from stdin or a file (one per "
                     "line unless --raw or --framed)", client=True, progress=True)  # fmt: skip
-    p.add_argument("segment")
+    p.add_argument("segment", metavar="SEGMENT",
+                   help="the segment or stream to append to")  # fmt: skip
     p.add_argument("--file", help="read this file instead of stdin")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--framed", action="store_true",

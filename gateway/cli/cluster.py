@@ -154,7 +154,7 @@ def register(sub: Commands) -> None:
                    help="drain: move NODE's container to another node (it stops cleanly; "
                    "start it again to take it back); forget: retire NODE for good (a drained "
                    "or dead node; its container, if any, stays where it runs)")  # fmt: skip
-    p.add_argument("node", nargs="?", help="the node to drain or forget")
+    p.add_argument("node", nargs="?", metavar="NODE", help="the node to drain or forget")
     p.add_argument("--to", metavar="NODE", default="",
                    help="the node to drain to (default: the first in line for it)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",

@@ -26,6 +26,9 @@ from gateway.cli.values import MAX_OFFSET, MAX_TIMEOUT, attribute_id, integer, s
 from gateway.errors import BadRequest, GatewayError, Unavailable
 from gateway.progress import Progress, shown
 
+#: What a segment argument is, in every command's help.
+SEGMENT_HELP = "the segment's name (its path under the mount)"
+
 
 def _cmd_create(args: argparse.Namespace) -> int:
     async def run(client: Any) -> int:
@@ -38,7 +41,7 @@ def _cmd_create(args: argparse.Namespace) -> int:
 
 def _add_create(sub: Commands) -> None:
     p = add_command(sub, "create", _cmd_create, "create a segment", client=True)
-    p.add_argument("segment")
+    p.add_argument("segment", metavar="SEGMENT", help=SEGMENT_HELP)
     p.add_argument("--codec", choices=["raw", "lines", "framed"], default="raw",
                    help="how its events end (docs/FORMATS.md): lines makes the mount show an "
                    "active segment ending at its last newline; framed refuses raw appends "
@@ -81,7 +84,7 @@ def _cmd_cat(args: argparse.Namespace) -> int:
 def _add_cat(sub: Commands) -> None:
     p = add_command(sub, "cat", _cmd_cat, "write a segment's bytes to stdout", client=True,
                     progress=True)  # fmt: skip
-    p.add_argument("segment")
+    p.add_argument("segment", metavar="SEGMENT", help=SEGMENT_HELP)
     p.add_argument("--offset", type=integer(0, MAX_OFFSET),
                    help="start here (default: the segment's start offset)")  # fmt: skip
     p.add_argument("-f", "--follow", action="store_true",
@@ -112,7 +115,8 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 def _add_ls(sub: Commands) -> None:
     p = add_command(sub, "ls", _cmd_ls, "list segments", client=True)
-    p.add_argument("prefix", nargs="?", default="")
+    p.add_argument("prefix", nargs="?", default="", metavar="PREFIX",
+                   help="only names starting with this (default: every segment)")  # fmt: skip
     p.add_argument("-l", "--long", action="store_true", help="length, events, state, mtime")
     p.add_argument("--json", action="store_true", help="one JSON object per segment")
 
@@ -136,7 +140,7 @@ def _cmd_stat(args: argparse.Namespace) -> int:
 
 def _add_stat(sub: Commands) -> None:
     p = add_command(sub, "stat", _cmd_stat, "print a segment's metadata as JSON", client=True)
-    p.add_argument("segment")
+    p.add_argument("segment", metavar="SEGMENT", help=SEGMENT_HELP)
 
 
 #: Attributes `stat` shows; `attrs` pages through all of them.
@@ -170,7 +174,7 @@ def _cmd_attrs(args: argparse.Namespace) -> int:
 def _add_attrs(sub: Commands) -> None:
     p = add_command(sub, "attrs", _cmd_attrs, "list a segment's attributes in id order",
                     client=True)  # fmt: skip
-    p.add_argument("segment")
+    p.add_argument("segment", metavar="SEGMENT", help=SEGMENT_HELP)
     p.add_argument("--from", dest="start", type=attribute_id, metavar="ID",
                    help="start at this id (32 hex digits; default: the lowest)")  # fmt: skip
     p.add_argument("--limit", type=integer(0, MAX_OFFSET), default=0, metavar="N",
@@ -188,11 +192,13 @@ def _cmd_seal(args: argparse.Namespace) -> int:
 
 def _add_seal(sub: Commands) -> None:
     p = add_command(sub, "seal", _cmd_seal, "seal a segment (no more appends)", client=True)
-    p.add_argument("segment")
+    p.add_argument("segment", metavar="SEGMENT", help=SEGMENT_HELP)
 
 
 def _cmd_flush(args: argparse.Namespace) -> int:
     import trio
+
+    from gateway.aio import service_nursery
 
     what = args.segment or "every segment"
 
@@ -203,7 +209,7 @@ def _cmd_flush(args: argparse.Namespace) -> int:
             Progress(f"flush {what}", show=shown(args.quiet)) as bar,
             trio.move_on_after(args.timeout + FLUSH_ANSWER_GRACE),
         ):
-            async with trio.open_nursery() as nursery:
+            async with service_nursery() as nursery:  # the flush's errors as they are
                 if bar.drawn:
                     nursery.start_soon(_watch_flush, args, bar)
                 await client.flush(args.segment, args.timeout)
@@ -250,7 +256,8 @@ async def _watch_flush(args: argparse.Namespace, bar: Progress) -> None:
 def _add_flush(sub: Commands) -> None:
     p = add_command(sub, "flush", _cmd_flush, "flush to Tier 2 now and wait until it is there",
                     client=True, progress=True)  # fmt: skip
-    p.add_argument("segment", nargs="?", default="", help="one segment (default: all)")
+    p.add_argument("segment", nargs="?", default="", metavar="SEGMENT",
+                   help="one segment (default: every segment)")  # fmt: skip
     p.add_argument("--timeout", type=seconds(0, MAX_TIMEOUT), default=60.0, metavar="SECONDS",
                    help="wait this long at most, while the daemon retries what fails (an "
                    "embedded S3 server restarting), then exit 27 saying what was left "
@@ -274,8 +281,9 @@ def _cmd_truncate(args: argparse.Namespace) -> int:
 
 def _add_truncate(sub: Commands) -> None:
     p = add_command(sub, "truncate", _cmd_truncate, "drop the bytes below OFFSET", client=True)
-    p.add_argument("segment")
-    p.add_argument("offset", type=integer(0, MAX_OFFSET))
+    p.add_argument("segment", metavar="SEGMENT", help=SEGMENT_HELP)
+    p.add_argument("offset", type=integer(0, MAX_OFFSET), metavar="OFFSET",
+                   help="the new start offset (bytes below it read as zeros)")  # fmt: skip
 
 
 def _cmd_delete(args: argparse.Namespace) -> int:
@@ -289,7 +297,7 @@ def _cmd_delete(args: argparse.Namespace) -> int:
 
 def _add_delete(sub: Commands) -> None:
     p = add_command(sub, "delete", _cmd_delete, "delete a segment", client=True)
-    p.add_argument("segment")
+    p.add_argument("segment", metavar="SEGMENT", help=SEGMENT_HELP)
 
 
 def register(sub: Commands) -> None:
