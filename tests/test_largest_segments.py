@@ -121,3 +121,36 @@ async def test_a_table_of_cold_segments_ranks_from_its_checkpoint_and_recounts_c
     assert exact and [length for _, length in ranked] == truth
     assert truth[1:] == [len(bulk.CHUNK)] * 4
     assert all(seg_id in table.by_id for seg_id, _ in ranked)
+
+
+@pytest.mark.timeout(60)
+async def test_the_page_asks_for_a_recount_when_unsure_and_the_run_makes_it_exact() -> None:
+    """`StatusPage`'s ranking and its background recount, on a real container (the
+    collector's only part they read)."""
+    import types
+
+    import trio
+    import trio.testing
+
+    from gateway import status
+
+    c, _ = installed(3000, active=0)
+    table = c._table
+    page = status.StatusPage(types.SimpleNamespace(node=types.SimpleNamespace(container=c)))  # type: ignore[arg-type]
+    html, exact = page._largest()
+    assert exact and html.count("<tr>") == status.TOP + 1  # header and TOP rows
+    assert "sealed, in Tier 2 (cold)" in html
+    for seg_id in list(table.largest.members)[: table.largest.keep - 5]:
+        await c.delete(table.by_id[seg_id].name)
+    html, exact = page._largest()
+    assert not exact and html.count("<tr>") == 6
+    cold = sum(s.cold for s in table.by_id.values())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(page.run)  # it was asked for above
+        # Blocked once the recount is done and the run waits out RECOUNT_INTERVAL.
+        await trio.testing.wait_all_tasks_blocked()
+        assert table.largest.recounts == 1
+        nursery.cancel_scope.cancel()
+    html, exact = page._largest()
+    assert exact and html.count("<tr>") == status.TOP + 1
+    assert sum(s.cold for s in table.by_id.values()) == cold  # none warmed
