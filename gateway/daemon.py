@@ -48,11 +48,13 @@ from gateway.config import Config, Tier2Config
 from gateway.container.container import SegmentContainer
 from gateway.errors import GatewayError, Unavailable
 from gateway.fsck.online import live_target
+from gateway.metrics import GatewayCollector, MetricsServer
 from gateway.node import Node, give_back_memory, open_node
 from gateway.notify import Notifier
 from gateway.replication.replicator import Replicator
 from gateway.replication.store import ReplicaStore
 from gateway.server import Server
+from gateway.status import StatusPage
 from gateway.storage.layer import ChunkLayer
 from gateway.tier2.bindings import open_tier2
 from gateway.tier2.storage_writer import StorageWriter
@@ -649,20 +651,20 @@ async def run_daemon(
                 async with service_nursery() as nursery:
                     if replicas is not None:
                         await nursery.start(replicas.run)
-                    collector = None
+                    # What /metrics, the status page and the status request read.
+                    collector = GatewayCollector(node)
+                    collector.cluster = cluster
+                    collector.claims = claims
+                    collector.server = server
+                    page = StatusPage(collector)
+                    server.summarize = page.summary
                     if config.metrics.listen:
-                        from gateway.metrics import GatewayCollector, MetricsServer
-
-                        collector = GatewayCollector(node)
-                        collector.cluster = cluster
-                        collector.claims = claims
-                        collector.server = server
                         metrics = MetricsServer(collector, config.metrics.listen)
+                        metrics.page = page
                         await nursery.start(metrics.serve)
+                        nursery.start_soon(page.run)
                     if config.fuse.mountpoint:
-                        fs = await nursery.start(life.run_mount, node, cluster)
-                        if collector is not None:
-                            collector.fs = fs
+                        collector.fs = await nursery.start(life.run_mount, node, cluster)
                     addresses = await nursery.start(server.serve)
                     host, port = addresses[0]
                     advertise = advertise_address(config, host, port)
@@ -688,15 +690,12 @@ async def run_daemon(
                         )  # fmt: skip
                         await nursery.start(containers.run)
                         server.containers = containers
-                        if collector is not None:
-                            collector.containers = containers
+                        collector.containers = containers
                     if replicator is not None:
                         replicator.attach_candidates(partial(_up_peers, cluster))
                         await nursery.start(replicator.run)
-                        if collector is not None:
-                            collector.replicator = replicator
-                    if collector is not None:
-                        collector.replicas = replicas
+                        collector.replicator = replicator
+                    collector.replicas = replicas
                     server.replicator = replicator
                     # What starting parsed and built (the mount's tree too) and
                     # let go of goes back to the system before serving.

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from gateway.replication.replicator import Replicator
     from gateway.replication.store import ReplicaStore
     from gateway.server import Server
+    from gateway.status import StatusPage
 
 log = logging.getLogger(__name__)
 
@@ -765,6 +766,8 @@ class MetricsServer:
         self.collector = collector
         self.listen = listen
         self.scrapes = 0
+        #: The status page served at ``/`` (None: 404 there).
+        self.page: StatusPage | None = None
         #: Connections closed to make room for newer ones.
         self.evicted = 0
         #: Open connections, oldest first (dicts keep insertion order).
@@ -810,6 +813,8 @@ class MetricsServer:
             line = request.split(b"\r\n", 1)[0].split()
             if len(line) < 2 or line[0] not in (b"GET", b"HEAD"):
                 await self._reply(stream, 405, b"only GET\n", "text/plain")
+            elif line[1].split(b"?")[0] == b"/" and self.page is not None:
+                await self.page.answer(stream, head_only=line[0] == b"HEAD")
             elif line[1].split(b"?")[0] != b"/metrics":
                 await self._reply(stream, 404, b"try /metrics\n", "text/plain")
             else:

@@ -102,6 +102,14 @@ fi
 "$PYTHON" -m compileall -q -j 0 -s "$STAGE" -p / "$site" >/dev/null ||
     die "compileall failed"
 
+# -- the manual page ----------------------------------------------------------------
+# segment-gateway(1) at /usr/share/man/man1, generated from the command's
+# argparse definitions (scripts/gen_manpage.sh; argparse-manpage from .venv).
+scripts/gen_manpage.sh "$BUILD/segment-gateway.1" || die "the manual page did not build"
+install -d "$STAGE/usr/share/man/man1"
+gzip -9n <"$BUILD/segment-gateway.1" >"$STAGE/usr/share/man/man1/segment-gateway.1.gz"
+chmod 0644 "$STAGE/usr/share/man/man1/segment-gateway.1.gz"
+
 # -- the rest of the tree ---------------------------------------------------------
 install -d "$STAGE/usr/bin"
 ln -s "$PREFIX/bin/segment-gateway" "$STAGE/usr/bin/segment-gateway"

@@ -20,6 +20,9 @@ if ! command -v java >/dev/null; then packages+=(openjdk-17-jre-headless); fi
 # javac builds the JVM reader of segments (pipeline/jvm) against pyspark's jars.
 if ! command -v javac >/dev/null; then packages+=(openjdk-17-jdk-headless); fi
 
+# Headless Chromium loads the daemon's status page in a test (tests/test_status_page.py).
+if ! command -v chromium >/dev/null; then packages+=(chromium); fi
+
 missing=()
 for p in "${packages[@]}"; do
     # python3-dev is satisfied by any Python that ships its headers (pyenv builds do).

@@ -154,7 +154,7 @@ def test_every_option_value_is_refused_in_one_line_or_accepted(
 @example(value="-5")
 def test_truncate_offset_is_refused_in_one_line_or_accepted(value: str) -> None:
     code, err = run_main("truncate", "s", "--connect", NOWHERE, "--", value)
-    check_one_line(code, err, "offset")
+    check_one_line(code, err, "OFFSET")
 
 
 @pytest.mark.parametrize(
@@ -171,7 +171,7 @@ def test_truncate_offset_is_refused_in_one_line_or_accepted(value: str) -> None:
         (["cat", "s", "--offset=-1"],
          "segment-gateway: cat: argument --offset: must be between 0 and 9223372036854775807"),
         (["truncate", "s", "99999999999999999999"],
-         "segment-gateway: truncate: argument offset: must be between 0 and"),
+         "segment-gateway: truncate: argument OFFSET: must be between 0 and"),
         (["txn", "begin", "s", "--txn-timeout", "inf"],
          "segment-gateway: txn: argument --txn-timeout: cannot read 'inf' as a duration"),
         (["append", "s", "--writer-id", "zz"],

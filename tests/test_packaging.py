@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gzip
 import os
 import pathlib
 import pwd
@@ -165,6 +166,10 @@ def test_the_package_installs_the_daemon_and_its_files(deb: Deb) -> None:
         assert (
             installed_file.read_text() == (ROOT / "systemd" / f"segment-gateway.{src}").read_text()
         )
+
+    # segment-gateway(1), generated from the argparse definitions at build time.
+    page = gzip.decompress(pathlib.Path("/usr/share/man/man1/segment-gateway.1.gz").read_bytes())
+    assert page.startswith(b'.TH SEGMENT\\-GATEWAY "1"') and b"segment\\-gateway status" in page
 
     # The user and its directories, as postinst made them.
     assert user.pw_uid < 1000 and user.pw_dir == str(DATA_DIR)

@@ -1,5 +1,5 @@
 """Commands that run or inspect a node: ``version``, ``check-config``, ``journal-dump``,
-``fsck``, ``pipeline``, ``serve``, ``export-metadata`` and ``import-metadata``.
+``fsck``, ``pipeline``, ``serve``, ``status``, ``export-metadata`` and ``import-metadata``.
 
 Each imports what it runs (the daemon, fsck, Spark) only when it runs, so
 that the other commands start fast.
@@ -12,12 +12,14 @@ import logging
 import os
 import pathlib
 import sys
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from gateway import __version__, logs
 from gateway.cli.common import (
     Commands,
     add_command,
+    connect_settings,
     load_config,
     node_config,
     override_config,
@@ -27,6 +29,9 @@ from gateway.cli.common import (
 from gateway.cli.values import integer, seconds
 from gateway.config import DEFAULT_CONFIG_PATH, Config
 from gateway.errors import GatewayError
+from gateway.progress import Progress, keep_drawing, shown
+
+T = TypeVar("T")
 
 
 def _cmd_version(args: argparse.Namespace) -> int:
@@ -90,6 +95,7 @@ def _cmd_fsck(args: argparse.Namespace) -> int:
             token=token,
             tls=tls_options(args),
             node_dirs_named=bool(args.data_dir or args.config or DEFAULT_CONFIG_PATH.exists()),
+            quiet=args.quiet,
         )
     except GatewayError as e:
         if e.exit_code > 1:
@@ -102,7 +108,7 @@ def _cmd_fsck(args: argparse.Namespace) -> int:
 def _add_fsck(sub: Commands) -> None:
     p = add_command(sub, "fsck", _cmd_fsck, "check the journal, metadata, Tier-2 chunks and "
                     "cache (exit 0 clean, 1 repaired, 2 problems left)", client=True,
-                    writes_node_files=True)  # fmt: skip
+                    writes_node_files=True, progress=True)  # fmt: skip
     p.add_argument("--deep", action="store_true", help="also read every chunk and compare "
                    "its CRC32C (reads all of Tier 2)")  # fmt: skip
     p.add_argument("--repair", action="store_true", help="fix what can be fixed safely "
@@ -146,7 +152,7 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
 def _add_pipeline(sub: Commands) -> None:
     p = add_command(sub, "pipeline", _cmd_pipeline,
                     "run a Spark job over the mounted segments (local Spark)")  # fmt: skip
-    p.add_argument("action", choices=["run"])
+    p.add_argument("action", choices=["run"], help="run JOB (the only action)")
     p.add_argument("job", metavar="JOB", help="a module of pipeline.jobs, e.g. events_per_minute")
     p.add_argument("--mount", required=True, metavar="DIR", help="the gateway's mountpoint")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
@@ -240,6 +246,32 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return overrides
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    import json
+
+    from gateway import summary
+
+    async def run(client: Any) -> int:
+        s = await client.status()
+        rows = summary.rows(s)
+        if args.json:
+            print(json.dumps(summary.as_dict(s)))
+        else:
+            width = max(len(r.label) for r in rows)
+            for r in rows:
+                print(f"{'!' if r.attention else ' '} {r.label:<{width}}  {r.text}")
+        return 1 if any(r.attention for r in rows) else 0
+
+    return run_client(args, run)
+
+
+def _add_status(sub: Commands) -> None:
+    p = add_command(sub, "status", _cmd_status, "show the daemon's node at a glance: version, "
+                    "uptime, journal, cache, Tier-2 backlog, mount, embedded S3 (exit 1 when a "
+                    "line is marked !)", client=True)  # fmt: skip
+    p.add_argument("--json", action="store_true", help="one JSON object, every field by name")
+
+
 def _cmd_export_metadata(args: argparse.Namespace) -> int:
     import trio
 
@@ -247,7 +279,6 @@ def _cmd_export_metadata(args: argparse.Namespace) -> int:
 
     if args.offline:
         config = node_config(args, check_files=False)
-        snapshot = metadata_io.export_offline(config)
     else:
         unreadable = not os.access(DEFAULT_CONFIG_PATH, os.R_OK)
         if not args.config and DEFAULT_CONFIG_PATH.exists() and unreadable:
@@ -255,16 +286,25 @@ def _cmd_export_metadata(args: argparse.Namespace) -> int:
         else:
             config = node_config(args, check_files=False)
 
-        answers = []
+    async def export(bar: Progress) -> Any:
+        from gateway.summary import size
 
-        async def ask(client: Any) -> int:
-            answers.append(await client.export_metadata())
-            return 0
+        if args.offline:
+            bar.describe("export-metadata: replaying the journal")
+            snapshot = await trio.to_thread.run_sync(metadata_io.export_offline, config)
+        else:
+            from gateway.client.client import open_client
 
-        run_client(args, ask)
-        snapshot = answers[0]
-    data = metadata_io.encode(snapshot, as_json=args.json)
-    trio.run(metadata_io.write_location, args.out, data, config)
+            bar.describe("export-metadata: the daemon builds the snapshot")
+            address, token = connect_settings(args)
+            async with open_client(address, token, **tls_options(args)) as client:
+                snapshot = await client.export_metadata()
+        data = metadata_io.encode(snapshot, as_json=args.json)
+        bar.describe(f"export-metadata: writing {size(len(data))} to {args.out}")
+        await metadata_io.write_location(args.out, data, config)
+        return snapshot
+
+    snapshot = trio.run(with_progress, "export-metadata", args.quiet, export)
     segments = snapshot.container.segments
     chunks = sum(len(s.chunks) for s in segments)
     stored = sum(s.storage_length - s.start_offset for s in segments)
@@ -276,10 +316,24 @@ def _cmd_export_metadata(args: argparse.Namespace) -> int:
     return 0
 
 
+async def with_progress(what: str, quiet: bool, work: Callable[[Progress], Awaitable[T]]) -> T:
+    """``work(bar)``, with a bar that it labels with each step and that is redrawn
+    meanwhile (its time moves on while the work is one long call)."""
+    from gateway.aio import service_nursery
+
+    with Progress(what, unit="", show=shown(quiet)) as bar:
+        async with service_nursery() as nursery:  # the work's errors as they are
+            if bar.drawn:
+                nursery.start_soon(keep_drawing, bar)
+            result = await work(bar)
+            nursery.cancel_scope.cancel()
+    return result
+
+
 def _add_export_metadata(sub: Commands) -> None:
     p = add_command(sub, "export-metadata", _cmd_export_metadata,
                     "write the metadata snapshot (segments, chunk lists, attributes)",
-                    client=True)  # fmt: skip
+                    client=True, progress=True)  # fmt: skip
     p.add_argument("--out", required=True, metavar="FILE|s3://BUCKET/KEY|-",
                    help="where to write it (a file is replaced atomically)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="the JSON view instead of protobuf")
@@ -289,20 +343,29 @@ def _add_export_metadata(sub: Commands) -> None:
 
 
 def _cmd_import_metadata(args: argparse.Namespace) -> int:
-    import trio
-
     from gateway.recovery import metadata_io
 
     config = node_config(args)
     if args.from_tier2 == bool(args.source):
         print("segment-gateway: import-metadata takes a SOURCE or --from-tier2", file=sys.stderr)
         return 2
-    if args.from_tier2:
-        report = trio.run(metadata_io.recover_from_tier2, config, False)
-    else:
-        data = trio.run(metadata_io.read_location, args.source, config)
+
+    async def run(bar: Progress) -> Any:
+        if args.from_tier2:
+            bar.describe("import-metadata: rebuilding from Tier 2")
+            return await metadata_io.recover_from_tier2(config, False)
+        bar.describe(f"import-metadata: reading {args.source}")
+        data = await metadata_io.read_location(args.source, config)
         snapshot = metadata_io.decode(data, args.source)
-        report = trio.run(metadata_io.import_metadata, config, snapshot, args.source, False)
+        bar.describe(
+            f"import-metadata: checking {len(snapshot.container.segments)} segment(s) "
+            "against Tier 2 and installing them"
+        )
+        return await metadata_io.import_metadata(config, snapshot, args.source, False)
+
+    import trio
+
+    report = trio.run(with_progress, "import-metadata", args.quiet, run)
     for line in report.summary():
         print(line)
     print(
@@ -315,7 +378,7 @@ def _cmd_import_metadata(args: argparse.Namespace) -> int:
 def _add_import_metadata(sub: Commands) -> None:
     p = add_command(sub, "import-metadata", _cmd_import_metadata,
                     "give an empty node the metadata of an export (or rebuilt from Tier 2)",
-                    writes_node_files=True)  # fmt: skip
+                    writes_node_files=True, progress=True)  # fmt: skip
     p.add_argument("source", nargs="?", metavar="FILE|s3://BUCKET/KEY|-",
                    help="an export-metadata file (protobuf or JSON)")  # fmt: skip
     p.add_argument("--from-tier2", action="store_true",
@@ -333,6 +396,7 @@ def register(sub: Commands) -> None:
         _add_fsck,
         _add_pipeline,
         _add_serve,
+        _add_status,
         _add_export_metadata,
         _add_import_metadata,
     ):

@@ -22,6 +22,7 @@ from typing import Any, BinaryIO
 from gateway.cli.common import Commands, add_command, connect_settings, tls_options
 from gateway.cli.values import MAX_TIMEOUT, seconds, writer_uuid
 from gateway.errors import GatewayError, os_reason
+from gateway.progress import Progress, shown
 
 #: Input read per append by `append` (every input format): large enough that
 #: per-append costs vanish, within the daemon's max_append_bytes. To a
@@ -304,6 +305,10 @@ def cmd_append(args: argparse.Namespace) -> int:
         started = time.monotonic()
         w: SegmentWriter | None = None
         track = _StoredInput(1)
+        # Input bytes stored (acknowledged); not while someone types the input.
+        typed = not args.file and sys.stdin.isatty()
+        show = shown(getattr(args, "quiet", False)) and not typed  # `txn append` has no --quiet
+        bar = Progress(f"append {args.segment}", size or None, show=show)
         try:
             async with open_segment_writer(
                 address,
@@ -350,15 +355,19 @@ def cmd_append(args: argparse.Namespace) -> int:
                                 track.add(consumed, events)
                                 if roll is not None:
                                     roll.add(len(block))
-                        track.advance(w.acked_event)
+                        bar.reach(track.advance(w.acked_event))
                         count += events
                         # What the segment grows by: the events as encoded.
                         nbytes += len(block)
+            bar.reach(track.offset)  # the writer closed: everything is acknowledged
         except WriterFailed as e:
+            bar.close()
             if w is None:
                 raise
             await gave_up(e, w, track, size)
             return e.exit_code
+        finally:
+            bar.close()
         async with open_client(address, token, **tls) as client:
             length = await _length_text(client, args.segment)
         print(
@@ -376,9 +385,10 @@ def cmd_append(args: argparse.Namespace) -> int:
 
 
 def _add_append(sub: Commands) -> None:
-    p = add_command(sub, "append", cmd_append, "append events from stdin (one per line)",
-                    client=True)  # fmt: skip
-    p.add_argument("segment")
+    p = add_command(sub, "append", cmd_append, "append events from stdin or a file (one per "
+                    "line unless --raw or --framed)", client=True, progress=True)  # fmt: skip
+    p.add_argument("segment", metavar="SEGMENT",
+                   help="the segment or stream to append to")  # fmt: skip
     p.add_argument("--file", help="read this file instead of stdin")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--framed", action="store_true",

@@ -14,6 +14,7 @@ from typing import Any
 
 from gateway.cli.common import Commands, add_command, connect_settings, run_client, tls_options
 from gateway.errors import BadRequest, Unavailable
+from gateway.progress import Progress, shown
 
 
 def _cmd_cluster(args: argparse.Namespace) -> int:
@@ -96,9 +97,15 @@ def _drain(args: argparse.Namespace) -> int:
             await client.cluster(take_over=node)
             say(f"node {target} claimed it; waiting for node {node} to stop and for it to "
                 "serve there")  # fmt: skip
-            with trio.fail_after(args.timeout):
+            # The time it takes, and where the container is meanwhile (a terminal only).
+            bar = Progress(f"drain {node}", unit="", show=shown(args.quiet))
+            with bar, trio.fail_after(args.timeout):
                 while True:
                     now = {n.id: n for n in await client.cluster()}.get(node)
+                    if now is not None:
+                        where = f"on {now.hosted_by}" if now.hosted_by else "on its own host"
+                        bar.describe(f"drain {node}: {now.state} {where}, epoch {now.epoch}")
+                    bar.refresh()
                     if (
                         now is not None
                         and now.hosted_by == target
@@ -141,13 +148,13 @@ def register(sub: Commands) -> None:
                     "state, segments, unflushed bytes, heartbeat age (exit 1 if one is down); "
                     "`cluster drain NODE` moves a live node's container to another node, "
                     "`cluster forget NODE` retires a drained or dead one",
-                    client=True)  # fmt: skip
+                    client=True, progress=True)  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object per node")
     p.add_argument("action", nargs="?", choices=["drain", "forget"],
                    help="drain: move NODE's container to another node (it stops cleanly; "
                    "start it again to take it back); forget: retire NODE for good (a drained "
                    "or dead node; its container, if any, stays where it runs)")  # fmt: skip
-    p.add_argument("node", nargs="?", help="the node to drain or forget")
+    p.add_argument("node", nargs="?", metavar="NODE", help="the node to drain or forget")
     p.add_argument("--to", metavar="NODE", default="",
                    help="the node to drain to (default: the first in line for it)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",

@@ -112,6 +112,7 @@ def add_command(
     client: bool = False,
     writes_node_files: bool = False,
     logs_progress: bool = False,
+    progress: bool = False,
 ) -> argparse.ArgumentParser:
     """Add the verb ``name``, run by ``func``; its parser, for the verb's own arguments.
 
@@ -120,11 +121,17 @@ def add_command(
     directory, which must be private to the user (`gateway.cli.program`).
     ``logs_progress``: the library's INFO log lines are shown (the daemon's);
     other commands print their own results and leave those to -v.
+    ``progress``: it may take long and shows progress on a terminal
+    (`gateway.progress`), which ``-q/--quiet`` turns off.
     """
     p = sub.add_parser(name, help=help, description=help)
     p.set_defaults(
         func=func, cmd_writes_node_files=writes_node_files, cmd_logs_progress=logs_progress
     )
+    if progress:
+        p.add_argument("-q", "--quiet", action="store_true",
+                       help="no progress bar on stderr (none is drawn when stderr is not a "
+                       "terminal)")  # fmt: skip
     if client:
         p.add_argument("--connect", metavar="HOST:PORT", type=host_port, help="daemon address "
                        "(default: server.listen of the configuration)")  # fmt: skip

@@ -13,8 +13,9 @@ import argparse
 import logging
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from gateway import logs
 from gateway.cli import admin, cluster, segments, streams
@@ -26,8 +27,26 @@ from gateway.errors import GatewayError
 COMMAND_MODULES = (admin, segments, cluster, streams)
 
 
+class _Formatter(argparse.HelpFormatter):
+    """Help text wrapped at spaces only: a path or an option is never cut at its hyphen."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        text = self._whitespace_matcher.sub(" ", text).strip()
+        return textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        text = self._whitespace_matcher.sub(" ", text).strip()
+        return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False, break_long_words=False)  # fmt: skip
+
+
 class _Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line, like every other error."""
+    """An argument parser whose errors are one line, like every other error (and whose
+    help is wrapped by `_Formatter`; the commands' parsers are of this class too)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         sub = self.prog.removeprefix("segment-gateway").strip()
@@ -41,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="segment-gateway",
         description="Append-only segments: durable in a local journal, tiered to S3, "
         "readable as files through FUSE.",
+        epilog="`segment-gateway COMMAND --help` shows a command's options; `man "
+        "segment-gateway` all of them. Exit codes and the operator's guide: "
+        "/usr/share/doc/segment-gateway/OPERATIONS.md (docs/OPERATIONS.md).",
     )
     parser.add_argument(
         "--config",
@@ -48,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"configuration file (default {DEFAULT_CONFIG_PATH} if it exists)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
     for module in COMMAND_MODULES:
         module.register(sub)
     return parser

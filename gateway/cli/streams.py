@@ -71,13 +71,15 @@ def _cmd_stream(args: argparse.Namespace) -> int:
 def _add_stream(sub: Commands) -> None:
     p = add_command(sub, "stream", _cmd_stream, "create, change, show, roll or delete a stream "
                     "(a directory of segments that rolls and expires)", client=True)  # fmt: skip
-    p.add_argument("action", choices=["create", "set", "show", "list", "roll", "delete"])
-    p.add_argument("name", nargs="?", default="", metavar="NAME")
+    p.add_argument("action", choices=["create", "set", "show", "list", "roll", "delete"],
+                   help="what to do (list: every stream; the others: the stream NAME)")  # fmt: skip
+    p.add_argument("name", nargs="?", default="", metavar="NAME", help="the stream's name")
     p.add_argument("--roll-size", metavar="SIZE", type=policy_option("roll_size"),
                    help="seal the current segment at this size, e.g. 64MiB (0: never; "
                    "default: follow [streams])")  # fmt: skip
     p.add_argument("--roll-age", metavar="DURATION", type=policy_option("roll_age_ms"),
-                   help="... or when its first byte is this old, e.g. 1h")  # fmt: skip
+                   help="seal the current segment once its first byte is this old, e.g. 1h "
+                   "(default: follow [streams])")  # fmt: skip
     p.add_argument("--retain-size", metavar="SIZE", type=policy_option("retain_size"),
                    help="delete the oldest data while the newer bytes alone are at least "
                    "this many (0: keep all)")  # fmt: skip
@@ -120,7 +122,7 @@ def _cmd_txn(args: argparse.Namespace) -> int:
 def _add_txn(sub: Commands) -> None:
     p = add_command(sub, "txn", _cmd_txn, "transactions: begin (prints the name), append "
                     "(stdin, like append), commit, abort", client=True)  # fmt: skip
-    p.add_argument("action", choices=["begin", "append", "commit", "abort"])
+    p.add_argument("action", choices=["begin", "append", "commit", "abort"], help="what to do")
     p.add_argument("name", metavar="NAME", help="begin: the parent segment or stream; "
                    "otherwise the transaction's name")  # fmt: skip
     p.add_argument("--txn-timeout", type=seconds(0, MAX_TIMEOUT, zero=True), default=0.0,

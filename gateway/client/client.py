@@ -43,7 +43,7 @@ from gateway.client.tls import client_ssl_context, describe_tls_failure, start_t
 from gateway.config import parse_host_port
 from gateway.container import AppendResult, AttributeUpdate, ReadResult, SegmentInfo
 from gateway.container.results import StreamInfo, TransactionInfo
-from gateway.errors import ConnectionLost, GatewayError
+from gateway.errors import ConnectionLost, GatewayError, Unsupported
 from gateway.protocol import wire_pb2 as wire
 from gateway.protocol.codec import Codec
 from gateway.protocol.framing import close_now, encode_append_request
@@ -271,6 +271,13 @@ class Client(Connection):
         """
         request = wire.ClusterRequest(take_over=take_over, forget=forget)
         return list((await self._call(cluster=request)).cluster.nodes)
+
+    async def status(self) -> wire.NodeSummary:
+        """The connected node at a glance (`segment-gateway status`); Unsupported from
+        a server that does not name "status" among its features."""
+        if not self.serves("status"):
+            raise Unsupported("the daemon is older than the status request: see its /metrics")
+        return (await self._call(status=wire.StatusRequest())).status
 
     async def info(self, segment: str) -> SegmentInfo:
         """A segment's committed metadata."""

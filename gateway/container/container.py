@@ -63,6 +63,7 @@ from gateway.container.interfaces import (
     OperationJournal,
     StorageListener,
 )
+from gateway.container.largest import LargestSegments
 from gateway.container.maintenance import Maintenance
 from gateway.container.operations import OperationQueue, PendingOperation
 from gateway.container.results import AppendResult, ReadResult, SegmentInfo
@@ -402,6 +403,11 @@ class SegmentContainer:
     def sealed_count(self) -> int:
         """Live segments (committed) that are sealed."""
         return self._table.sealed_count
+
+    @property
+    def largest(self) -> LargestSegments:
+        """The longest segments, kept as lengths change (the status page ranks them)."""
+        return self._table.largest
 
     def segment_by_id(self, segment_id: int) -> Segment | None:
         """The committed segment with this id, if it is live."""

@@ -24,6 +24,7 @@ from sortedcontainers import SortedDict
 
 from gateway.buffers import Buffer
 from gateway.container.attributes import EVENT_END
+from gateway.container.largest import LargestSegments
 from gateway.container.outcomes import TransactionOutcomes
 from gateway.container.segment import Segment, blocks, coolable_record
 from gateway.container.streams import Stream, split_member
@@ -102,6 +103,8 @@ class SegmentTable:
         #: 4 KiB blocks of the live segments (each length rounded up), for the
         #: mount's statfs (as ``du`` counts them).
         self.total_blocks = 0
+        #: The longest segments, kept as lengths change (the status page).
+        self.largest = LargestSegments()
         #: The journal sequence from which on the journal's checkpoints hold every
         #: live segment (`ContainerSnapshot.complete_from`), as a replay found it;
         #: None if unknown (then the next checkpoint is a full one).
@@ -172,6 +175,7 @@ class SegmentTable:
             self.sealed_count -= seg.sealed
             self.total_blocks -= blocks(seg.length)
             self._note_deletion(seg)
+        self.largest.removed(seg.id)
         self.transactions.discard(seg)
         stream = self.stream_of(seg.name)
         if stream is not None and seg in stream[0].members:
@@ -250,6 +254,8 @@ class SegmentTable:
         end = offset + len(data)
         self.total_blocks += blocks(end) - blocks(offset)
         seg.length = end
+        if not seg.txn_parent:
+            self.largest.grew(seg.id, end)
         index = seg.event_index
         if (not index or offset - index[-1] >= EVENT_INDEX_SPACING) and (
             seg.codec is not Codec.LINES or seg.core(EVENT_END) == offset
@@ -436,6 +442,7 @@ class SegmentTable:
             raise ContainerCorrupt(f"merge into {target.name!r}, which is sealed")
         target.length = offset + source.length
         self.total_blocks += blocks(target.length) - blocks(offset)
+        self.largest.grew(target.id, target.length)
         index = target.event_index
         if source.length > source.start_offset:
             if not index or index[-1] != offset:
@@ -650,6 +657,7 @@ class SegmentTable:
         for sr in snap.streams:
             self.apply_set_stream(sr)
         self.total_blocks = 0
+        self.largest.reset()
         # No cyclic collection while a million long-lived segments are built:
         # each full one would walk all those built so far again (synchronous,
         # so no other task runs meanwhile).
@@ -658,6 +666,8 @@ class SegmentTable:
         try:
             for r in snap.segments if records is None else records:
                 self.total_blocks += blocks(r.length)
+                if not r.txn_parent:
+                    self.largest.grew(r.id, r.length)
                 if coolable_record(r):
                     check_record_chunks(r)
                     self.add(Segment.cold_from_record(r, r.SerializeToString()))

@@ -1,72 +1,53 @@
-"""Printing fsck's events: one line per check, or JSON; progress on stderr."""
+"""Printing fsck's events: one line per check, or JSON; progress on a terminal."""
 
 from __future__ import annotations
 
 import json
-import time
 from typing import TextIO
+
+from gateway.progress import Progress as ProgressBar
+from gateway.progress import shown
 
 from .report import CHECKS, CheckDone, Event, Finding, Progress, Tally
 
-#: Without a terminal, a progress line at most this often (seconds): logs stay short.
-PLAIN_PROGRESS_INTERVAL = 10.0
-
-
-def _size(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
-
 
 class ProgressLine:
-    """Progress of a long check on stderr: a line redrawn in place on a terminal."""
+    """Progress of a long check: a bar on a terminal (`gateway.progress`), else nothing."""
 
-    def __init__(self, err: TextIO) -> None:
+    def __init__(self, err: TextIO, quiet: bool = False) -> None:
         self.err = err
-        self.tty = err.isatty()
-        self._shown = False
-        self._last = -float("inf")
-        self._started: dict[str, float] = {}
+        self.drawn = shown(quiet, err)
+        self._bar: ProgressBar | None = None
+        self._check = ""
 
     def show(self, p: Progress) -> None:
-        """Draw (or, without a terminal, print now and then) the progress ``p``."""
-        now = time.monotonic()
-        if p.check not in self._started:
-            self._started[p.check] = now
-            # Without a terminal, the first line comes once the check has
-            # taken a while: short checks leave no trace in a log.
-            self._last = now
-        started = self._started[p.check]
-        if not self.tty and now - self._last < PLAIN_PROGRESS_INTERVAL:
+        """Draw the progress ``p`` (a new bar for each check)."""
+        if not self.drawn:
             return
-        self._last = now
-        pct = 100.0 * p.done_bytes / p.total_bytes if p.total_bytes else 100.0
-        rate = p.done_bytes / max(now - started, 1e-3) / 2**20
-        text = (
-            f"{p.check}: {pct:5.1f}%  {p.done_items}/{p.total_items} chunk(s)  "
-            f"{_size(p.done_bytes)} of {_size(p.total_bytes)}  {rate:.1f} MiB/s"
-        )
-        if self.tty:
-            self.err.write(f"\r\x1b[K{text}")
-            self._shown = True
-        else:
-            self.err.write(text + "\n")
-        self.err.flush()
+        if self._bar is None or p.check != self._check:
+            self.clear()
+            self._check = p.check
+            self._bar = ProgressBar(p.check, p.total_bytes or None, stream=self.err)
+        self._bar.reach(p.done_bytes)
+        self._bar.describe(f"{p.check}: {p.done_items}/{p.total_items} chunk(s)")  # redraws
 
     def clear(self) -> None:
-        """Remove the line before other output."""
-        if self._shown:
-            self.err.write("\r\x1b[K")
-            self.err.flush()
-            self._shown = False
+        """Remove the bar before other output."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
 
 
 class Printer:
     """The sink of a run in the command: prints, and counts in `tally`."""
 
-    def __init__(self, out: TextIO, err: TextIO, as_json: bool = False) -> None:
+    def __init__(
+        self, out: TextIO, err: TextIO, as_json: bool = False, quiet: bool = False
+    ) -> None:
         self.out = out
         self.as_json = as_json
         self.tally = Tally()
-        self.progress = ProgressLine(err)
+        self.progress = ProgressLine(err, quiet)
         self._pending: dict[str, list[Finding]] = {}
 
     async def __call__(self, event: Event) -> None:

@@ -300,14 +300,16 @@ def fsck(
     token: str = "",
     tls: dict[str, Any] | None = None,
     node_dirs_named: bool = True,
+    quiet: bool = False,
 ) -> int:
     """Run fsck, print what it finds, return the exit code (0 clean, 1 repaired, 2 left).
 
     ``node_dirs_named``: ``config``'s directories were named by the
     operator (``--data-dir``, or a configuration file), not defaults; with
     ``connect`` and without them, no local journal is checked.
+    ``quiet``: no progress bar (there is none when ``err`` is not a terminal).
     """
-    printer = Printer(out, err, as_json)
+    printer = Printer(out, err, as_json, quiet)
     journal_dir = config.journal_dir
     lock = None if connect else _lock(journal_dir)
     if lock is None:

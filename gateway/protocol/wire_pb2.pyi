@@ -119,7 +119,7 @@ REPLICA_GAP: ErrorCode
 NO_QUORUM: ErrorCode
 
 class Request(_message.Message):
-    __slots__ = ("request_id", "hello", "create", "append", "seal", "truncate", "delete", "update_attributes", "get_info", "list", "get_attributes", "read", "flush", "fsck", "export_metadata", "get_record", "cluster", "stream", "transaction", "replica_write", "replica_fence", "replica_read", "changes")
+    __slots__ = ("request_id", "hello", "create", "append", "seal", "truncate", "delete", "update_attributes", "get_info", "list", "get_attributes", "read", "flush", "fsck", "export_metadata", "get_record", "cluster", "stream", "transaction", "replica_write", "replica_fence", "replica_read", "changes", "status")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +143,7 @@ class Request(_message.Message):
     REPLICA_FENCE_FIELD_NUMBER: _ClassVar[int]
     REPLICA_READ_FIELD_NUMBER: _ClassVar[int]
     CHANGES_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     hello: Hello
     create: CreateSegmentRequest
@@ -166,7 +167,8 @@ class Request(_message.Message):
     replica_fence: ReplicaFenceRequest
     replica_read: ReplicaReadRequest
     changes: ChangesRequest
-    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., create: _Optional[_Union[CreateSegmentRequest, _Mapping]] = ..., append: _Optional[_Union[AppendRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., truncate: _Optional[_Union[TruncateRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteRequest, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributesRequest, _Mapping]] = ..., get_info: _Optional[_Union[GetInfoRequest, _Mapping]] = ..., list: _Optional[_Union[ListSegmentsRequest, _Mapping]] = ..., get_attributes: _Optional[_Union[GetAttributesRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ..., flush: _Optional[_Union[FlushRequest, _Mapping]] = ..., fsck: _Optional[_Union[FsckRequest, _Mapping]] = ..., export_metadata: _Optional[_Union[ExportMetadataRequest, _Mapping]] = ..., get_record: _Optional[_Union[GetRecordRequest, _Mapping]] = ..., cluster: _Optional[_Union[ClusterRequest, _Mapping]] = ..., stream: _Optional[_Union[StreamRequest, _Mapping]] = ..., transaction: _Optional[_Union[TransactionRequest, _Mapping]] = ..., replica_write: _Optional[_Union[ReplicaWriteRequest, _Mapping]] = ..., replica_fence: _Optional[_Union[ReplicaFenceRequest, _Mapping]] = ..., replica_read: _Optional[_Union[ReplicaReadRequest, _Mapping]] = ..., changes: _Optional[_Union[ChangesRequest, _Mapping]] = ...) -> None: ...
+    status: StatusRequest
+    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., create: _Optional[_Union[CreateSegmentRequest, _Mapping]] = ..., append: _Optional[_Union[AppendRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., truncate: _Optional[_Union[TruncateRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteRequest, _Mapping]] = ..., update_attributes: _Optional[_Union[UpdateAttributesRequest, _Mapping]] = ..., get_info: _Optional[_Union[GetInfoRequest, _Mapping]] = ..., list: _Optional[_Union[ListSegmentsRequest, _Mapping]] = ..., get_attributes: _Optional[_Union[GetAttributesRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ..., flush: _Optional[_Union[FlushRequest, _Mapping]] = ..., fsck: _Optional[_Union[FsckRequest, _Mapping]] = ..., export_metadata: _Optional[_Union[ExportMetadataRequest, _Mapping]] = ..., get_record: _Optional[_Union[GetRecordRequest, _Mapping]] = ..., cluster: _Optional[_Union[ClusterRequest, _Mapping]] = ..., stream: _Optional[_Union[StreamRequest, _Mapping]] = ..., transaction: _Optional[_Union[TransactionRequest, _Mapping]] = ..., replica_write: _Optional[_Union[ReplicaWriteRequest, _Mapping]] = ..., replica_fence: _Optional[_Union[ReplicaFenceRequest, _Mapping]] = ..., replica_read: _Optional[_Union[ReplicaReadRequest, _Mapping]] = ..., changes: _Optional[_Union[ChangesRequest, _Mapping]] = ..., status: _Optional[_Union[StatusRequest, _Mapping]] = ...) -> None: ...
 
 class ReplicaWriteRequest(_message.Message):
     __slots__ = ("source", "epoch", "first_sequence", "frames", "truncate_before", "start", "caught_up", "drop_epochs_before", "seed_epoch", "seed_header")
@@ -458,6 +460,88 @@ class ClusterRequest(_message.Message):
     forget: str
     def __init__(self, take_over: _Optional[str] = ..., forget: _Optional[str] = ...) -> None: ...
 
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeSummary(_message.Message):
+    __slots__ = ("node", "version", "epoch", "uptime_s", "segments", "sealed_segments", "cold_segments", "journal_bytes", "journal_files", "journal_disk_bytes", "journal_disk_free_bytes", "journal_failed", "journal_short_of_space", "journal_refusals", "cache_pinned_bytes", "cache_journal_bytes", "cache_block_bytes", "cache_budget_bytes", "cache_hits", "cache_misses", "tier2", "tier2_unflushed_bytes", "tier2_unflushed_segments", "tier2_oldest_unflushed_s", "tier2_errors", "tier2_flush_failures", "tier2_failing_segments", "mountpoint", "mounted", "fuse_read_errors", "fuse_open_files", "embedded_s3", "embedded_s3_exits", "embedded_s3_restarts", "cluster", "lease_held", "fenced")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    SEALED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    COLD_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_FILES_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_FAILED_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_SHORT_OF_SPACE_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_REFUSALS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_PINNED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_JOURNAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_MISSES_FIELD_NUMBER: _ClassVar[int]
+    TIER2_FIELD_NUMBER: _ClassVar[int]
+    TIER2_UNFLUSHED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TIER2_UNFLUSHED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    TIER2_OLDEST_UNFLUSHED_S_FIELD_NUMBER: _ClassVar[int]
+    TIER2_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    TIER2_FLUSH_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    TIER2_FAILING_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    MOUNTPOINT_FIELD_NUMBER: _ClassVar[int]
+    MOUNTED_FIELD_NUMBER: _ClassVar[int]
+    FUSE_READ_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    FUSE_OPEN_FILES_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDED_S3_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDED_S3_EXITS_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDED_S3_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    LEASE_HELD_FIELD_NUMBER: _ClassVar[int]
+    FENCED_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    version: str
+    epoch: int
+    uptime_s: float
+    segments: int
+    sealed_segments: int
+    cold_segments: int
+    journal_bytes: int
+    journal_files: int
+    journal_disk_bytes: int
+    journal_disk_free_bytes: int
+    journal_failed: str
+    journal_short_of_space: bool
+    journal_refusals: int
+    cache_pinned_bytes: int
+    cache_journal_bytes: int
+    cache_block_bytes: int
+    cache_budget_bytes: int
+    cache_hits: int
+    cache_misses: int
+    tier2: str
+    tier2_unflushed_bytes: int
+    tier2_unflushed_segments: int
+    tier2_oldest_unflushed_s: float
+    tier2_errors: int
+    tier2_flush_failures: int
+    tier2_failing_segments: int
+    mountpoint: str
+    mounted: bool
+    fuse_read_errors: int
+    fuse_open_files: int
+    embedded_s3: str
+    embedded_s3_exits: int
+    embedded_s3_restarts: int
+    cluster: bool
+    lease_held: bool
+    fenced: bool
+    def __init__(self, node: _Optional[str] = ..., version: _Optional[str] = ..., epoch: _Optional[int] = ..., uptime_s: _Optional[float] = ..., segments: _Optional[int] = ..., sealed_segments: _Optional[int] = ..., cold_segments: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., journal_files: _Optional[int] = ..., journal_disk_bytes: _Optional[int] = ..., journal_disk_free_bytes: _Optional[int] = ..., journal_failed: _Optional[str] = ..., journal_short_of_space: _Optional[bool] = ..., journal_refusals: _Optional[int] = ..., cache_pinned_bytes: _Optional[int] = ..., cache_journal_bytes: _Optional[int] = ..., cache_block_bytes: _Optional[int] = ..., cache_budget_bytes: _Optional[int] = ..., cache_hits: _Optional[int] = ..., cache_misses: _Optional[int] = ..., tier2: _Optional[str] = ..., tier2_unflushed_bytes: _Optional[int] = ..., tier2_unflushed_segments: _Optional[int] = ..., tier2_oldest_unflushed_s: _Optional[float] = ..., tier2_errors: _Optional[int] = ..., tier2_flush_failures: _Optional[int] = ..., tier2_failing_segments: _Optional[int] = ..., mountpoint: _Optional[str] = ..., mounted: _Optional[bool] = ..., fuse_read_errors: _Optional[int] = ..., fuse_open_files: _Optional[int] = ..., embedded_s3: _Optional[str] = ..., embedded_s3_exits: _Optional[int] = ..., embedded_s3_restarts: _Optional[int] = ..., cluster: _Optional[bool] = ..., lease_held: _Optional[bool] = ..., fenced: _Optional[bool] = ...) -> None: ...
+
 class ChangesRequest(_message.Message):
     __slots__ = ("cursor", "limit", "streams_digest", "walk", "walk_after")
     CURSOR_FIELD_NUMBER: _ClassVar[int]
@@ -549,7 +633,7 @@ class ReadRequest(_message.Message):
     def __init__(self, segment: _Optional[str] = ..., offset: _Optional[int] = ..., max_length: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class Response(_message.Message):
-    __slots__ = ("request_id", "error", "hello", "append", "info", "list", "attributes", "done", "read", "fsck", "metadata", "record", "cluster", "stream", "streams", "transaction", "replica_write", "replica_holdings", "replica_frames", "changes")
+    __slots__ = ("request_id", "error", "hello", "append", "info", "list", "attributes", "done", "read", "fsck", "metadata", "record", "cluster", "stream", "streams", "transaction", "replica_write", "replica_holdings", "replica_frames", "changes", "status")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
@@ -570,6 +654,7 @@ class Response(_message.Message):
     REPLICA_HOLDINGS_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FRAMES_FIELD_NUMBER: _ClassVar[int]
     CHANGES_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     error: Error
     hello: HelloResponse
@@ -590,7 +675,8 @@ class Response(_message.Message):
     replica_holdings: ReplicaHoldings
     replica_frames: ReplicaFrames
     changes: ChangesResponse
-    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., hello: _Optional[_Union[HelloResponse, _Mapping]] = ..., append: _Optional[_Union[AppendResponse, _Mapping]] = ..., info: _Optional[_Union[SegmentInfo, _Mapping]] = ..., list: _Optional[_Union[SegmentList, _Mapping]] = ..., attributes: _Optional[_Union[Attributes, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., read: _Optional[_Union[ReadResponse, _Mapping]] = ..., fsck: _Optional[_Union[FsckResponse, _Mapping]] = ..., metadata: _Optional[_Union[ExportMetadataResponse, _Mapping]] = ..., record: _Optional[_Union[_metadata_pb2.SegmentRecord, _Mapping]] = ..., cluster: _Optional[_Union[ClusterStatus, _Mapping]] = ..., stream: _Optional[_Union[StreamInfo, _Mapping]] = ..., streams: _Optional[_Union[StreamList, _Mapping]] = ..., transaction: _Optional[_Union[TransactionInfo, _Mapping]] = ..., replica_write: _Optional[_Union[ReplicaWriteResponse, _Mapping]] = ..., replica_holdings: _Optional[_Union[ReplicaHoldings, _Mapping]] = ..., replica_frames: _Optional[_Union[ReplicaFrames, _Mapping]] = ..., changes: _Optional[_Union[ChangesResponse, _Mapping]] = ...) -> None: ...
+    status: NodeSummary
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., hello: _Optional[_Union[HelloResponse, _Mapping]] = ..., append: _Optional[_Union[AppendResponse, _Mapping]] = ..., info: _Optional[_Union[SegmentInfo, _Mapping]] = ..., list: _Optional[_Union[SegmentList, _Mapping]] = ..., attributes: _Optional[_Union[Attributes, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., read: _Optional[_Union[ReadResponse, _Mapping]] = ..., fsck: _Optional[_Union[FsckResponse, _Mapping]] = ..., metadata: _Optional[_Union[ExportMetadataResponse, _Mapping]] = ..., record: _Optional[_Union[_metadata_pb2.SegmentRecord, _Mapping]] = ..., cluster: _Optional[_Union[ClusterStatus, _Mapping]] = ..., stream: _Optional[_Union[StreamInfo, _Mapping]] = ..., streams: _Optional[_Union[StreamList, _Mapping]] = ..., transaction: _Optional[_Union[TransactionInfo, _Mapping]] = ..., replica_write: _Optional[_Union[ReplicaWriteResponse, _Mapping]] = ..., replica_holdings: _Optional[_Union[ReplicaHoldings, _Mapping]] = ..., replica_frames: _Optional[_Union[ReplicaFrames, _Mapping]] = ..., changes: _Optional[_Union[ChangesResponse, _Mapping]] = ..., status: _Optional[_Union[NodeSummary, _Mapping]] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
     __slots__ = ("id", "advertise", "state", "epoch", "version", "segments", "unflushed_bytes", "heartbeat_age_ms", "started_at_ms", "self", "ensemble", "quorum", "replicas_of", "hosted_by")

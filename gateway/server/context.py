@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from gateway.config import ServerConfig
     from gateway.container.container import SegmentContainer
     from gateway.fsck.checks import Target
+    from gateway.protocol import wire_pb2 as wire
     from gateway.protocol.framing import MessageStream
     from gateway.replication.replicator import Replicator
     from gateway.replication.store import ReplicaStore
@@ -56,6 +57,8 @@ class ServerParts(Protocol):
     containers: ContainerHost | None
     #: Requests taken since the start, by kind (Hello left out).
     requests: dict[str, int]
+    #: The node at a glance (`gateway.status`); None: not wired (a bare server).
+    summarize: Callable[[], Awaitable[wire.NodeSummary]] | None
 
 
 class Peer(Protocol):

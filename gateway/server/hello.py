@@ -31,7 +31,7 @@ PROTOCOL_VERSION = wire.PROTOCOL_VERSION_1
 #: Request kinds served beyond version 1's first set (HelloResponse.features):
 #: a client asks for one only if the server names it, so that it works with
 #: servers from before it (an unknown kind closes the connection).
-FEATURES = ("changes",)
+FEATURES = ("changes", "status")
 #: Seconds a client has to complete the TLS handshake, and then to send Hello.
 HANDSHAKE_TIMEOUT = 10.0
 #: The first message (Hello) may be at most this large, whatever max_message_bytes says.

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from gateway.cluster.failover import ContainerHost
     from gateway.cluster.view import ClusterView
     from gateway.fsck.checks import Target
+    from gateway.protocol import wire_pb2 as wire
     from gateway.replication.replicator import Replicator
     from gateway.replication.store import ReplicaStore
 
@@ -135,6 +136,8 @@ class Server:
         #: The live state fsck checks (its Tier-2 parts included); without
         #: it, the container alone (no Tier 2 to check).
         self.fsck_target = fsck_target
+        #: The node at a glance, for the status request (`gateway.status`; set by the daemon).
+        self.summarize: Callable[[], Awaitable[wire.NodeSummary]] | None = None
         #: TLS for every connection (None: plain TCP); ConfigError if the files do not load.
         self.ssl_context: ssl.SSLContext | None = config.ssl_context()
         #: Seconds a client has to complete the TLS handshake, and then to send Hello.

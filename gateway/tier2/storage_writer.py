@@ -168,6 +168,17 @@ class StorageWriter:
             return 0.0
         return max(0.0, trio.current_time() - min(self._unflushed.values()))
 
+    def backlog(self) -> list[tuple[int, float, int, str]]:
+        """Segments with bytes not yet in Tier 2, as (segment id, age of the oldest in
+        seconds, flushes failed in a row, the last failure): the status page's backlog."""
+        now = trio.current_time()
+        out = []
+        for seg_id, since in self._unflushed.items():
+            failed = self._failures.get(seg_id)
+            count, error = (failed.count, str(failed.error)) if failed is not None else (0, "")
+            out.append((seg_id, max(0.0, now - since), count, error))
+        return out
+
     def unflushed_bytes(self) -> int:
         """Bytes of live segments not yet in Tier 2: of those waiting for a flush
         only, so the cost follows the active segments, not all of them."""

@@ -1,4 +1,4 @@
-"""Administration: flush, export-metadata, fsck, the cluster's status."""
+"""Administration: flush, export-metadata, fsck, the cluster's status, the node's status."""
 
 from __future__ import annotations
 
@@ -144,6 +144,20 @@ async def _recorded_ensemble(layer: ChunkLayer, node: str, status: wire.NodeStat
         return
     if found:
         status.ensemble.extend(found[0].members)
+
+
+@handles("status")
+def status(conn: Peer, req: wire.Request) -> Producer:
+    """The answering node at a glance (`gateway.status`, `segment-gateway status`)."""
+    summarize = conn.server.summarize
+    rid = req.request_id
+    if summarize is None:
+        raise Unavailable("this server was started without its node summary")
+
+    async def produce() -> wire.Response:
+        return wire.Response(request_id=rid, status=await summarize())
+
+    return produce
 
 
 def _fsck_bytes(conn: Peer, req: wire.Request) -> int:
