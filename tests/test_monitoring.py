@@ -23,6 +23,7 @@ import json
 import os
 import pathlib
 import re
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -342,29 +343,21 @@ MUST_FIRE_FULL = {
 MAY_FIRE = {("SegmentGatewayJournalDiskFillingUp", "warning")}
 
 
-def fill_for_good(node: Watched, client: SyncClient) -> pathlib.Path:
-    """Fill the journal's tmpfs until the journal stays short of space; returns the ballast.
+def keep_journal_disk_full(node: Watched, client: SyncClient) -> None:
+    """Unless the journal is short of space, fill its tmpfs and append until refused.
 
-    The first refusal makes the journal checkpoint and delete the files whose
-    data is in Tier 2 already, which frees room (it gets out of a full disk by
-    itself); with Tier 2 down nothing more can go, and the next fill holds.
+    The first refusal makes the journal checkpoint and delete its files whose
+    data is in Tier 2 already (it gets out of a full disk by itself): room
+    again. With Tier 2 down nothing more can go, and the next fill holds.
     """
     assert node.journal_fs is not None
     metrics_port = int(node.address.rsplit(":", 1)[1])
-
-    def room() -> bool:
-        return scrape(metrics_port)["segment_gateway_journal_short_of_space"] == 0
-
-    for _ in range(5):
-        ballast = fill(node.journal_fs)  # truncates the last ballast, then takes every byte
-        with pytest.raises(Overloaded):
-            for _ in range(100):
-                client.append("w/read", os.urandom(200 * KiB))
-        try:
-            wait_for(room, 3, "room again on the journal's disk", interval=0.1)
-        except AssertionError:
-            return ballast  # short of space for 3 s: it stays so
-    raise AssertionError("the journal's disk did not stay full")
+    if scrape(metrics_port)["segment_gateway_journal_short_of_space"] == 1:
+        return
+    fill(node.journal_fs)  # truncates the last ballast, then takes every byte
+    with pytest.raises(Overloaded):
+        for _ in range(100):
+            client.append("w/read", os.urandom(200 * KiB))
 
 
 def firing(prometheus: PrometheusServer) -> set[tuple[str, str]]:
@@ -399,18 +392,22 @@ def test_a_real_prometheus_fires_the_alerts_of_real_faults(
         s3_dir = node.daemon.data_dir / "s3"
         s3_port = json.loads((s3_dir / "embedded-s3.json").read_text())["ports"]["s3"]
         (pid,) = weed_pids(s3_dir)
-        os.kill(pid, 9)
+        os.kill(pid, signal.SIGKILL)
         # The restarts fail while the port is taken: the server stays down.
         with holding_port(s3_port), SyncClient(node.daemon.address, tls_ca=str(node.ca)) as c:
             c.append("w/read", b"not flushed while S3 is down")
             with pytest.raises(OSError) as e:
                 (node.daemon.mnt / "w" / "cold").read_bytes()
             assert e.value.errno == errno.EIO
-            ballast = fill_for_good(node, c) if node.journal_fs else None
+
+            def fired() -> bool:
+                if node.journal_fs:
+                    keep_journal_disk_full(node, c)
+                return must <= firing(prometheus)
+
             try:
                 wait_for(
-                    lambda: must <= firing(prometheus),
-                    40, f"{sorted(must)} firing", interval=0.2,
+                    fired, 40, f"{sorted(must)} firing", interval=0.2,
                     detail=lambda: (prometheus.api("alerts"), prometheus.log()),
                 )  # fmt: skip
                 assert firing(prometheus) <= must | MAY_FIRE
@@ -418,7 +415,7 @@ def test_a_real_prometheus_fires_the_alerts_of_real_faults(
                     assert alert["labels"]["instance"] == node.address
                     assert alert["labels"]["job"] == JOB
             finally:
-                if ballast is not None:
-                    ballast.unlink()
+                if node.journal_fs:
+                    (node.journal_fs / "ballast").unlink(missing_ok=True)
     finally:
         prometheus.stop()
