@@ -7,6 +7,7 @@
 #   /usr/lib/systemd/system/segment-gateway.service
 #   /usr/lib/tmpfiles.d/segment-gateway.conf, /usr/lib/sysusers.d/segment-gateway.conf
 #   /etc/segment-gateway/gateway.toml   (a conffile)
+#   /usr/share/segment-gateway/      alerts.yml, dashboard.json (packaging/monitoring)
 #   /usr/share/doc/segment-gateway/     OPERATIONS.md, CONFIG.md, copyright
 #
 # The venv is built in a staging root under build/deb and then made
@@ -101,6 +102,11 @@ fi
 # cannot write to /opt, so every start would compile everything again.
 "$PYTHON" -m compileall -q -j 0 -s "$STAGE" -p / "$site" >/dev/null ||
     die "compileall failed"
+
+# -- monitoring ---------------------------------------------------------------------
+# Prometheus alerting rules and a Grafana dashboard (docs/OPERATIONS.md, "Monitoring").
+install -D -m 0644 -t "$STAGE/usr/share/segment-gateway" \
+    packaging/monitoring/alerts.yml packaging/monitoring/dashboard.json
 
 # -- the rest of the tree ---------------------------------------------------------
 install -d "$STAGE/usr/bin"
