@@ -125,7 +125,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Watched]:
     ca.cert_pem.write_to_path(str(tls / "ca.pem"))
     with contextlib.ExitStack() as stack:
         journal_fs: pathlib.Path | None = None
-        if os.geteuid() == 0:
+        with contextlib.suppress(pytest.skip.Exception):  # no tmpfs: no full disk below
             journal_fs = stack.enter_context(tmpfs(root / "journal-fs", "16m"))
         journal_dir = (journal_fs or root) / "journal"
         daemon = MountedDaemon(root / "node", root / "mnt", config_text=_config(tls, journal_dir))
