@@ -37,6 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from gateway.config import METRICS_ADDRESS_FILE, parse_host_port
+from gateway.health_metrics import health_families
 from gateway.stats import Histogram
 
 if TYPE_CHECKING:
@@ -282,6 +283,7 @@ class GatewayCollector(Collector):
         yield from self._cluster()
         yield from self._replication()
         yield from self._failover()
+        yield from health_families(self.node.journal.directory, self.server)
 
     def _tier2(self) -> Iterator[Metric]:
         writer = self.node.storage_writer

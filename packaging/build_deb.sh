@@ -7,6 +7,7 @@
 #   /usr/lib/systemd/system/segment-gateway.service
 #   /usr/lib/tmpfiles.d/segment-gateway.conf, /usr/lib/sysusers.d/segment-gateway.conf
 #   /etc/segment-gateway/gateway.toml   (a conffile)
+#   /usr/share/segment-gateway/      alerts.yml, dashboard.json (packaging/monitoring)
 #   /usr/share/doc/segment-gateway/     OPERATIONS.md, CONFIG.md, copyright
 #
 # The venv is built in a staging root under build/deb and then made
@@ -109,6 +110,11 @@ scripts/gen_manpage.sh "$BUILD/segment-gateway.1" || die "the manual page did no
 install -d "$STAGE/usr/share/man/man1"
 gzip -9n <"$BUILD/segment-gateway.1" >"$STAGE/usr/share/man/man1/segment-gateway.1.gz"
 chmod 0644 "$STAGE/usr/share/man/man1/segment-gateway.1.gz"
+
+# -- monitoring ---------------------------------------------------------------------
+# Prometheus alerting rules and a Grafana dashboard (docs/OPERATIONS.md, "Monitoring").
+install -D -m 0644 -t "$STAGE/usr/share/segment-gateway" \
+    packaging/monitoring/alerts.yml packaging/monitoring/dashboard.json
 
 # -- the rest of the tree ---------------------------------------------------------
 install -d "$STAGE/usr/bin"

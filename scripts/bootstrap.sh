@@ -41,6 +41,35 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# -- Prometheus (promtool and the server), for packaging/monitoring/ ----------
+# tests/test_monitoring.py checks the alerting rules and the dashboard with
+# /usr/bin/promtool and runs its own /usr/bin/prometheus on a free port. The
+# package's service must not run: it would hold port 9090 and scrape nothing
+# of ours. Its postinst starts it through invoke-rc.d / deb-systemd-invoke,
+# which ask policy-rc.d first: where none is in place, one that refuses every
+# start is put there for this install only; the service is disabled after.
+if ! dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -q 'install ok installed'; then
+    echo "bootstrap: installing Debian's prometheus (for promtool; its service stays off)"
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo=sudo
+    policy=/usr/sbin/policy-rc.d
+    if [ ! -e "$policy" ]; then
+        trap '$sudo rm -f "$policy"' EXIT
+        printf '#!/bin/sh\n# scripts/bootstrap.sh, during one install: start no service\nexit 101\n' \
+            | $sudo tee "$policy" >/dev/null
+        $sudo chmod 755 "$policy"
+    fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus
+    if [ -n "$(trap -p EXIT)" ]; then $sudo rm -f "$policy"; trap - EXIT; fi
+    if [ -d /run/systemd/system ]; then
+        $sudo systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    else
+        $sudo deb-systemd-helper disable prometheus.service >/dev/null 2>&1 || true
+        $sudo update-rc.d prometheus disable >/dev/null 2>&1 || true
+    fi
+fi
+
 if [ ! -x .venv/bin/python ]; then
     echo "bootstrap: creating .venv"
     "$PYTHON" -m venv .venv

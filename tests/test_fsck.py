@@ -32,7 +32,7 @@ from gateway.journal.reader import FrameRecord, mapped, read_frames
 from gateway.protocol.metadata_pb2 import ChunkRecord, SegmentRecord
 from gateway.storage import object_keys as names
 from gateway.storage.filesystem import FileStorage
-from tests.helpers.daemon import Daemon, run_cli
+from tests.helpers.daemon import Daemon, run_cli, scrape
 from tests.helpers.snapshots import newest_metadata
 
 # Daemons, SeaweedFS or Spark: `make test-fast` leaves these out.
@@ -286,6 +286,11 @@ def test_deleted_chunk_object_is_found_online_and_offline(node: Node, running: D
     assert problem["segment"] in SEGMENTS and problem["offset"] is not None
     run = fsck(node.config, "--connect", running.address, "--repair")
     assert run.code == 2 and "stop the daemon" in run.problems("chunks")[0]["action"]
+    # What the alerting rules see (SegmentGatewayFsckProblems): left unrepaired.
+    m = scrape(running.metrics_port)
+    assert m["segment_gateway_fsck_runs_total"] == 2
+    assert m['segment_gateway_fsck_problems{check="chunks"}'] == 1
+    assert m['segment_gateway_fsck_problems{check="metadata"}'] == 0
     assert running.stop() == 0
     # Offline, the chunk's blocks are all in the cache and match its CRC32C:
     # they are written back.
@@ -373,10 +378,15 @@ def test_orphan_repaired_by_a_running_daemon(node: Node, running: Daemon) -> Non
     run = fsck(node.config, "--connect", running.address)
     assert run.code == 2
     assert [p["key"] for p in run.problems("orphans")] == [old]
+    assert scrape(running.metrics_port)['segment_gateway_fsck_problems{check="orphans"}'] == 1
     run = fsck(node.config, "--connect", running.address, "--repair")
     assert run.code == 1
     (problem,) = run.problems("orphans")
     assert problem["key"] == old and problem["repaired"]
+    # Repaired: nothing left for the alerting rules.
+    m = scrape(running.metrics_port)
+    assert m['segment_gateway_fsck_problems{check="orphans"}'] == 0
+    assert m["segment_gateway_fsck_runs_total"] == 3
     assert old not in node.chunk_keys()
     assert_clean(fsck(node.config, "--connect", running.address))
 

@@ -171,6 +171,14 @@ def test_the_package_installs_the_daemon_and_its_files(deb: Deb) -> None:
     page = gzip.decompress(pathlib.Path("/usr/share/man/man1/segment-gateway.1.gz").read_bytes())
     assert page.startswith(b'.TH SEGMENT\\-GATEWAY "1"') and b"segment\\-gateway status" in page
 
+    # The monitoring files (docs/OPERATIONS.md, "Monitoring"), as in the tree.
+    for name in ("alerts.yml", "dashboard.json"):
+        shipped = pathlib.Path("/usr/share/segment-gateway") / name
+        assert shipped.read_bytes() == (ROOT / "packaging" / "monitoring" / name).read_bytes()
+        assert shipped.stat().st_mode & 0o777 == 0o644
+    r = run("dpkg-query", "-L", PACKAGE)
+    assert "/usr/share/segment-gateway/alerts.yml" in r.stdout.splitlines()
+
     # The user and its directories, as postinst made them.
     assert user.pw_uid < 1000 and user.pw_dir == str(DATA_DIR)
     for path, mode in ((DATA_DIR, 0o750), (MOUNTPOINT, 0o755)):

@@ -317,6 +317,29 @@ async def test_a_waiting_flush_outlasts_an_outage_shorter_than_its_time(
         assert chunk_bytes(storage, c, "s") == b"x" * 1000
 
 
+async def test_the_backlogs_age_grows_through_failed_flushes(tmp_path: pathlib.Path) -> None:
+    """``pending_flush_oldest_seconds`` (the alerting rules' flush backlog) is the
+    age of the oldest unflushed byte: failed attempts while Tier 2 is down do not
+    make it younger; the flush that succeeds does."""
+    storage = MemoryStorage()
+    config = tier2_config(tmp_path, retry_deadline="100ms", flush_interval="100ms")
+    async with running(config, storage) as (c, writer):
+        await c.create("s")
+        storage.set_down(True)
+        await c.append("s", b"x" * 1000)
+        appended = trio.current_time()
+        await async_wait_for(
+            lambda: writer.flush_failures >= 2 and trio.current_time() - appended >= 1.0,
+            10,
+            "two failed flushes, a second after the append",
+        )
+        # Each failure moved the next attempt's due time on; the age must not follow.
+        assert writer.oldest_unflushed_age() >= trio.current_time() - appended - 0.05
+        storage.set_down(False)
+        await async_wait_for(lambda: c.info("s").storage_length == 1000, 10, "the flush")
+        assert writer.oldest_unflushed_age() == 0
+
+
 async def test_a_waiting_flush_says_what_is_left_when_its_time_is_up(
     tmp_path: pathlib.Path,
 ) -> None:

@@ -72,6 +72,19 @@ def _server_ssl_context(c: ServerConfig) -> ssl.SSLContext | None:
     return ctx
 
 
+def certificate_expiry(path: str) -> float | None:
+    """The earliest ``notAfter`` (Unix time) of the PEM certificates in ``path`` (the
+    server's and its intermediates); None if there are none or it cannot be read."""
+    from cryptography import x509
+
+    try:
+        with open(path, "rb") as f:
+            certificates = x509.load_pem_x509_certificates(f.read())
+    except (OSError, ValueError):
+        return None  # `serve` refuses such a file before anyone asks
+    return min(c.not_valid_after_utc.timestamp() for c in certificates)
+
+
 def _pem_has(path: str, label: str) -> bool:
     """Whether the file has a PEM block whose label ends with ``label``."""
     try:

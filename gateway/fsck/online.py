@@ -28,7 +28,7 @@ from gateway.read.chunks import ChunkReader
 from gateway.tier2.storage_writer import StorageWriter
 
 from .checks import Options, Target, run_target_checks
-from .report import Event, to_wire
+from .report import Event, FsckRecord, Tally, to_wire
 
 if TYPE_CHECKING:
     from gateway.cluster.claims import NameClaims
@@ -101,10 +101,16 @@ async def serve_fsck(
     request: wire.FsckRequest,
     request_id: int,
     send: Callable[[bytes], Awaitable[None]],
+    record: FsckRecord | None = None,
 ) -> None:
-    """Answer one FsckRequest: every event as a Response, then the closing one."""
+    """Answer one FsckRequest: every event as a Response, then the closing one.
+
+    A run that completes is kept in ``record``.
+    """
+    tally = Tally()
 
     async def sink(event: Event) -> None:
+        tally.add(event)
         response = wire.Response(request_id=request_id, fsck=to_wire(event))
         await send(response.SerializeToString())
 
@@ -117,5 +123,7 @@ async def serve_fsck(
         # A bug in a check must cost this request only, never the daemon.
         log.exception("fsck failed")
         raise GatewayError(f"fsck failed in the daemon: {e!r} (see its log)") from e
+    if record is not None:
+        record.record(tally)
     closing = wire.Response(request_id=request_id, fsck=wire.FsckResponse(last=True))
     await send(closing.SerializeToString())

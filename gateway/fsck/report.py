@@ -10,6 +10,7 @@ online and offline. `Tally` counts them and decides the exit code.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -151,6 +152,31 @@ class Tally:
         if not self.problems:
             return EXIT_CLEAN
         return EXIT_REPAIRED if self.repaired == self.problems else EXIT_PROBLEMS
+
+
+@dataclass
+class FsckRecord:
+    """What the online fsck runs of this process found (the ``fsck_*`` metrics).
+
+    Only runs that completed count; the journal check, which the command runs
+    from the files itself, is not among them.
+    """
+
+    runs: int = 0
+    #: When the last completed run ended (Unix time; None: none yet).
+    last_run: float | None = None
+    #: Problems the last completed run found and did not repair, by check.
+    problems: dict[str, int] = field(default_factory=dict)
+
+    def record(self, tally: Tally) -> None:
+        """One completed run's findings."""
+        self.runs += 1
+        self.last_run = time.time()
+        self.problems = {
+            name: count.problems - count.repaired
+            for name, count in tally.checks.items()
+            if name != "journal"
+        }
 
 
 def to_wire(event: Event) -> wire.FsckResponse:

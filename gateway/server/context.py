@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from gateway.config import ServerConfig
     from gateway.container.container import SegmentContainer
     from gateway.fsck.checks import Target
+    from gateway.fsck.report import FsckRecord
     from gateway.protocol import wire_pb2 as wire
     from gateway.protocol.framing import MessageStream
     from gateway.replication.replicator import Replicator
@@ -40,6 +41,8 @@ class ServerParts(Protocol):
     node: str
     #: The live state fsck checks; None: the container alone.
     fsck_target: Callable[[], Target] | None
+    #: What the online fsck runs found (the ``fsck_*`` metrics).
+    fsck_record: FsckRecord
     #: Seconds a client has to complete the TLS handshake, and then to send Hello.
     handshake_timeout: float
     #: ``container.max_append_bytes``, told to clients in Hello.

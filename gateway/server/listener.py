@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING
 import trio
 
 from gateway.config import ServerConfig, parse_host_port
+from gateway.config.tls import certificate_expiry
 from gateway.container.container import SegmentContainer
 from gateway.errors import LimitExceeded, ProtocolError
+from gateway.fsck.report import FsckRecord
 from gateway.protocol.framing import close_now
 
 from .answers import error_response, framed
@@ -138,8 +140,12 @@ class Server:
         self.fsck_target = fsck_target
         #: The node at a glance, for the status request (`gateway.status`; set by the daemon).
         self.summarize: Callable[[], Awaitable[wire.NodeSummary]] | None = None
+        #: What the online fsck runs found (the ``fsck_*`` metrics).
+        self.fsck_record = FsckRecord()
         #: TLS for every connection (None: plain TCP); ConfigError if the files do not load.
         self.ssl_context: ssl.SSLContext | None = config.ssl_context()
+        #: When the certificate it serves expires (Unix time; None: no TLS), read with it.
+        self.certificate_expiry = certificate_expiry(config.tls_cert) if config.tls_cert else None
         #: Seconds a client has to complete the TLS handshake, and then to send Hello.
         self.handshake_timeout = HANDSHAKE_TIMEOUT
         #: TLS handshakes in progress, and those that failed or timed out.

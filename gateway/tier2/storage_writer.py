@@ -83,6 +83,10 @@ class _Failure:
     count: int
     retry_at: float
     error: Exception
+    #: When the segment's oldest byte not in Tier 2 became due, as it was before
+    #: the first of these failures: a failed attempt leaves the bytes as old as
+    #: they were (`StorageWriter.oldest_unflushed_age`).
+    since: float
 
 
 @dataclass(frozen=True)
@@ -163,10 +167,19 @@ class StorageWriter:
         self._attr_urgent: set[int] = set()
 
     def oldest_unflushed_age(self) -> float:
-        """Seconds since the oldest byte not yet in Tier 2 became due (0 if none)."""
+        """Seconds since the oldest byte not yet in Tier 2 became due (0 if none).
+
+        Failed flushes do not make it younger: while Tier 2 is down it keeps
+        growing (``pending_flush_oldest_seconds``, which the alerting rules watch).
+        """
         if not self._unflushed:
             return 0.0
-        return max(0.0, trio.current_time() - min(self._unflushed.values()))
+        failures = self._failures
+        oldest = min(
+            min(since, f.since) if (f := failures.get(seg_id)) is not None else since
+            for seg_id, since in self._unflushed.items()
+        )
+        return max(0.0, trio.current_time() - oldest)
 
     def backlog(self) -> list[tuple[int, float, int, str]]:
         """Segments with bytes not yet in Tier 2, as (segment id, age of the oldest in
@@ -405,10 +418,12 @@ class StorageWriter:
             self.flush_failures += 1
             old = self._failures.get(seg_id)
             count = old.count + 1 if old else 1
+            # Read before `finally` moves the due time on (for the next attempt).
+            since = old.since if old else self._unflushed.get(seg_id, trio.current_time())
             wait = min(MAX_RETRY_WAIT, 0.5 * 2 ** (count - 1))
             if self._waiting.get(seg_id):
                 wait = min(wait, REQUESTED_RETRY_WAIT)  # the backoff is for nobody waiting
-            self._failures[seg_id] = _Failure(count, trio.current_time() + wait, e)
+            self._failures[seg_id] = _Failure(count, trio.current_time() + wait, e, since)
             log.warning("flush of segment id %d failed (retry in %.1fs): %s", seg_id, wait, e)
         finally:
             self._busy.discard(seg_id)

@@ -174,6 +174,6 @@ def fsck(conn: Peer, req: wire.Request) -> Item:
         from gateway.fsck.online import live_target, serve_fsck
 
         target = server.fsck_target() if server.fsck_target else live_target(server.container)
-        await serve_fsck(target, req.fsck, rid, send)
+        await serve_fsck(target, req.fsck, rid, send, server.fsck_record)
 
     return Item(rid, 0, None, push=push)
