@@ -660,7 +660,7 @@ async def run_daemon(
                     server.summarize = page.summary
                     if config.metrics.listen:
                         metrics = MetricsServer(collector, config.metrics.listen)
-                        metrics.page = page
+                        metrics.page = page.answer
                         await nursery.start(metrics.serve)
                         nursery.start_soon(page.run)
                     if config.fuse.mountpoint:

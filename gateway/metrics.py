@@ -22,7 +22,7 @@ import os
 import pathlib
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import trio
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
     from gateway.replication.replicator import Replicator
     from gateway.replication.store import ReplicaStore
     from gateway.server import Server
-    from gateway.status import StatusPage
 
 log = logging.getLogger(__name__)
 
@@ -768,8 +767,9 @@ class MetricsServer:
         self.collector = collector
         self.listen = listen
         self.scrapes = 0
-        #: The status page served at ``/`` (None: 404 there).
-        self.page: StatusPage | None = None
+        #: What answers ``GET /`` and ``HEAD /`` (stream, head only): the status
+        #: page's `gateway.status.StatusPage.answer` (None: 404 there).
+        self.page: Callable[[trio.abc.Stream, bool], Awaitable[None]] | None = None
         #: Connections closed to make room for newer ones.
         self.evicted = 0
         #: Open connections, oldest first (dicts keep insertion order).
@@ -816,7 +816,7 @@ class MetricsServer:
             if len(line) < 2 or line[0] not in (b"GET", b"HEAD"):
                 await self._reply(stream, 405, b"only GET\n", "text/plain")
             elif line[1].split(b"?")[0] == b"/" and self.page is not None:
-                await self.page.answer(stream, head_only=line[0] == b"HEAD")
+                await self.page(stream, line[0] == b"HEAD")
             elif line[1].split(b"?")[0] != b"/metrics":
                 await self._reply(stream, 404, b"try /metrics\n", "text/plain")
             else:
