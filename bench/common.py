@@ -33,8 +33,8 @@ def ensure_fio() -> str:
         return path
     print("bench: installing fio", file=sys.stderr)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "fio"], check=True, env=env)
+    for step in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "fio"]):
+        subprocess.run(step, check=True, env=env, stdout=sys.stderr)
     path = shutil.which("fio")
     if not path:
         raise SystemExit("fio is not available")
@@ -48,8 +48,9 @@ def ensure_debian_tool(command: str, package: str) -> str:
         return path
     print(f"bench: installing {package}", file=sys.stderr)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", package], check=True, env=env)
+    # apt's output goes to stderr: stdout is the benchmark's JSON document.
+    for step in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", package]):
+        subprocess.run(step, check=True, env=env, stdout=sys.stderr)
     path = shutil.which(command)
     if not path:
         raise SystemExit(f"{command} is not available")

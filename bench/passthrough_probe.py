@@ -110,7 +110,8 @@ def build_system_passthrough_ll(work: pathlib.Path) -> tuple[pathlib.Path, str]:
     ensure_debian_tool("pkg-config", "pkg-config")
     if not (SYSTEM_EXAMPLES / "passthrough_ll.c").exists():
         ensure_debian_tool("gcc", "gcc")
-        subprocess.run(["apt-get", "install", "-y", "-qq", "libfuse3-dev"], check=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "libfuse3-dev"], check=True,
+                       stdout=sys.stderr)  # fmt: skip
     out = work / "ll-system"
     out.mkdir()
     for name in ("passthrough_ll.c", "passthrough_helpers.h"):
