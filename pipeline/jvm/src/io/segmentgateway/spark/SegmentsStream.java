@@ -584,6 +584,10 @@ final class SegmentsStream implements MicroBatchStream, SupportsTriggerAvailable
       }
       parts.addAll(planned);
     }
+    // stream.py also opens active segments' parts with O_DIRECT, so that the kernel's copy of
+    // a growing file's size cannot cut a read short. Not needed here: the gateway serves every
+    // open of an active segment as direct I/O (fs/vfs.py open), whatever the flags; and the
+    // JDK's O_DIRECT (ExtendedOpenOption.DIRECT) would want block-aligned reads.
     return parts.toArray(new InputPartition[0]);
   }
 
