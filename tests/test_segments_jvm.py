@@ -6,7 +6,8 @@ between append boundaries, a line longer than a part, a last line without
 a newline, parts of every size down to one byte, offset ranges, filters
 pushed down, columns pruned, and a stream whose transactions are being
 committed while it is read (only whole transactions, nothing past the
-listed length).
+listed length). The streaming source is compared in tests/test_spark_streaming.py;
+its bad options are here.
 """
 
 from __future__ import annotations
@@ -270,3 +271,19 @@ def test_bad_paths_and_options_are_clear_errors(gateway: MountedDaemon, spark: A
     with pytest.raises((PySparkException, Py4JJavaError), match="give a path"):
         spark.read.format("segments-jvm").load().count()
     assert rows(spark, "segments-jvm", gateway.mnt / "no" / "such") == []
+    # The streaming source's own options, refused when the query starts.
+    from pyspark.errors import StreamingQueryException
+
+    for options, message in (
+        ({"startingOffsets": "middle"}, "startingOffsets must be earliest or latest"),
+        ({"maxBytesPerTrigger": "1m", "maxEventsPerTrigger": "5"}, "not both"),
+        ({"maxEventsPerTrigger": "-1"}, "must be positive"),
+        ({"mountTimeout": "soon"}, "cannot read 'soon' as a duration"),
+    ):
+        stream = spark.readStream.format("segments-jvm").options(**options)
+        query = stream.load(str(gateway.mnt)).writeStream.format("noop").start()
+        try:
+            with pytest.raises(StreamingQueryException, match=message):
+                query.awaitTermination(60)
+        finally:
+            query.stop()

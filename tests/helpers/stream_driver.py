@@ -1,7 +1,8 @@
 """A Spark driver running one streaming query over the mount, to be killed by tests.
 
 ``python -m tests.helpers.stream_driver MOUNT_PATH CHECKPOINT OUT`` reads the
-segments under MOUNT_PATH with the streaming ``segments`` source (lines) and
+segments under MOUNT_PATH with the streaming ``segments`` source (lines; ``--format
+segments-jvm``: its JVM port, which goes on from the other's checkpoint too) and
 writes each micro-batch's events to ``OUT/batch=<id>`` as Parquet, replacing
 what an earlier attempt of the same batch left: with Spark's checkpoint
 (offsets logged before a batch runs, the commit after), that is exactly
@@ -63,6 +64,7 @@ def main() -> int:
     p.add_argument("--dump", default="")
     p.add_argument("--stall", type=float, default=30.0)
     p.add_argument("--settle", type=float, default=5.0)
+    p.add_argument("--format", default="segments", choices=("segments", "segments-jvm"))
     args = p.parse_args()
     rnd = random.Random(args.seed)
 
@@ -71,7 +73,7 @@ def main() -> int:
     from pipeline.session import local_session
 
     spark = local_session("stream driver")
-    reader = spark.readStream.format("segments").option("codec", "lines")
+    reader = spark.readStream.format(args.format).option("codec", "lines")
     if args.max_events:
         reader = reader.option("maxEventsPerTrigger", str(args.max_events))
     events = reader.load(args.path)

@@ -10,6 +10,10 @@ import org.apache.spark.sql.connector.read.InputPartition;
  * {@code length} (the length when listed); {@code head}: a line is known to start at start;
  * {@code complete}: length is the sealed segment's final length, so a last line without a
  * newline is whole.
+ *
+ * <p>A streaming part (SegmentsStream) also carries the segment's creation time and owner
+ * when it was planned, to tell its deletion from a mount that does not show it for a moment,
+ * and is read by StreamPartReader (retries, deletion proven, truncation since planning).
  */
 final class Part implements InputPartition {
   private static final long serialVersionUID = 1L;
@@ -25,6 +29,12 @@ final class Part implements InputPartition {
   final boolean head;
   final boolean sealed;
   final boolean complete;
+  /** Streaming: the segment's creation time (Unix ms) when planned; 0: not known. */
+  long created;
+  /** Streaming: the node that owns it ("" if not known). */
+  String node = "";
+  /** Planned by the streaming source: read by StreamPartReader. */
+  boolean stream;
 
   private Part(boolean lines, String file, String segment, long start, long end, long lo,
       long hi, long length, boolean head, boolean sealed, boolean complete) {
@@ -49,5 +59,21 @@ final class Part implements InputPartition {
   static Part lines(String file, String segment, long start, long end, long length,
       boolean head, boolean sealed, boolean complete) {
     return new Part(true, file, segment, start, end, start, end, length, head, sealed, complete);
+  }
+
+  /**
+   * This part from the segment's first event {@code first} on (truncated since it was
+   * planned: below the start offset are zeros): framed events from there, or lines with one
+   * known to start there.
+   */
+  Part startingAt(long first) {
+    Part q = lines
+        ? new Part(true, file, segment, first, end, first, end, length, true, sealed, complete)
+        : new Part(false, file, segment, first, end, Math.max(lo, first), hi, end, false, sealed,
+            false);
+    q.created = created;
+    q.node = node;
+    q.stream = stream;
+    return q;
   }
 }

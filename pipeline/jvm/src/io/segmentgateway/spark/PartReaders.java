@@ -53,11 +53,19 @@ final class PartReaders implements PartitionReaderFactory {
   @Override
   public PartitionReader<InternalRow> createReader(InputPartition partition) {
     Part p = (Part) partition;
+    if (p.stream) {
+      return new StreamPartReader(this, p);
+    }
     try {
-      return p.lines ? new LinesReader(this, p) : new FramedReader(this, p);
+      return open(p);
     } catch (IOException e) {
       throw new java.io.UncheckedIOException(p.segment + ": " + e, e);
     }
+  }
+
+  /** A reader of the part's events, its file opened (and, for lines, its first line found). */
+  Reader open(Part p) throws IOException {
+    return p.lines ? new LinesReader(this, p) : new FramedReader(this, p);
   }
 
   /** The bytes of one part through one buffer, never past a limit. */
@@ -198,7 +206,12 @@ final class PartReaders implements PartitionReaderFactory {
 
     LinesReader(PartReaders columns, Part part) throws IOException {
       super(columns, part, part.head ? part.start : part.start - 1);
-      lineStart = part.head ? part.start : firstLine();
+      try {
+        lineStart = part.head ? part.start : firstLine();
+      } catch (IOException | RuntimeException e) {
+        channel.close(); // a task that tries again opens it again
+        throw e;
+      }
     }
 
     /** Hadoop's rule: the first line starts after the first newline at or after start - 1. */

@@ -1,30 +1,22 @@
 package io.segmentgateway.spark;
 
 import java.io.IOException;
-import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.DirectoryStream;
 import java.nio.file.Files;
 import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
 import java.nio.file.Paths;
-import java.nio.file.attribute.UserDefinedFileAttributeView;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
 import java.util.Set;
-import java.util.regex.Matcher;
-import java.util.regex.Pattern;
 
 /**
  * Plans the parts of the segments under a mounted path: pipeline/source.py's
  * SegmentsReader.partitions, rule for rule (the tests compare the two sources' rows).
  */
 final class Planner {
-  /** The gateway mount's type in /proc/self/mountinfo (pipeline/parts.py MOUNT_TYPE). */
-  static final String MOUNT_TYPE = "fuse.segment-gateway";
-  private static final Pattern OCTAL = Pattern.compile("\\\\([0-7]{3})");
-
   private final Options options;
   /** Names wanted (segment = / IN filters); null: any. */
   private final Set<String> names;
@@ -137,12 +129,7 @@ final class Planner {
 
   /** A user.* xattr of the file as text; NoSuchFileException if the file is gone. */
   static String xattr(Path file, String name) throws IOException {
-    UserDefinedFileAttributeView view =
-        Files.getFileAttributeView(file, UserDefinedFileAttributeView.class);
-    ByteBuffer buf = ByteBuffer.allocate(view.size(name));
-    view.read(name, buf);
-    buf.flip();
-    return StandardCharsets.UTF_8.decode(buf).toString();
+    return Mount.xattr(file, name);
   }
 
   /** The segment's own codec if it declared lines or framed, else framed. */
@@ -205,8 +192,11 @@ final class Planner {
           files.add(name);
         }
       }
-    } catch (NoSuchFileException e) {
-      return; // a directory deleted while listed
+    } catch (IOException e) {
+      if (Mount.notFound(Mount.errno(e))) {
+        return; // a directory deleted while listed
+      }
+      throw e;
     }
     Collections.sort(files);
     Collections.sort(dirs);
@@ -220,45 +210,6 @@ final class Planner {
 
   /** The gateway mount's point above path (segment names are relative to it), else the nearest mount. */
   static Path mountRoot(Path path) throws IOException {
-    String best = null;
-    String any = null;
-    for (String line : Files.readAllLines(Paths.get("/proc/self/mountinfo"))) {
-      String[] fields = line.split(" ");
-      int sep = -1;
-      for (int i = 0; i < fields.length; i++) {
-        if (fields[i].equals("-")) {
-          sep = i;
-          break;
-        }
-      }
-      if (sep < 0 || fields.length < sep + 2) {
-        continue;
-      }
-      String point = unescape(fields[4]);
-      String p = path.toString();
-      boolean inside = p.equals(point) || p.startsWith(point.endsWith("/") ? point : point + "/");
-      if (!inside) {
-        continue;
-      }
-      if (any == null || point.length() > any.length()) {
-        any = point;
-      }
-      if (fields[sep + 1].equals(MOUNT_TYPE) && (best == null || point.length() > best.length())) {
-        best = point;
-      }
-    }
-    String root = best != null ? best : any;
-    return Paths.get(root == null ? "/" : root);
-  }
-
-  private static String unescape(String field) {
-    Matcher m = OCTAL.matcher(field);
-    StringBuilder out = new StringBuilder();
-    while (m.find()) {
-      m.appendReplacement(out, Matcher.quoteReplacement(
-          String.valueOf((char) Integer.parseInt(m.group(1), 8))));
-    }
-    m.appendTail(out);
-    return out.toString();
+    return Mount.mountRoot(path);
   }
 }

@@ -16,9 +16,10 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  *
  * <p>Same columns (segment, offset, event, sealed), same options (codec, startOffset,
  * endOffset, includeActive, splitSize), the same parts by the same rules, filter pushdown on
- * segment and offset; batch only (the streaming source is the Python one). A Python source
- * hands every row to the JVM through Arrow, which alone costs as much as Spark's own text
- * reader; here the rows are written where Spark's own readers write theirs.
+ * segment and offset. {@code spark.readStream.format("segments-jvm")} is the streaming
+ * {@code segments} source (pipeline/stream.py) in the JVM: SegmentsStream, same options and
+ * offsets. A Python source hands every row to the JVM through Arrow, which alone costs as much
+ * as Spark's own text reader; here the rows are written where Spark's own readers write theirs.
  */
 public final class SegmentsJvmSource implements TableProvider, DataSourceRegister {
   /** The columns, as the Python source's "segment string, offset long, event binary, sealed boolean". */

@@ -14,6 +14,7 @@ import org.apache.spark.sql.connector.read.Scan;
 import org.apache.spark.sql.connector.read.ScanBuilder;
 import org.apache.spark.sql.connector.read.SupportsPushDownFilters;
 import org.apache.spark.sql.connector.read.SupportsPushDownRequiredColumns;
+import org.apache.spark.sql.connector.read.streaming.MicroBatchStream;
 import org.apache.spark.sql.sources.EqualTo;
 import org.apache.spark.sql.sources.Filter;
 import org.apache.spark.sql.sources.GreaterThan;
@@ -23,23 +24,28 @@ import org.apache.spark.sql.sources.LessThan;
 import org.apache.spark.sql.sources.LessThanOrEqual;
 import org.apache.spark.sql.sources.StringStartsWith;
 import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
 /**
  * Builds, plans and reads one scan: filters on segment (=, IN, starts with) and offset
  * (=, &lt;, &lt;=, &gt;, &gt;=) choose segments and byte ranges before anything is read, as
- * the Python source's pushFilters does; columns not asked for are not written.
+ * the Python source's pushFilters does; columns not asked for are not written. In a streaming
+ * query it is the SegmentsStream's scan.
  */
 final class SegmentsScan
     implements ScanBuilder, SupportsPushDownFilters, SupportsPushDownRequiredColumns, Scan,
         Batch {
   private final Options options;
+  /** The options as given (the streaming ones are read by SegmentsStream). */
+  private final CaseInsensitiveStringMap given;
   private Set<String> names;
   private final List<String> prefixes = new ArrayList<>();
   private Filter[] pushed = new Filter[0];
   private StructType required = SegmentsJvmSource.SCHEMA;
 
-  SegmentsScan(Options options) {
+  SegmentsScan(Options options, CaseInsensitiveStringMap given) {
     this.options = options;
+    this.given = given;
   }
 
   @Override
@@ -151,6 +157,12 @@ final class SegmentsScan
     } catch (IOException e) {
       throw new UncheckedIOException("segments-jvm: listing " + options.path + ": " + e, e);
     }
+  }
+
+  /** readStream: the streaming source (Spark pushes no filters or columns into it). */
+  @Override
+  public MicroBatchStream toMicroBatchStream(String checkpointLocation) {
+    return new SegmentsStream(options, given);
   }
 
   @Override

@@ -9,7 +9,7 @@ import org.apache.spark.sql.connector.read.ScanBuilder;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
-/** The segments under one mounted path, read in batch. */
+/** The segments under one mounted path, read in batch or as a stream. */
 final class SegmentsTable implements SupportsRead {
   @Override
   public String name() {
@@ -24,11 +24,11 @@ final class SegmentsTable implements SupportsRead {
 
   @Override
   public Set<TableCapability> capabilities() {
-    return EnumSet.of(TableCapability.BATCH_READ);
+    return EnumSet.of(TableCapability.BATCH_READ, TableCapability.MICRO_BATCH_READ);
   }
 
   @Override
   public ScanBuilder newScanBuilder(CaseInsensitiveStringMap options) {
-    return new SegmentsScan(Options.parse(options));
+    return new SegmentsScan(Options.parse(options), options);
   }
 }
