@@ -176,10 +176,20 @@ def rate_run(
     wall = time.perf_counter() - started
     if sum(counted) != events:
         raise RuntimeError(f"streaming source counted {sum(counted)} of {events}")
-    # Sustained: the micro-batches' own time (planning, reading, the sink,
-    # the checkpoint), after the first: that one also starts the query's
-    # Python workers (0.5-0.7 s here), which a running query does once.
     progress = [p for p in query.recentProgress if p["numInputRows"]]
+    return sustained(progress, batch, count / batch, wall)
+
+
+def sustained(
+    progress: list[dict[str, Any]], batch: float, batch_rate: float, wall: float
+) -> dict[str, float]:
+    """A run's figures from its micro-batches' progress (those that read rows).
+
+    Sustained: the micro-batches' own time (planning, reading, the sink, the
+    checkpoint), after the first: that one also starts a Python source's
+    workers (0.5-0.7 s here), which a running query does once (the JVM
+    source has none to start, but the same cut keeps the two parts alike).
+    """
     first, rest = progress[0], progress[1:]
     if not rest:
         raise RuntimeError("one micro-batch only: give --size several times --trigger-bytes")
@@ -189,7 +199,7 @@ def rate_run(
         log(json.dumps([p["durationMs"] for p in progress]))
     return {
         "batch_s": batch,
-        "batch_events_per_s": count / batch,
+        "batch_events_per_s": batch_rate,
         "stream_events_per_s": events / busy,
         "first_batch_s": first["durationMs"]["triggerExecution"] / 1000,
         "wall_s": wall,
@@ -222,24 +232,7 @@ def jvm_rate_run(
     if sum(p["numInputRows"] for p in progress) != events:
         raise RuntimeError(f"segments-jvm streaming read {sum(p['numInputRows'] for p in progress)}"
                            f" of {events}")  # fmt: skip
-    # As rate_run: the micro-batches' own time after the first (here the
-    # first has no Python workers to start, but the same cut keeps the two
-    # parts alike).
-    first, rest = progress[0], progress[1:]
-    if not rest:
-        raise RuntimeError("one micro-batch only: give --size several times --trigger-bytes")
-    busy = sum(p["durationMs"]["triggerExecution"] for p in rest) / 1000
-    read = sum(p["numInputRows"] for p in rest)
-    if os.environ.get("BENCH_DEBUG"):
-        log(json.dumps([p["durationMs"] for p in progress]))
-    return {
-        "batch_s": batch,
-        "batch_events_per_s": events / batch,
-        "stream_events_per_s": read / busy,
-        "first_batch_s": first["durationMs"]["triggerExecution"] / 1000,
-        "wall_s": wall,
-        "batches": len(progress),
-    }
+    return sustained(progress, batch, events / batch, wall)
 
 
 def main() -> int:
