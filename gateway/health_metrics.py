@@ -27,24 +27,30 @@ if TYPE_CHECKING:
 PREFIX = "segment_gateway"
 
 
+def disk_space(path: str) -> tuple[int, int] | None:
+    """(size, bytes the daemon may still use) of the file system holding ``path``;
+    None if it cannot be asked (the metrics and the status page show the same)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+
+
 def health_families(journal_dir: pathlib.Path, server: Server | None) -> Iterator[Metric]:
     """This scrape's journal disk space, certificate expiry and fsck findings
     (``server``: the protocol server, None before it is made)."""
     g = GaugeMetricFamily
-    try:
-        st = os.statvfs(journal_dir)
-    except OSError:
-        pass  # gone or unreachable: the journal's own errors say so
-    else:
+    disk = disk_space(str(journal_dir))
+    if disk is not None:  # None: gone or unreachable, the journal's own errors say so
+        size, free = disk
         yield g(
             f"{PREFIX}_journal_disk_free_bytes",
             "Space the daemon may still use on the journal's file system",
-            value=st.f_bavail * st.f_frsize,
+            value=free,
         )
         yield g(
-            f"{PREFIX}_journal_disk_size_bytes",
-            "Size of the journal's file system",
-            value=st.f_blocks * st.f_frsize,
+            f"{PREFIX}_journal_disk_size_bytes", "Size of the journal's file system", value=size
         )
     if server is None:
         return

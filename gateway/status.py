@@ -32,6 +32,7 @@ import trio
 import trio.lowlevel
 
 from gateway import __version__
+from gateway.health_metrics import disk_space
 from gateway.protocol import wire_pb2 as wire
 from gateway.summary import Row, duration, rows, size
 
@@ -94,7 +95,7 @@ class StatusPage:
             cache_misses=cache.misses,
             mountpoint=config.fuse.mountpoint,
         )
-        disk = await trio.to_thread.run_sync(_disk, str(config.journal_dir))
+        disk = await trio.to_thread.run_sync(disk_space, str(config.journal_dir))
         if disk is not None:
             s.journal_disk_bytes, s.journal_disk_free_bytes = disk
         writer = node.storage_writer
@@ -254,15 +255,6 @@ def public_url(url: str) -> str:
     if parts.port is not None:
         host += f":{parts.port}"
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
-
-
-def _disk(path: str) -> tuple[int, int] | None:
-    """(size, free bytes for the daemon) of the filesystem holding ``path``."""
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
 
 
 def _mounted(mountpoint: str) -> bool:
