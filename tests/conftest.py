@@ -128,6 +128,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [item for _, (_, members) in ordered for item in members]
 
 
+#: Seconds per test module (setup, call and teardown), for the summary below.
+_MODULE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add each phase's duration to its module (also for reports from xdist workers)."""
+    module = report.nodeid.split("::", 1)[0]
+    _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The modules that took longest, beside pytest's slowest tests: where the suite's time goes."""
+    if not _MODULE_SECONDS:
+        return
+    total = sum(_MODULE_SECONDS.values())
+    terminalreporter.write_sep("=", f"slowest 15 modules (all tests: {total:.0f} s)")
+    ranked = sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1])
+    for module, seconds in ranked[:15]:
+        terminalreporter.write_line(f"{seconds:8.1f}s {100 * seconds / total:5.1f}%  {module}")
+
+
 class _ErrorRecords(logging.Handler):
     """Keeps the ERROR (and worse) records logged while a test runs."""
 
