@@ -106,7 +106,13 @@ from fuse_read_measure import (  # noqa: E402
     random_offsets,
 )
 from fuse_read_report import peer_versions, source_version, targets, write_table  # noqa: E402
-from fuse_read_systems import PARTS, RANDOM_SYSTEMS, SEQ_MODES, Bench  # noqa: E402
+from fuse_read_systems import (  # noqa: E402
+    PARTS,
+    RANDOM_SYSTEMS,
+    SEQ_MODES,
+    Bench,
+    run_passthrough,
+)
 
 # -- driving the rounds ---------------------------------------------------------------------
 
@@ -144,6 +150,7 @@ def run(
             ("boto3", functools.partial(bench.run_boto3, rnd, latency, iops_offsets)),
             ("local", functools.partial(bench.run_local, rnd, latency, iops_offsets)),
             ("cfuse", functools.partial(bench.run_cfuse, rnd)),
+            ("passthrough", functools.partial(run_passthrough, bench, rnd)),
             ("active", functools.partial(bench.run_active, rnd, active_size)),
         ]
         systems = [(name, fn) for name, fn in systems if name in parts]

@@ -84,6 +84,8 @@ SEQ_MODES = {
     "cfuse_cold": "C FUSE: libfuse's passthrough_ll (cache=always) over the local file, "
     "page cache dropped",
     "cfuse_warm": "C FUSE: the same, page cache warm",
+    "passthrough_cold": "ours, FUSE passthrough from the segment file, page cache dropped",
+    "passthrough_warm": "ours, FUSE passthrough, page cache warm",
 }
 #: Systems with first-byte latency and random-read IOPS, in table order.
 RANDOM_SYSTEMS = {
@@ -94,7 +96,9 @@ RANDOM_SYSTEMS = {
     "local": "local file",
 }
 #: What --parts can name: the systems of every round, and the active-segment case.
-PARTS = ("ours", "s3fs", "rclone_off", "rclone_full", "boto3", "local", "cfuse", "active")
+PARTS = (
+    "ours", "s3fs", "rclone_off", "rclone_full", "boto3", "local", "cfuse", "passthrough", "active"
+)  # fmt: skip
 
 
 @dataclass
@@ -660,6 +664,36 @@ class Bench:
             "local file read alternately)"
         )
         return out
+
+
+def run_passthrough(bench: Bench, rnd: int) -> dict[str, Any]:
+    """Ours once the segment has its segment file: the kernel reads it (FUSE passthrough).
+
+    A first read through the mount (served by the daemon) has the file made;
+    once it is in place a new open is a passthrough open. Cold and warm as
+    for the local file; the daemon's CPU shows it served nothing.
+    """
+    seg = [bench.mnt / SEGMENT]
+    files = bench.data_dir / "segment-files"
+    out: dict[str, Any] = {}
+    with bench.daemon(wipe_cache=False):
+        if not any(files.glob("[0-9]*")):
+            dd(seg)
+            deadline = time.monotonic() + 600
+            while not any(files.glob("[0-9]*")):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no segment file appeared in {files}")
+                time.sleep(0.2)
+        drop_page_cache()
+        out["passthrough_cold"] = r = bench.timed_dd(seg)
+        out["passthrough_warm"] = w = bench.warm_dd(seg)
+        bench.expected.check_files("ours, passthrough", seg)
+    log(
+        f"round {rnd} passthrough: cold {r['MBps']:.0f} MB/s (daemon CPU "
+        f"{r['daemon_cpu_s']:.2f} s), warm {w['MBps']:.0f} MB/s ({w['vs_local']:.2f}x the "
+        "local file read alternately)"
+    )
+    return out
 
 
 def crc_all(parts: list[bytes]) -> int:
