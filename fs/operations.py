@@ -187,7 +187,11 @@ class SegmentFS(pyfuse3.Operations):
         """Bytes of the segment: zeros below its start offset, short at its end."""
         # pyfuse3 replies from any contiguous buffer (PyObject_GetBuffer), so a
         # view into a fetched block goes to the kernel without a copy.
-        return cast(bytes, await self.vfs.read(fh, off, size))
+        data = await self.vfs.read(fh, off, size)
+        if self.passthrough is not None:
+            # A sealed segment served in full gets its segment file.
+            self.passthrough.served(fh, off, len(data))
+        return cast(bytes, data)
 
     async def flush(self, fh: int) -> None:
         """Nothing buffered: nothing to flush."""

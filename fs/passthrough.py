@@ -4,10 +4,17 @@ When INIT granted passthrough, an open of a sealed segment (the plain view,
 where byte N of the file is byte N of the segment) whose segment file
 (`cache.segment_files`) exists hands the kernel that file as the open's
 backing file: every read then goes from the kernel to the local file, with
-its page cache and read-ahead, and the daemon sees none. The first open of
-a sealed segment without a file is served as before and asks for the file
-to be made in the background (a few at a time, through the same read path:
-cache, journal, Tier 2), so later opens find it.
+its page cache and read-ahead, and the daemon sees none.
+
+A sealed segment gets its file once the daemon has served reads covering
+its whole length (`served` counts the bytes per segment; the file is then
+made in the background, a few at a time, through the same read path). By
+then its bytes are normally in the RocksDB cache, so the copy costs no S3
+GET, and a reader that wants a few bytes of a large segment (``head``, a
+Spark task reading one split) never pays for a copy of all of it. Bytes
+are counted, not ranges: overlapping reads (split boundaries, the page
+cache dropped between two readers) may ask a little early, and the copy
+then fetches what the cache lacks.
 
 The kernel keeps one io mode per inode while files are open on it: pages
 cached by the daemon's reads (``keep_cache`` opens), or passthrough with one
@@ -78,7 +85,13 @@ class Passthrough:
         self._handles: dict[int, tuple[int, str]] = {}
         self._wanted: set[SegmentFileKey] = set()
         self._send, self._receive = trio.open_memory_channel[SegmentFileKey](math.inf)
+        #: Cached open handle -> the file its reads count toward (no file yet).
+        self._counting: dict[int, SegmentFileKey] = {}
+        #: Bytes of each such file the daemon has served so far (all opens).
+        self._served: dict[SegmentFileKey, int] = {}
         self.opens = 0
+        #: Segment files asked for (a sealed segment served in full).
+        self.requested = 0
 
     def open(self, inode: int, seg: Segment | None, opened: Opened) -> Opened:
         """How the kernel should serve this open (``opened``: the daemon's answer).
@@ -96,9 +109,6 @@ class Passthrough:
         path = None
         if key is not None and not opened.direct_io:
             path = self.files.path(key)
-            if path is None and key not in self._wanted and self.files.fits(key):
-                self._wanted.add(key)
-                self._send.send_nowait(key)
         if path is not None and not state.cached:
             backing_id = self._open_backing(path)
             if backing_id:
@@ -107,6 +117,8 @@ class Passthrough:
         if not opened.direct_io:
             state.cached += 1
             self._handles[opened.fh] = (inode, "cached")
+            if key is not None and path is None and self.files.fits(key):
+                self._counting[opened.fh] = key
         self._forget_if_unused(inode, state)
         return opened
 
@@ -115,6 +127,7 @@ class Passthrough:
         found = self._handles.pop(fh, None)
         if found is None:
             return
+        self._counting.pop(fh, None)
         inode, mode = found
         state = self._inodes[inode]
         if mode == "cached":
@@ -129,6 +142,31 @@ class Passthrough:
                 state.backing_id, state.key = 0, None
         self._forget_if_unused(inode, state)
 
+    def served(self, fh: int, offset: int, size: int) -> None:
+        """The daemon answered a read of ``size`` bytes at ``offset`` on handle ``fh``.
+
+        Called for every read the daemon serves, so it does one dict lookup
+        for handles that count toward nothing. Bytes below the start offset
+        (zeros) do not count. Once a segment's count reaches its length the
+        file is asked for.
+        """
+        key = self._counting.get(fh)
+        if key is None:
+            return
+        n = min(offset + size, key.length) - max(offset, key.start_offset)
+        if n <= 0:
+            return
+        total = self._served.get(key, 0) + n
+        if total < key.length - key.start_offset:
+            self._served[key] = total
+            return
+        self._served.pop(key, None)
+        self._stop_counting(key.segment_id)
+        if key not in self._wanted:
+            self._wanted.add(key)
+            self.requested += 1
+            self._send.send_nowait(key)
+
     async def run(self) -> None:
         """Make the segment files opens asked for, `MAKERS` at a time, until cancelled."""
         limiter = trio.CapacityLimiter(MAKERS)
@@ -138,18 +176,23 @@ class Passthrough:
                 nursery.start_soon(self._make, key, limiter)
 
     def statistics(self) -> dict[str, int]:
-        """Passthrough opens so far, backing ids held, and the segment files."""
+        """Passthrough opens so far, backing ids held, files asked for, the segment files."""
         files = {f"segment_files_{k}": v for k, v in self.files.statistics().items()}
         held = sum(1 for s in self._inodes.values() if s.passthrough)
-        return {"passthrough_opens": self.opens, "backing_ids": held, **files}
+        return {
+            "passthrough_opens": self.opens,
+            "backing_ids": held,
+            "segment_files_requested": self.requested,
+            **files,
+        }
 
     # -- NamespaceWatcher: a truncated or deleted segment's file goes -------------------
 
     def on_created(self, seg: Segment) -> None:
-        """Nothing: files are made when opened."""
+        """Nothing: files are made once a segment was served in full."""
 
     def on_sealed(self, seg: Segment) -> None:
-        """Nothing: files are made when opened."""
+        """Nothing: files are made once a segment was served in full."""
 
     def on_truncated(self, seg: Segment) -> None:
         """Bytes below the new start read as zeros: in the segment's file too.
@@ -157,6 +200,7 @@ class Passthrough:
         Punched in place (`SegmentFiles.truncate`), so readers holding it,
         and new opens that must share its backing file, see the zeros.
         """
+        self._stop_counting(seg.id)  # what was served counts for the old bytes
         key = file_key(seg)
         if key is None:
             self.files.discard(seg.id)
@@ -166,7 +210,8 @@ class Passthrough:
                     state.key = key
 
     def on_deleted(self, seg: Segment) -> None:
-        """Unlink the segment's file."""
+        """Unlink the segment's file (and forget what was served of it)."""
+        self._stop_counting(seg.id)
         self.files.discard(seg.id)
 
     def on_stream_created(self, name: str) -> None:
@@ -208,6 +253,13 @@ class Passthrough:
             return 0
         finally:
             os.close(fd)
+
+    def _stop_counting(self, segment_id: int) -> None:
+        """Forget the bytes served of the segment; its open handles count no more."""
+        for key in [k for k in self._served if k.segment_id == segment_id]:
+            del self._served[key]
+        for fh in [h for h, k in self._counting.items() if k.segment_id == segment_id]:
+            del self._counting[fh]
 
     def _forget_if_unused(self, inode: int, state: _Inode) -> None:
         if not state.cached and not state.passthrough:

@@ -675,6 +675,19 @@ FUSE_FAMILIES: tuple[tuple[str, type[CounterMetricFamily | GaugeMetricFamily], s
     ("passthrough_opens", CounterMetricFamily, "passthrough_opens", "Opens read by the kernel"),
     ("backing_ids", GaugeMetricFamily, "backing_files", "Passthrough backing files held"),
     ("segment_files_bytes", GaugeMetricFamily, "segment_files_bytes", "Segment files' bytes"),
+    (
+        "segment_files_requested",
+        CounterMetricFamily,
+        "segment_files_requested",
+        "Segment files asked for (sealed segments the daemon served in full)",
+    ),
+    ("segment_files_made", CounterMetricFamily, "segment_files_made", "Segment files made"),
+    (
+        "segment_files_evicted",
+        CounterMetricFamily,
+        "segment_files_evicted",
+        "Segment files removed to stay within fuse.passthrough_budget",
+    ),
 )
 
 

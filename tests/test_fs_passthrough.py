@@ -5,7 +5,9 @@ its mount real. What a reader sees is checked against what was appended;
 whether the daemon served a read is checked on its own counters
 (``fuse_ops_total{operation="read"}``, ``fuse_passthrough_opens_total``).
 Reads through passthrough go from the kernel to a local file and cannot
-hang on the daemon, so they are made in this process.
+hang on the daemon, so they are made in this process. A segment gets its
+file once the daemon has served all of it, so each case reads a segment
+in full first.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import pathlib
 import random
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -32,6 +35,8 @@ KiB = 1024
 MiB = 1024 * KiB
 READS = 'segment_gateway_fuse_ops_total{operation="read"}'
 PASSTHROUGH_OPENS = "segment_gateway_fuse_passthrough_opens_total"
+REQUESTED = "segment_gateway_fuse_segment_files_requested_total"
+TIER2_READS = 'segment_gateway_tier2_requests_total{operation="read"}'
 
 CONFIG = """
 [tier2]
@@ -118,6 +123,20 @@ def sealed(c: SyncClient, name: str, size: int, rng: random.Random) -> bytes:
 
 def wait_for_file(d: MountedDaemon, segment_id: int) -> None:
     wait_for(lambda: segment_id in segment_files(d), 30, f"segment file of {segment_id}")
+
+
+def settled_tier2_reads(d: MountedDaemon) -> float:
+    """Tier-2 reads, once none was made for a second (read-ahead lands after a read)."""
+    seen = [scrape(d.metrics_port).get(TIER2_READS, 0.0), time.monotonic()]
+
+    def quiet() -> bool:
+        now = scrape(d.metrics_port).get(TIER2_READS, 0.0)
+        if now != seen[0]:
+            seen[:] = [now, time.monotonic()]
+        return time.monotonic() - seen[1] >= 1.0
+
+    wait_for(quiet, 30, "Tier-2 reads to stop", interval=0.1)
+    return seen[0]
 
 
 def test_sealed_segments_read_by_the_kernel_byte_exact(daemon: MountedDaemon) -> None:
@@ -281,3 +300,40 @@ def test_restart_reuses_files_and_passthrough_off_is_todays_path(daemon: Mounted
         assert daemon.stop() == 0
         daemon.config_path.write_text(template.replace("{passthrough}", "true"))
         daemon.start(timeout=60)
+
+
+def test_a_partial_read_makes_no_file_and_a_full_one_copies_from_the_cache(
+    daemon: MountedDaemon,
+) -> None:
+    """4 KiB of a 10 MiB sealed segment only in Tier 2: no segment file is asked for and
+    nothing more is fetched; once the rest is read, the file is made from the cache
+    (no Tier-2 read) and the next open is a passthrough one."""
+    rng = random.Random(39)
+    path = daemon.mnt / "partial/a"
+    with SyncClient(daemon.address) as c:
+        data = sealed(c, "partial/a", 10 * MiB, rng)  # ten 1 MiB chunks
+        sid = c.info("partial/a").id
+        c.flush()
+        assert c.info("partial/a").storage_length == len(data)
+    assert daemon.stop() == 0
+    shutil.rmtree(daemon.data_dir / "cache")
+    daemon.start(timeout=60)
+    before = settled_tier2_reads(daemon)
+    with open(path, "rb", buffering=0) as f:
+        assert f.read(4 * KiB) == data[: 4 * KiB]
+    counters(daemon)
+    fetched = settled_tier2_reads(daemon) - before
+    assert 1 <= fetched <= 4, "what the read and its read-ahead need, not the segment"
+    assert scrape(daemon.metrics_port).get(REQUESTED, 0.0) == 0
+    assert sid not in segment_files(daemon)
+
+    assert read_file(path) == data  # the rest through the daemon: now it asks for the file
+    wait_for_file(daemon, sid)
+    total = settled_tier2_reads(daemon) - before
+    # A copy through Tier 2 would fetch all ten chunks again.
+    assert total <= len(data) // MiB + fetched, "each chunk fetched once: the copy read the cache"
+    assert scrape(daemon.metrics_port)[REQUESTED] == 1
+    assert (files_dir(daemon) / segment_files(daemon)[sid]).read_bytes() == data
+    reads, opens = counters(daemon)
+    assert read_file(path) == data
+    assert counters(daemon) == (reads, opens + 1)
