@@ -41,6 +41,10 @@ also written to a local file. Then, every round:
   Then, with it on, once the segment file is made (the daemon has served
   all of the segment), a second dd with the page cache dropped and the bytes
   the daemon wrote meanwhile (its replies to reads; ~0 through passthrough).
+  Before that, in a fresh daemon with the cache wiped, a 4 KiB read of the
+  segment (``head -c 4096``) and the bytes SeaweedFS sent in the 5 s after
+  it, on and off: a segment file made at that point would show as a download
+  of the whole segment.
 
 Also, from a cold state (page cache dropped, fresh mounts, our cache
 wiped): first-byte latency (``open`` + ``pread`` of 4 KiB at an offset no
@@ -135,6 +139,7 @@ def run(
     iops: dict[str, list[dict[str, float]]] = {}
     warming: list[dict[str, float]] = []
     ratios: dict[str, list[float]] = {}
+    partial: dict[str, list[dict[str, Any]]] = {}
     for rnd in range(repeat):
         latency, iops_offsets = random_offsets(bench.size, rnd)
         rclone_off = functools.partial(bench.rclone_mount, "off")
@@ -179,6 +184,9 @@ def run(
                 warming.append(out["warming"])
             for key, value in out.get("ratios", {}).items():
                 ratios.setdefault(key, []).append(value)
+            for key in ("partial_on", "partial_off"):
+                if key in out:
+                    partial.setdefault(key, []).append(out[key])
             if name == "active":
                 active.append(out)
     sequential: dict[str, dict[str, Any]] = {}

@@ -707,7 +707,8 @@ def run_passthrough(bench: Bench, rnd: int) -> dict[str, Any]:
 def run_first_read(bench: Bench, rnd: int) -> dict[str, Any]:
     """The first read of the sealed segment with passthrough on against off, cold.
 
-    Each: the cache and the segment files wiped, a fresh daemon, the page
+    First a 4 KiB read (fresh daemon, cache wiped) and what SeaweedFS sends
+    in the next seconds. Then each: the cache and the segment files wiped, a fresh daemon, the page
     cache dropped, one dd (the order alternates from round to round). With
     passthrough on, the segment file is made once the daemon has served all
     of the segment; then a second dd (page cache dropped) must be served by
@@ -720,6 +721,13 @@ def run_first_read(bench: Bench, rnd: int) -> dict[str, Any]:
         shutil.rmtree(files, ignore_errors=True)
         bench.passthrough = on
         try:
+            with bench.daemon(wipe_cache=True):
+                out[f"partial_{'on' if on else 'off'}"] = r = partial_read(bench, files)
+                log(
+                    f"round {rnd} 4 KiB read, passthrough {on}: SeaweedFS wrote "
+                    f"{r['s3_wrote_MiB']:.1f} MiB in {PARTIAL_WATCH:.0f} s, segment file: "
+                    f"{r['segment_file']}"
+                )
             with bench.daemon(wipe_cache=True):
                 drop_page_cache()
                 out[f"first_read_{'on' if on else 'off'}"] = r = bench.timed_dd(seg)
@@ -749,6 +757,24 @@ def run_first_read(bench: Bench, rnd: int) -> dict[str, Any]:
         "first_read_on_vs_off": out["first_read_on"]["MBps"] / out["first_read_off"]["MBps"]
     }
     return out
+
+
+#: Seconds the 4 KiB read's aftermath is watched (a copy of the segment would show).
+PARTIAL_WATCH = 5.0
+
+
+def partial_read(bench: Bench, files: pathlib.Path) -> dict[str, Any]:
+    """``head -c 4096`` of the cold segment; what SeaweedFS sends in the next seconds."""
+    drop_page_cache()
+    w0 = proc_io(bench.server.pid, "wchar")
+    with open(bench.mnt / SEGMENT, "rb", buffering=0) as f:
+        if f.read(4096) != bench.expected.content[:4096]:
+            raise AssertionError("the first 4 KiB through the mount differ")
+    time.sleep(PARTIAL_WATCH)
+    return {
+        "s3_wrote_MiB": (proc_io(bench.server.pid, "wchar") - w0) / MiB,
+        "segment_file": any(files.glob("[0-9]*")),
+    }
 
 
 def crc_all(parts: list[bytes]) -> int:
