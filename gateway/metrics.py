@@ -666,8 +666,7 @@ class GatewayCollector(Collector):
                 yield family(f"{PREFIX}_fuse_{name}", text, value=stats[key])
 
 
-#: The mount's statistics() keys as metric families (the bytes the kernel
-#: reads from segment files through passthrough are not counted anywhere).
+#: The mount's statistics() keys as metric families (kernel reads of segment files: none).
 FUSE_FAMILIES: tuple[tuple[str, type[CounterMetricFamily | GaugeMetricFamily], str, str], ...] = (
     ("bytes_read", CounterMetricFamily, "read_bytes", "Bytes read through the mount"),
     ("read_errors", CounterMetricFamily, "read_errors", "Reads answered with EIO"),
@@ -675,19 +674,8 @@ FUSE_FAMILIES: tuple[tuple[str, type[CounterMetricFamily | GaugeMetricFamily], s
     ("passthrough_opens", CounterMetricFamily, "passthrough_opens", "Opens read by the kernel"),
     ("backing_ids", GaugeMetricFamily, "backing_files", "Passthrough backing files held"),
     ("segment_files_bytes", GaugeMetricFamily, "segment_files_bytes", "Segment files' bytes"),
-    (
-        "segment_files_requested",
-        CounterMetricFamily,
-        "segment_files_requested",
-        "Segment files asked for (sealed segments the daemon served in full)",
-    ),
+    ("segment_files_requested", CounterMetricFamily, "segment_files_requested", "Files asked for"),
     ("segment_files_made", CounterMetricFamily, "segment_files_made", "Segment files made"),
-    (
-        "segment_files_evicted",
-        CounterMetricFamily,
-        "segment_files_evicted",
-        "Segment files removed to stay within fuse.passthrough_budget",
-    ),
 )
 
 
