@@ -208,6 +208,8 @@ def run(
     result = {"sequential": sequential, "random_4k": random_reads, "warming": warming}
     # Paired within a round (same load): the median of the rounds' ratios.
     result["ratios"] = {k: {"median": statistics.median(v), "runs": v} for k, v in ratios.items()}
+    if partial:
+        result["partial_4k"] = partial
     if active:
         result["active_segment"] = {
             "size": active_size,
