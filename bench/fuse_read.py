@@ -34,6 +34,18 @@ also written to a local file. Then, every round:
   directory; dd with the page cache dropped, then again from it (read
   alternately with the local file, as ours is).
 
+* **first read** (FUSE passthrough's cost to the read that makes a segment
+  file): the cache and segment files wiped, the page cache dropped, one dd
+  with ``[fuse] passthrough`` on and one with it off, in the same round
+  (order alternating); their ratio per round, the median of the rounds.
+  Then, with it on, once the segment file is made (the daemon has served
+  all of the segment), a second dd with the page cache dropped and the bytes
+  the daemon wrote meanwhile (its replies to reads; ~0 through passthrough).
+  Before that, in a fresh daemon with the cache wiped, a 4 KiB read of the
+  segment (``head -c 4096``) and the bytes SeaweedFS sent in the 5 s after
+  it, on and off: a segment file made at that point would show as a download
+  of the whole segment.
+
 Also, from a cold state (page cache dropped, fresh mounts, our cache
 wiped): first-byte latency (``open`` + ``pread`` of 4 KiB at an offset no
 one read before, then ``close``; a 4 KiB ranged GET for boto3) and 4 KiB
@@ -106,7 +118,14 @@ from fuse_read_measure import (  # noqa: E402
     random_offsets,
 )
 from fuse_read_report import peer_versions, source_version, targets, write_table  # noqa: E402
-from fuse_read_systems import PARTS, RANDOM_SYSTEMS, SEQ_MODES, Bench  # noqa: E402
+from fuse_read_systems import (  # noqa: E402
+    PARTS,
+    RANDOM_SYSTEMS,
+    SEQ_MODES,
+    Bench,
+    run_first_read,
+    run_passthrough,
+)
 
 # -- driving the rounds ---------------------------------------------------------------------
 
@@ -119,6 +138,8 @@ def run(
     first: dict[str, list[float]] = {}
     iops: dict[str, list[dict[str, float]]] = {}
     warming: list[dict[str, float]] = []
+    ratios: dict[str, list[float]] = {}
+    partial: dict[str, list[dict[str, Any]]] = {}
     for rnd in range(repeat):
         latency, iops_offsets = random_offsets(bench.size, rnd)
         rclone_off = functools.partial(bench.rclone_mount, "off")
@@ -144,6 +165,8 @@ def run(
             ("boto3", functools.partial(bench.run_boto3, rnd, latency, iops_offsets)),
             ("local", functools.partial(bench.run_local, rnd, latency, iops_offsets)),
             ("cfuse", functools.partial(bench.run_cfuse, rnd)),
+            ("passthrough", functools.partial(run_passthrough, bench, rnd)),
+            ("first_read", functools.partial(run_first_read, bench, rnd)),
             ("active", functools.partial(bench.run_active, rnd, active_size)),
         ]
         systems = [(name, fn) for name, fn in systems if name in parts]
@@ -159,6 +182,11 @@ def run(
                 iops.setdefault(name, []).append(out["iops"])
             if "warming" in out:
                 warming.append(out["warming"])
+            for key, value in out.get("ratios", {}).items():
+                ratios.setdefault(key, []).append(value)
+            for key in ("partial_on", "partial_off"):
+                if key in out:
+                    partial.setdefault(key, []).append(out[key])
             if name == "active":
                 active.append(out)
     sequential: dict[str, dict[str, Any]] = {}
@@ -178,6 +206,10 @@ def run(
         if name in first
     }
     result = {"sequential": sequential, "random_4k": random_reads, "warming": warming}
+    # Paired within a round (same load): the median of the rounds' ratios.
+    result["ratios"] = {k: {"median": statistics.median(v), "runs": v} for k, v in ratios.items()}
+    if partial:
+        result["partial_4k"] = partial
     if active:
         result["active_segment"] = {
             "size": active_size,

@@ -84,6 +84,12 @@ SEQ_MODES = {
     "cfuse_cold": "C FUSE: libfuse's passthrough_ll (cache=always) over the local file, "
     "page cache dropped",
     "cfuse_warm": "C FUSE: the same, page cache warm",
+    "passthrough_cold": "ours, FUSE passthrough from the segment file, page cache dropped",
+    "passthrough_warm": "ours, FUSE passthrough, page cache warm",
+    "first_read_on": "ours, first read of a sealed segment, cold (cache and segment files "
+    "wiped, page cache dropped), passthrough on",
+    "first_read_off": "ours, the same with passthrough = false",
+    "second_read_on": "ours, the read after a first full read (passthrough on; page cache dropped)",
 }
 #: Systems with first-byte latency and random-read IOPS, in table order.
 RANDOM_SYSTEMS = {
@@ -94,7 +100,10 @@ RANDOM_SYSTEMS = {
     "local": "local file",
 }
 #: What --parts can name: the systems of every round, and the active-segment case.
-PARTS = ("ours", "s3fs", "rclone_off", "rclone_full", "boto3", "local", "cfuse", "active")
+PARTS = (
+    "ours", "s3fs", "rclone_off", "rclone_full", "boto3", "local", "cfuse", "passthrough",
+    "first_read", "active",
+)  # fmt: skip
 
 
 @dataclass
@@ -125,6 +134,8 @@ class Bench:
         self.passthrough_ll = ""
         self.cfuse_mnt = work / "cfuse-mnt"
         self.daemon_pid: int | None = None
+        #: ``[fuse] passthrough`` of the daemons started from now on.
+        self.passthrough = True
 
     # -- set-up
 
@@ -170,6 +181,7 @@ class Bench:
             # (with the default 8 MiB the layout depends on the writer's timing).
             f'flush_size = "{CHUNK_SIZE >> 20} MiB"\nmax_chunk_size = "{CHUNK_SIZE >> 20} MiB"\n'
             'flush_interval = "1h"\n'
+            f"[fuse]\npassthrough = {str(self.passthrough).lower()}\n"
         )
 
     @contextlib.contextmanager
@@ -660,6 +672,109 @@ class Bench:
             "local file read alternately)"
         )
         return out
+
+
+def run_passthrough(bench: Bench, rnd: int) -> dict[str, Any]:
+    """Ours once the segment has its segment file: the kernel reads it (FUSE passthrough).
+
+    A first read through the mount (served by the daemon) has the file made;
+    once it is in place a new open is a passthrough open. Cold and warm as
+    for the local file; the daemon's CPU shows it served nothing.
+    """
+    seg = [bench.mnt / SEGMENT]
+    files = bench.data_dir / "segment-files"
+    out: dict[str, Any] = {}
+    with bench.daemon(wipe_cache=False):
+        if not any(files.glob("[0-9]*")):
+            dd(seg)
+            deadline = time.monotonic() + 600
+            while not any(files.glob("[0-9]*")):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no segment file appeared in {files}")
+                time.sleep(0.2)
+        drop_page_cache()
+        out["passthrough_cold"] = r = bench.timed_dd(seg)
+        out["passthrough_warm"] = w = bench.warm_dd(seg)
+        bench.expected.check_files("ours, passthrough", seg)
+    log(
+        f"round {rnd} passthrough: cold {r['MBps']:.0f} MB/s (daemon CPU "
+        f"{r['daemon_cpu_s']:.2f} s), warm {w['MBps']:.0f} MB/s ({w['vs_local']:.2f}x the "
+        "local file read alternately)"
+    )
+    return out
+
+
+def run_first_read(bench: Bench, rnd: int) -> dict[str, Any]:
+    """The first read of the sealed segment with passthrough on against off, cold.
+
+    First a 4 KiB read (fresh daemon, cache wiped) and what SeaweedFS sends
+    in the next seconds. Then each: the cache and the segment files wiped, a fresh daemon, the page
+    cache dropped, one dd (the order alternates from round to round). With
+    passthrough on, the segment file is made once the daemon has served all
+    of the segment; then a second dd (page cache dropped) must be served by
+    the kernel from it: the daemon writes no reply (``wchar``) meanwhile.
+    """
+    seg = [bench.mnt / SEGMENT]
+    files = bench.data_dir / "segment-files"
+    out: dict[str, Any] = {}
+    for on in (True, False) if rnd % 2 == 0 else (False, True):
+        shutil.rmtree(files, ignore_errors=True)
+        bench.passthrough = on
+        try:
+            with bench.daemon(wipe_cache=True):
+                out[f"partial_{'on' if on else 'off'}"] = r = partial_read(bench, files)
+                log(
+                    f"round {rnd} 4 KiB read, passthrough {on}: SeaweedFS wrote "
+                    f"{r['s3_wrote_MiB']:.1f} MiB in {PARTIAL_WATCH:.0f} s, segment file: "
+                    f"{r['segment_file']}"
+                )
+            with bench.daemon(wipe_cache=True):
+                drop_page_cache()
+                out[f"first_read_{'on' if on else 'off'}"] = r = bench.timed_dd(seg)
+                bench.expected.check_files("ours, first read", seg)
+                log(f"round {rnd} first read, passthrough {on}: {r['MBps']:.0f} MB/s")
+                if not on:
+                    continue
+                made = time.monotonic()
+                while not any(files.glob("[0-9]*")):
+                    if time.monotonic() > made + 600:
+                        raise RuntimeError(f"no segment file appeared in {files}")
+                    time.sleep(0.05)
+                out["file_made_after_s"] = time.monotonic() - made
+                drop_page_cache()
+                w0 = proc_io(bench.daemon_pid, "wchar")
+                out["second_read_on"] = r = bench.timed_dd(seg)
+                r["daemon_wrote_MiB"] = (proc_io(bench.daemon_pid, "wchar") - w0) / MiB
+                bench.expected.check_files("ours, second read", seg)
+                log(
+                    f"round {rnd} second read: {r['MBps']:.0f} MB/s, the daemon wrote "
+                    f"{r['daemon_wrote_MiB']:.2f} MiB (file made "
+                    f"{out['file_made_after_s']:.1f} s after the first read)"
+                )
+        finally:
+            bench.passthrough = True
+    out["ratios"] = {
+        "first_read_on_vs_off": out["first_read_on"]["MBps"] / out["first_read_off"]["MBps"]
+    }
+    return out
+
+
+#: Seconds the 4 KiB read's aftermath is watched (a copy of the segment would show).
+PARTIAL_WATCH = 5.0
+
+
+def partial_read(bench: Bench, files: pathlib.Path) -> dict[str, Any]:
+    """``head -c 4096`` of the cold segment; what SeaweedFS sends in the next seconds."""
+    drop_page_cache()
+    w0 = proc_io(bench.server.pid, "wchar")
+    with open(bench.mnt / SEGMENT, "rb", buffering=0) as f:
+        if f.read(4096) != bench.expected.content[:4096]:
+            raise AssertionError("the first 4 KiB through the mount differ")
+    time.sleep(PARTIAL_WATCH)
+    return {
+        "s3_wrote_MiB": (proc_io(bench.server.pid, "wchar") - w0) / MiB,
+        "segment_file": any(files.glob("[0-9]*")),
+    }
 
 
 def crc_all(parts: list[bytes]) -> int:

@@ -22,7 +22,7 @@ file at the same temperature, and the CPU the FUSE daemon used per read.
 
 With ``--pyfuse3-python``, two more rows: the one-file pyfuse3 file system
 of ``bench/passthrough/passthrough_pyfuse3.py`` (run by that Python, whose
-pyfuse3 carries ``bench/passthrough/pyfuse3-3.5.0-passthrough.patch``),
+pyfuse3 carries ``packaging/patches/pyfuse3-3.5.0-passthrough.patch``),
 serving reads itself and by passthrough, with the READ requests it served.
 
 Evidence that passthrough served the reads: the FUSE requests each

@@ -20,7 +20,8 @@ import pyfuse3
 import trio
 
 from fs.operations import SegmentFS
-from fs.segment_source import SegmentSource
+from fs.passthrough import Passthrough
+from fs.segment_source import SegmentFiles, SegmentSource, file_key
 from gateway.config import Config
 from gateway.errors import MountError
 from gateway.stats import resident_bytes
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 
 FSNAME = "segment-gateway"
 MNT_DETACH = 2
+#: Under ``node.data_dir``: the segment files passthrough serves (`cache.segment_files`).
+SEGMENT_FILES_DIR = "segment-files"
 #: How long a mount in the way may take to answer before it counts as hung.
 STALE_PROBE_TIMEOUT = 2.0
 
@@ -158,6 +161,30 @@ def set_read_ahead(path: str, kib: int) -> None:
         log.info("cannot set the mount's read-ahead to %d KiB (%s): %s", kib, bdi, e.strerror)
 
 
+def open_passthrough(source: SegmentSource, config: Config) -> Passthrough | None:
+    """The segment files and passthrough for the mount, if configured and possible.
+
+    Possible: pyfuse3 has passthrough (scripts/build_pyfuse3.sh); whether the
+    kernel grants it is known at INIT. Files left from before are kept only
+    if their segment is still the same (`SegmentFiles.retain`).
+    """
+    if not config.fuse.passthrough:
+        return None
+    if not hasattr(pyfuse3, "backing_open"):
+        log.info("FUSE passthrough: this pyfuse3 cannot do it; the daemon serves reads")
+        return None
+    directory = pathlib.Path(config.node.data_dir) / SEGMENT_FILES_DIR
+    budget = config.fuse.passthrough_budget
+    if not budget:
+        directory.mkdir(parents=True, exist_ok=True)
+        st = os.statvfs(directory)
+        budget = max(64 * 1024 * 1024, min(4 * 1024**3, st.f_bavail * st.f_frsize // 4))
+    files = SegmentFiles(directory, budget)
+    files.start()
+    files.retain(k for k in map(file_key, source.segments()) if k is not None)
+    return Passthrough(source, files, pyfuse3.backing_open, pyfuse3.backing_close)
+
+
 async def serve_mount(
     source: SegmentSource,
     config: Config,
@@ -167,15 +194,24 @@ async def serve_mount(
     """Mount ``source``'s segments at ``fuse.mountpoint`` until cancelled; then unmount."""
     path = config.fuse.mountpoint  # absolute: the configuration insists
     await trio.to_thread.run_sync(prepare_mountpoint, path)
-    ops = SegmentFS(source, config.fuse, config.tier2.read_ahead * 1024 * 1024)
+    ops = SegmentFS(
+        source,
+        config.fuse,
+        config.tier2.read_ahead * 1024 * 1024,
+        await trio.to_thread.run_sync(open_passthrough, source, config),
+    )
     try:
         pyfuse3.init(ops, path, mount_options(config))
     except RuntimeError as e:
         raise MountError(path, f"{e} (is /dev/fuse available, and fuse3 installed?)") from None
     source.watch(ops.vfs)
+    if ops.passthrough is not None:
+        source.watch(ops.passthrough)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ops.run_invalidations)
+            if ops.passthrough is not None:
+                nursery.start_soon(ops.passthrough.run)
             nursery.start_soon(pyfuse3.main)
             with trio.move_on_after(10):
                 await ops.initialized.wait()
@@ -192,6 +228,8 @@ async def serve_mount(
             await trio.sleep_forever()
     finally:
         source.unwatch(ops.vfs)
+        if ops.passthrough is not None:
+            source.unwatch(ops.passthrough)
         # Lazily, with umount2 itself: files still open keep the old mount
         # alive for their readers while the path is free again, and a
         # non-root daemon with CAP_SYS_ADMIN (the systemd unit) needs no

@@ -28,8 +28,10 @@ from typing import Any, ParamSpec, TypeVar, cast
 import pyfuse3
 import trio
 
+from fs.passthrough import Passthrough
 from fs.segment_source import SegmentSource
-from fs.vfs import TRIMMED_BASE, Attributes, FsError, Invalidation, SegmentVFS
+from fs.tree import SEGMENT_INODE_BASE
+from fs.vfs import EVENTS_INODE_BASE, TRIMMED_BASE, Attributes, FsError, Invalidation, SegmentVFS
 from gateway.config import FuseConfig
 from gateway.errors import SegmentNotFound
 
@@ -87,10 +89,20 @@ def entry_attributes(a: Attributes) -> pyfuse3.EntryAttributes:
 class SegmentFS(pyfuse3.Operations):
     """The mount's pyfuse3 `Operations` over a `SegmentVFS` (``self.vfs``)."""
 
-    def __init__(self, source: SegmentSource, config: FuseConfig, read_ahead: int) -> None:
+    def __init__(
+        self,
+        source: SegmentSource,
+        config: FuseConfig,
+        read_ahead: int,
+        passthrough: Passthrough | None = None,
+    ) -> None:
         super().__init__()
         send, self._invalidations = trio.open_memory_channel[Invalidation](math.inf)
         self.vfs = SegmentVFS(source, config, read_ahead, send.send_nowait)
+        #: Sealed segments from local files (`fs.passthrough`), once INIT granted it.
+        self.passthrough = passthrough
+        # Read by pyfuse3 (patched, scripts/build_pyfuse3.sh) at INIT: ask the kernel.
+        self.enable_passthrough = passthrough is not None
         #: Set when the kernel's INIT has been answered (the mount is live).
         self.initialized = trio.Event()
         #: Requests per operation (metrics).
@@ -159,6 +171,13 @@ class SegmentFS(pyfuse3.Operations):
         """Open a segment (or its ``.events`` file) for reading."""
         await self.vfs.find_trim_start(inode)
         opened = self.vfs.open(inode, flags)
+        if self.passthrough is not None:
+            # Only the plain view: its offsets are the segment's (and the file's).
+            plain = SEGMENT_INODE_BASE <= inode < EVENTS_INODE_BASE
+            seg = self.vfs.segment(inode) if plain else None
+            opened = self.passthrough.open(inode, seg, opened)
+            if opened.backing_id:
+                return pyfuse3.FileInfo(fh=opened.fh, backing_id=opened.backing_id)
         return pyfuse3.FileInfo(
             fh=opened.fh, keep_cache=opened.keep_cache, direct_io=opened.direct_io
         )
@@ -168,14 +187,20 @@ class SegmentFS(pyfuse3.Operations):
         """Bytes of the segment: zeros below its start offset, short at its end."""
         # pyfuse3 replies from any contiguous buffer (PyObject_GetBuffer), so a
         # view into a fetched block goes to the kernel without a copy.
-        return cast(bytes, await self.vfs.read(fh, off, size))
+        data = await self.vfs.read(fh, off, size)
+        if self.passthrough is not None:
+            # A sealed segment served in full gets its segment file.
+            self.passthrough.served(fh, off, len(data))
+        return cast(bytes, data)
 
     async def flush(self, fh: int) -> None:
         """Nothing buffered: nothing to flush."""
 
     async def release(self, fh: int) -> None:
-        """Forget a file handle."""
+        """Forget a file handle (and a backing id with an inode's last passthrough open)."""
         self.vfs.release(fh)
+        if self.passthrough is not None:
+            self.passthrough.release(fh)
 
     @_fuse_op
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
@@ -218,9 +243,17 @@ class SegmentFS(pyfuse3.Operations):
     removexattr = _read_only  # type: ignore[assignment]
 
     def init(self) -> None:
-        """The kernel's INIT arrived; the answer follows as soon as this returns."""
+        """The kernel's INIT arrived; the answer follows as soon as this returns.
+
+        Passthrough is used only if INIT granted it (before any open can come).
+        """
+        if self.passthrough is not None:
+            self.passthrough.active = pyfuse3.passthrough_enabled()
+            if not self.passthrough.active:
+                log.info("FUSE passthrough: the kernel did not offer it; the daemon serves reads")
         self.initialized.set()
 
     def statistics(self) -> dict[str, int]:
         """Counters for metrics and tests."""
-        return self.vfs.statistics()
+        more = self.passthrough.statistics() if self.passthrough is not None else {}
+        return self.vfs.statistics() | more

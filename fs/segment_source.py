@@ -1,5 +1,8 @@
 """Where the mount's segments come from: one small protocol, and this node's source.
 
+Segment files (`cache.segment_files`, for passthrough) are also bytes of
+segments from below the mount: they are reached from here too.
+
 The filesystem core (`fs.vfs`) asks a `SegmentSource` which segments exist,
 for their metadata (`gateway.container.segment.Segment`, the committed view)
 and for their bytes, and registers for changes to the namespace. It asks
@@ -13,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from cache.segment_files import SegmentFileKey, SegmentFiles
 from gateway.buffers import Buffer
 from gateway.cluster.remote import REMOTE_ID_BASE
 from gateway.cluster.view import ClusterView
@@ -23,6 +27,21 @@ from gateway.errors import SegmentNotFound
 from gateway.protocol.metadata_pb2 import ChunkRecord
 from gateway.read.chunks import ChunkReader
 from gateway.read.index import SegmentView
+
+__all__ = ["SegmentFileKey", "SegmentFiles", "SegmentSource", "file_key"]
+
+
+def file_key(seg: Segment) -> SegmentFileKey | None:
+    """The segment file (`cache.segment_files`) that may serve ``seg`` by passthrough:
+    sealed segments of this node only.
+
+    Other nodes' segments have ids on this node that a restart renumbers
+    (`gateway.cluster.remote`), so a file named by one could come back as
+    another segment's bytes; they would need files named by owner and id.
+    """
+    if not seg.sealed or seg.id >= REMOTE_ID_BASE:
+        return None
+    return SegmentFileKey(seg.id, seg.created_at_ms, seg.start_offset, seg.length)
 
 
 class SegmentSource(Protocol):

@@ -140,6 +140,9 @@ class Opened:
     fh: int
     keep_cache: bool = False
     direct_io: bool = False
+    #: The kernel reads the open file from this backing file (FUSE
+    #: passthrough, `fs.passthrough`); 0: from the daemon.
+    backing_id: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -661,15 +661,22 @@ class GatewayCollector(Collector):
             ops.add_metric([op], n)
         yield ops
         stats = fs.statistics()
-        yield CounterMetricFamily(
-            f"{PREFIX}_fuse_read_bytes", "Bytes read through the mount", value=stats["bytes_read"]
-        )
-        yield CounterMetricFamily(
-            f"{PREFIX}_fuse_read_errors", "Reads answered with EIO", value=stats["read_errors"]
-        )
-        yield GaugeMetricFamily(
-            f"{PREFIX}_fuse_open_files", "Files open on the mount", value=stats["open_files"]
-        )
+        for key, family, name, text in FUSE_FAMILIES:
+            if key in stats:  # the passthrough ones only with passthrough on
+                yield family(f"{PREFIX}_fuse_{name}", text, value=stats[key])
+
+
+#: The mount's statistics() keys as metric families (kernel reads of segment files: none).
+FUSE_FAMILIES: tuple[tuple[str, type[CounterMetricFamily | GaugeMetricFamily], str, str], ...] = (
+    ("bytes_read", CounterMetricFamily, "read_bytes", "Bytes read through the mount"),
+    ("read_errors", CounterMetricFamily, "read_errors", "Reads answered with EIO"),
+    ("open_files", GaugeMetricFamily, "open_files", "Files open on the mount"),
+    ("passthrough_opens", CounterMetricFamily, "passthrough_opens", "Opens read by the kernel"),
+    ("backing_ids", GaugeMetricFamily, "backing_files", "Passthrough backing files held"),
+    ("segment_files_bytes", GaugeMetricFamily, "segment_files_bytes", "Segment files' bytes"),
+    ("segment_files_requested", CounterMetricFamily, "segment_files_requested", "Files asked for"),
+    ("segment_files_made", CounterMetricFamily, "segment_files_made", "Segment files made"),
+)
 
 
 async def fetch_metrics(address: str) -> bytes:

@@ -3,6 +3,8 @@
 #
 #   /opt/segment-gateway/            a venv made with Debian's python3, holding
 #                                    the package and its runtime dependencies
+#   /opt/segment-gateway/opt/libfuse/lib/libfuse3.so.4
+#                                    libfuse 3.17 for pyfuse3's FUSE passthrough
 #   /usr/bin/segment-gateway         -> /opt/segment-gateway/bin/segment-gateway
 #   /usr/lib/systemd/system/segment-gateway.service
 #   /usr/lib/tmpfiles.d/segment-gateway.conf, /usr/lib/sysusers.d/segment-gateway.conf
@@ -79,6 +81,12 @@ cp pipeline/jvm/segments-jvm.jar "$BUILD/src/pipeline/jvm/"
 # Made with the real interpreter (python3.X), not the python3 alias: the venv
 # is bound to one minor version, which the Depends line names.
 "$(readlink -f "$PYTHON")" -m venv --without-pip --prompt segment-gateway "$VENV"
+# pyfuse3 with FUSE passthrough first, and the libfuse 3.17 it needs as
+# $PREFIX/opt/libfuse/lib/libfuse3.so.4 (found through an $ORIGIN-relative
+# rpath, so it works on a host without it); the package's install below then
+# finds pyfuse3 3.5.0 in place and keeps it.
+scripts/build_pyfuse3.sh "$VENV" .venv/bin/python || die "pyfuse3 with passthrough did not build"
+rm -f "$VENV/.stamp-pyfuse3-passthrough"
 # pip runs under the new venv's interpreter (--python), so wheels are chosen
 # and pyfuse3 is compiled for it. Its cache keeps rebuilds fast.
 .venv/bin/python -m pip --python "$VENV/bin/python" install \
@@ -133,8 +141,10 @@ ldd_out=$(find "$VENV" -type f -name '*.so*' -exec ldd {} + 2>/dev/null || true)
 if grep -q 'not found' <<<"$ldd_out"; then
     die "unresolved shared libraries: $(grep 'not found' <<<"$ldd_out" | sort -u)"
 fi
+# Libraries shipped in the venv itself (libfuse3.so.4) belong to no package.
 libdeps=$(
     awk '$2 == "=>" && $3 ~ /^\// {print $3}' <<<"$ldd_out" | sort -u |
+        while read -r lib; do [[ "$(realpath -m "$lib")" == "$VENV"/* ]] || echo "$lib"; done |
         while read -r lib; do
             dpkg -S "$lib" 2>/dev/null || dpkg -S "$(readlink -f "$lib")" 2>/dev/null ||
                 dpkg -S "${lib#/usr}" 2>/dev/null || die "no Debian package owns $lib"

@@ -10,7 +10,9 @@ cd "$(dirname "$0")/.."
 # systemd: systemd-analyze, -sysusers and -tmpfiles check the unit files
 # offline (containers often lack it; it need not be running).
 # nftables: nft, which the network partition tests drop packets with.
-packages=(fuse3 libfuse3-dev pkg-config gcc python3-dev attr systemd nftables "$@")
+# meson, ninja-build: the libfuse with FUSE passthrough that pyfuse3 is built
+# against (scripts/build_pyfuse3.sh); libfuse3-dev stays for other builds.
+packages=(fuse3 libfuse3-dev pkg-config gcc python3-dev meson ninja-build attr systemd nftables "$@")
 PYTHON=${PYTHON:-python3}
 # Debian's own python3 needs python3-venv for `-m venv`; other builds ship ensurepip.
 if ! "$PYTHON" -c 'import ensurepip' 2>/dev/null; then packages+=(python3-venv); fi
@@ -74,6 +76,9 @@ if [ ! -x .venv/bin/python ]; then
     echo "bootstrap: creating .venv"
     "$PYTHON" -m venv .venv
 fi
+# pyfuse3 with FUSE passthrough (and the libfuse it needs) before the
+# package: its install then finds pyfuse3 3.5.0 in place and keeps it.
+scripts/build_pyfuse3.sh .venv
 stamp=.venv/.stamp-install
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     echo "bootstrap: installing the package into .venv"

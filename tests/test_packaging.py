@@ -194,7 +194,15 @@ def test_the_package_installs_the_daemon_and_its_files(deb: Deb) -> None:
     assert r.stdout == "", "the staging path is written in these files"
     r = run("dpkg-query", "-W", "-f=${Depends}", PACKAGE)
     depends = {d.split()[0] for d in r.stdout.split(", ")}
-    assert {py, "fuse3", "libfuse3-3"} <= depends, r.stdout
+    assert {py, "fuse3"} <= depends and "libfuse3-3" not in depends, r.stdout
+    # pyfuse3 with passthrough, on the libfuse 3.17 shipped beside it (not the system's 3.14).
+    lib = PREFIX / "opt" / "libfuse" / "lib" / "libfuse3.so.4"
+    (ext,) = (PREFIX / "lib").glob("python3*/site-packages/pyfuse3/__init__.cpython-*.so")
+    ldd = run("ldd", ext).stdout
+    assert f"libfuse3.so.4 => {ext.parent}/../../../../opt/libfuse/lib/libfuse3.so.4" in ldd, ldd
+    assert lib.is_file() and str(lib) in run("dpkg-query", "-L", PACKAGE).stdout.splitlines()
+    r = run(PREFIX / "bin" / "python", "-c", "import pyfuse3; print(pyfuse3.backing_open)")
+    assert "backing_open" in r.stdout, r.stderr
 
 
 def _exec_start_post() -> list[str]:

@@ -7,7 +7,7 @@ mirrors ``SOURCE``, ``open`` returning either a handle the daemon reads with
 ``os.pread`` (``--mode daemon``, ``keep_cache`` as the gateway sets for sealed
 segments) or a backing id (``--mode passthrough``: the kernel reads the file
 itself). Needs pyfuse3 with the passthrough patch
-(``bench/passthrough/pyfuse3-3.5.0-passthrough.patch``) built against
+(``packaging/patches/pyfuse3-3.5.0-passthrough.patch``) built against
 libfuse >= 3.16; the project's own pyfuse3 does not have it. Runs until the
 mount is unmounted, then prints what it served as one JSON line on stdout
 (``read_requests`` must stay 0 in passthrough mode). It imports nothing from

@@ -167,6 +167,12 @@ class FuseConfig:
         _size_in(16 * MiB, 64 * GiB),
         "memory for Tier-2 blocks fetched ahead of readers (all handles together)",
     )
+    passthrough: bool = _key(
+        True, _bool, "serve sealed segments through FUSE passthrough from local segment files"
+    )
+    passthrough_budget: int = _key(
+        0, _budget, '"auto" (0: 4 GiB or 25% of free disk, the smaller) or a size: segment files'
+    )
 
 
 @dataclass(frozen=True)
