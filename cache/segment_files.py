@@ -126,6 +126,10 @@ class SegmentFiles:
         self._files.move_to_end(key)
         return self.directory / key.name
 
+    def __contains__(self, key: object) -> bool:
+        """Whether the finished file for ``key`` is here (not marked as opened)."""
+        return key in self._files
+
     def fits(self, key: SegmentFileKey) -> bool:
         """Whether a file for ``key`` can be kept at all (it is within the budget)."""
         return key.length <= self.budget

@@ -33,6 +33,7 @@ off for the rest of the mount, logged once; the mount then works as without.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import errno
 import logging
@@ -52,6 +53,8 @@ log = logging.getLogger(__name__)
 
 #: Segment files made at once in the background.
 MAKERS = 2
+#: Segments whose served bytes are counted at once (`Passthrough.served`).
+COUNTED = 4096
 
 
 @dataclasses.dataclass(slots=True)
@@ -87,8 +90,13 @@ class Passthrough:
         self._send, self._receive = trio.open_memory_channel[SegmentFileKey](math.inf)
         #: Cached open handle -> the file its reads count toward (no file yet).
         self._counting: dict[int, SegmentFileKey] = {}
-        #: Bytes of each such file the daemon has served so far (all opens).
-        self._served: dict[SegmentFileKey, int] = {}
+        #: Segment id -> (its file, bytes of it the daemon has served so far, all
+        #: opens), the most recently read last; at most `COUNTED` segments (a
+        #: count dropped only delays a file), so segments read in part over
+        #: months take no memory, and dropping one is O(1).
+        self._served: collections.OrderedDict[int, tuple[SegmentFileKey, int]] = (
+            collections.OrderedDict()
+        )
         self.opens = 0
         #: Segment files asked for (a sealed segment served in full).
         self.requested = 0
@@ -156,13 +164,19 @@ class Passthrough:
         n = min(offset + size, key.length) - max(offset, key.start_offset)
         if n <= 0:
             return
-        total = self._served.get(key, 0) + n
+        entry = self._served.get(key.segment_id)
+        total = (entry[1] if entry is not None and entry[0] == key else 0) + n
         if total < key.length - key.start_offset:
-            self._served[key] = total
+            self._served[key.segment_id] = (key, total)
+            self._served.move_to_end(key.segment_id)
+            if len(self._served) > COUNTED:
+                self._served.popitem(last=False)
             return
-        self._served.pop(key, None)
-        self._stop_counting(key.segment_id)
-        if key not in self._wanted:
+        self._served.pop(key.segment_id, None)
+        del self._counting[fh]
+        # Other handles of the segment may still count: they find it asked
+        # for or made.
+        if key not in self._wanted and key not in self.files:
             self._wanted.add(key)
             self.requested += 1
             self._send.send_nowait(key)
@@ -255,11 +269,12 @@ class Passthrough:
             os.close(fd)
 
     def _stop_counting(self, segment_id: int) -> None:
-        """Forget the bytes served of the segment; its open handles count no more."""
-        for key in [k for k in self._served if k.segment_id == segment_id]:
-            del self._served[key]
-        for fh in [h for h, k in self._counting.items() if k.segment_id == segment_id]:
-            del self._counting[fh]
+        """Forget the bytes served of the segment (it changed).
+
+        Handles still open on it count toward their old file from zero; if
+        they get there, `_make` finds the segment changed and makes nothing.
+        """
+        self._served.pop(segment_id, None)
 
     def _forget_if_unused(self, inode: int, state: _Inode) -> None:
         if not state.cached and not state.passthrough:

@@ -192,7 +192,7 @@ async def test_a_file_is_asked_for_once_the_segment_was_served_in_full(
         # Truncated to 1 MiB: what was served counted for other bytes.
         seg.start_offset = 1 * MiB
         p.on_truncated(seg)
-        p.served(2, 1 * MiB, 3 * MiB)  # the old handle counts no more
+        p.served(2, 1 * MiB, 3 * MiB)  # the old handle counts toward the old file only
         p.open(INODE, seg, cached(3))
         p.served(3, 0, 1 * MiB + 4096)  # zeros, and 4 KiB of data
         p.served(3, 1 * MiB + 4096, 2 * MiB)
@@ -213,3 +213,28 @@ async def test_a_file_is_asked_for_once_the_segment_was_served_in_full(
     p.release(2)
     p.release(3)
     assert p.open(INODE, seg, cached(4)).backing_id == 7
+
+
+async def test_served_bytes_are_counted_for_a_bounded_number_of_segments(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Segments read in part take no memory for ever: past `COUNTED` segments the
+    least recently read one's count is dropped (its file only comes later)."""
+    from fs import passthrough as module
+
+    p, source = passthrough(tmp_path, Kernel())
+    n = module.COUNTED + 10
+    for i in range(1, n + 1):
+        seg = source.add(i, b"x" * 100)
+        p.open(INODE + i, seg, cached(i))
+        p.served(i, 0, 60)
+        p.release(i)
+    assert len(p._served) == module.COUNTED
+    # The first ten were dropped: 60 more bytes are not the whole of segment 1.
+    p.open(INODE + 1, source.segments[1], cached(n + 1))
+    p.served(n + 1, 40, 60)
+    assert p.statistics()["segment_files_requested"] == 0
+    # The last one kept its count: its other 40 bytes make it whole.
+    p.open(INODE + n, source.segments[n], cached(n + 2))
+    p.served(n + 2, 60, 40)
+    assert p.statistics()["segment_files_requested"] == 1
