@@ -35,7 +35,7 @@ import ctypes.util
 import logging
 import os
 import pathlib
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
@@ -85,6 +85,9 @@ class SegmentFiles:
         self.budget = budget
         #: Finished files, least recently opened first: key -> size.
         self._files: collections.OrderedDict[SegmentFileKey, int] = collections.OrderedDict()
+        #: The same keys by segment id (normally one each): a truncation or
+        #: deletion finds its segment's files without a pass over all of them.
+        self._by_id: dict[int, set[SegmentFileKey]] = {}
         self.bytes = 0
         self.made = 0
         self.evicted = 0
@@ -112,10 +115,11 @@ class SegmentFiles:
             self._add(key, size)
         self._make_room(0)  # the budget may be smaller than last time
 
-    def retain(self, live: Iterable[SegmentFileKey]) -> None:
-        """Remove every file whose key is not in ``live`` (deleted or truncated since)."""
-        keep = set(live)
-        for key in [k for k in self._files if k not in keep]:
+    def retain(self, current: Callable[[SegmentFileKey], bool]) -> None:
+        """Remove every file for which ``current(key)`` is false (its segment was
+        deleted or truncated since). Asks about the files here only, not about
+        every segment: a node of a million cold segments warms none of them."""
+        for key in [k for k in self._files if not current(k)]:
             log.info("segment files: removing %s (its segment changed or is gone)", key.name)
             self._remove(key)
 
@@ -185,7 +189,7 @@ class SegmentFiles:
         segment. False when there was no file or it could not be punched
         (then it is unlinked: `discard`).
         """
-        old = next((k for k in self._files if k.segment_id == key.segment_id), None)
+        old = next(iter(self._by_id.get(key.segment_id, ())), None)
         if old is None or (old.created_ms, old.length) != (key.created_ms, key.length):
             self.discard(key.segment_id)
             return False
@@ -202,7 +206,9 @@ class SegmentFiles:
             log.warning("segment files: cannot punch %s to %d: %s", old.name, key.start_offset, e)
             self.discard(key.segment_id)
             return False
-        self._files[key] = self._files.pop(old)
+        size = self._files[old]
+        self._forget(old)
+        self._add(key, size)
         return True
 
     def discard(self, segment_id: int) -> None:
@@ -210,7 +216,7 @@ class SegmentFiles:
 
         Readers holding one open keep reading it; new opens do not find it.
         """
-        for key in [k for k in self._files if k.segment_id == segment_id]:
+        for key in list(self._by_id.get(segment_id, ())):
             self._remove(key)
 
     def statistics(self) -> dict[str, int]:
@@ -232,10 +238,19 @@ class SegmentFiles:
 
     def _add(self, key: SegmentFileKey, size: int) -> None:
         self._files[key] = size
+        self._by_id.setdefault(key.segment_id, set()).add(key)
         self.bytes += size
 
-    def _remove(self, key: SegmentFileKey) -> None:
+    def _forget(self, key: SegmentFileKey) -> None:
+        """Drop ``key`` from the index only (its file is gone or renamed)."""
         self.bytes -= self._files.pop(key)
+        keys = self._by_id[key.segment_id]
+        keys.discard(key)
+        if not keys:
+            del self._by_id[key.segment_id]
+
+    def _remove(self, key: SegmentFileKey) -> None:
+        self._forget(key)
         _unlink(self.directory / key.name)
 
 

@@ -21,7 +21,7 @@ import trio
 
 from fs.operations import SegmentFS
 from fs.passthrough import Passthrough
-from fs.segment_source import SegmentFiles, SegmentSource, file_key
+from fs.segment_source import SegmentFileKey, SegmentFiles, SegmentSource, file_key
 from gateway.config import Config
 from gateway.errors import MountError
 from gateway.stats import resident_bytes
@@ -161,12 +161,12 @@ def set_read_ahead(path: str, kib: int) -> None:
         log.info("cannot set the mount's read-ahead to %d KiB (%s): %s", kib, bdi, e.strerror)
 
 
-def open_passthrough(source: SegmentSource, config: Config) -> Passthrough | None:
-    """The segment files and passthrough for the mount, if configured and possible.
+def open_segment_files(config: Config) -> SegmentFiles | None:
+    """The segment files for passthrough, if configured and possible (blocking: a
+    worker thread lists the directory).
 
     Possible: pyfuse3 has passthrough (scripts/build_pyfuse3.sh); whether the
-    kernel grants it is known at INIT. Files left from before are kept only
-    if their segment is still the same (`SegmentFiles.retain`).
+    kernel grants it is known at INIT.
     """
     if not config.fuse.passthrough:
         return None
@@ -181,7 +181,22 @@ def open_passthrough(source: SegmentSource, config: Config) -> Passthrough | Non
         budget = max(64 * 1024 * 1024, min(4 * 1024**3, st.f_bavail * st.f_frsize // 4))
     files = SegmentFiles(directory, budget)
     files.start()
-    files.retain(k for k in map(file_key, source.segments()) if k is not None)
+    return files
+
+
+def open_passthrough(source: SegmentSource, files: SegmentFiles) -> Passthrough:
+    """Passthrough over ``files``, keeping only the files whose segment is still the same.
+
+    On the event loop's thread, which owns the segments (a lookup may warm a
+    cold one), right before the caller watches the source, so that no
+    truncation or deletion falls between the two.
+    """
+
+    def current(key: SegmentFileKey) -> bool:
+        seg = source.segment_by_id(key.segment_id)
+        return seg is not None and file_key(seg) == key
+
+    files.retain(current)
     return Passthrough(source, files, pyfuse3.backing_open, pyfuse3.backing_close)
 
 
@@ -194,11 +209,12 @@ async def serve_mount(
     """Mount ``source``'s segments at ``fuse.mountpoint`` until cancelled; then unmount."""
     path = config.fuse.mountpoint  # absolute: the configuration insists
     await trio.to_thread.run_sync(prepare_mountpoint, path)
+    files = await trio.to_thread.run_sync(open_segment_files, config)
     ops = SegmentFS(
         source,
         config.fuse,
         config.tier2.read_ahead * 1024 * 1024,
-        await trio.to_thread.run_sync(open_passthrough, source, config),
+        open_passthrough(source, files) if files is not None else None,
     )
     try:
         pyfuse3.init(ops, path, mount_options(config))
