@@ -73,7 +73,8 @@ SEQ_MODES = {
     "ours_cold": "ours, daemon path (passthrough off), cold (cache wiped, page cache dropped)",
     "ours_warm": "ours, daemon path, page cache warm",
     "ours_rocksdb": "ours, daemon path, RocksDB warm (page cache dropped, daemon restarted)",
-    "ours_rocksdb_mem": "ours, daemon path, RocksDB warm, its files in the page cache (daemon restarted)",
+    "ours_rocksdb_mem": "ours, daemon path, RocksDB warm, its files in the page cache "
+    "(daemon restarted)",
     "s3fs": "s3fs-fuse (defaults, no disk cache)",
     "rclone_off": "rclone mount, --vfs-cache-mode off",
     "rclone_full": "rclone mount, --vfs-cache-mode full (empty cache)",
