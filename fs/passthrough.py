@@ -8,7 +8,9 @@ its page cache and read-ahead, and the daemon sees none.
 
 A sealed segment gets its file once the daemon has served reads covering
 its whole length (`served` counts the bytes per segment; the file is then
-made in the background, a few at a time, through the same read path). By
+made in the background, a few at a time, through the same read path, once
+the daemon has served no read for `QUIET` seconds, so a query's other
+segments are not read more slowly for it). By
 then its bytes are normally in the RocksDB cache, so the copy costs no S3
 GET, and a reader that wants a few bytes of a large segment (``head``, a
 Spark task reading one split) never pays for a copy of all of it. Bytes
@@ -55,6 +57,12 @@ log = logging.getLogger(__name__)
 MAKERS = 2
 #: Segments whose served bytes are counted at once (`Passthrough.served`).
 COUNTED = 4096
+#: A file is made once the daemon has served no read for this long: the copy
+#: (the segment read from the cache, written, synced) waits for a query to
+#: finish instead of taking CPU and disk from the reads of its other segments.
+QUIET = 1.0
+#: ... or this long after it was asked for, when reads never stop.
+MAX_DEFER = 30.0
 
 
 @dataclasses.dataclass(slots=True)
@@ -98,6 +106,7 @@ class Passthrough:
             collections.OrderedDict()
         )
         self.opens = 0
+        self._last_read = -math.inf
         #: Segment files asked for (a sealed segment served in full).
         self.requested = 0
 
@@ -158,6 +167,7 @@ class Passthrough:
         (zeros) do not count. Once a segment's count reaches its length the
         file is asked for.
         """
+        self._last_read = trio.current_time()
         key = self._counting.get(fh)
         if key is None:
             return
@@ -280,8 +290,19 @@ class Passthrough:
         if not state.cached and not state.passthrough:
             self._inodes.pop(inode, None)
 
+    async def _wait_quiet(self) -> None:
+        """Until the daemon has served no read for `QUIET` seconds, or `MAX_DEFER` passed."""
+        give_up = trio.current_time() + MAX_DEFER
+        while True:
+            now = trio.current_time()
+            wait = min(self._last_read + QUIET, give_up) - now
+            if wait <= 0:
+                return
+            await trio.sleep(wait)
+
     async def _make(self, key: SegmentFileKey, limiter: trio.CapacityLimiter) -> None:
         try:
+            await self._wait_quiet()
             seg = self.source.segment_by_id(key.segment_id)
             if seg is None or file_key(seg) != key:
                 return

@@ -238,3 +238,32 @@ async def test_served_bytes_are_counted_for_a_bounded_number_of_segments(
     p.open(INODE + n, source.segments[n], cached(n + 2))
     p.served(n + 2, 60, 40)
     assert p.statistics()["segment_files_requested"] == 1
+
+
+async def test_a_file_is_made_only_once_reads_pause(tmp_path: pathlib.Path) -> None:
+    """The copy waits for `QUIET` seconds without a daemon read (a query reading its
+    other segments keeps it back), then happens."""
+    from fs import passthrough as module
+
+    p, source = passthrough(tmp_path, Kernel())
+    whole = source.add(1, b"w" * MiB)
+    other = source.add(2, b"o" * MiB)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(p.run)
+        p.open(INODE + 1, whole, cached(1))
+        p.open(INODE + 2, other, cached(2))
+        p.served(1, 0, MiB)
+        assert p.statistics()["segment_files_requested"] == 1
+        # Another segment is being read, a read every 0.2 s, for 3 x QUIET.
+        reading_until = trio.current_time() + 3 * module.QUIET
+        offset = 0
+        while trio.current_time() < reading_until:
+            p.served(2, offset, 4096)
+            offset += 4096
+            await trio.sleep(module.QUIET / 5)
+        assert p.statistics()["segment_files_made"] == 0, "made while reads went on"
+        await async_wait_for(lambda: p.statistics()["segment_files_made"], 10, "the file")
+        nursery.cancel_scope.cancel()
+    key = file_key(whole)
+    assert key is not None
+    assert (tmp_path / "segment-files" / key.name).read_bytes() == b"w" * MiB
