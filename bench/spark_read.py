@@ -247,7 +247,8 @@ def write_table(result: dict[str, Any], path: pathlib.Path) -> None:
         f"{SEGMENTS} local files on the same disk. Spark `local[2]`, median of "
         f"{result['repeat']} runs. Cold: the daemon restarted with its cache deleted (every "
         "byte from S3) and the page cache dropped, for every query; local cold: page "
-        "cache dropped. Warm: the same query again. `segments` is the Python data source, "
+        "cache dropped. Warm: the same query again, once the daemon has made the segments' "
+        "files (FUSE passthrough serves it from them). `segments` is the Python data source, "
         "`segments-jvm` the JVM one (pipeline/jvm), both codec=lines; `-bytes` queries sum "
         "the events' lengths instead of counting them. Partitions (default 128 MiB split): "
         + ", ".join(f"{k} {v}" for k, v in sorted(result["partitions"].items()))
