@@ -21,7 +21,7 @@ import trio
 
 from fs.operations import SegmentFS
 from fs.passthrough import Passthrough
-from fs.segment_source import SegmentFileKey, SegmentFiles, SegmentSource, file_key
+from fs.segment_source import SegmentFiles, SegmentSource
 from gateway.config import Config
 from gateway.errors import MountError
 from gateway.stats import resident_bytes
@@ -191,13 +191,9 @@ def open_passthrough(source: SegmentSource, files: SegmentFiles) -> Passthrough:
     cold one), right before the caller watches the source, so that no
     truncation or deletion falls between the two.
     """
-
-    def current(key: SegmentFileKey) -> bool:
-        seg = source.segment_by_id(key.segment_id)
-        return seg is not None and file_key(seg) == key
-
-    files.retain(current)
-    return Passthrough(source, files, pyfuse3.backing_open, pyfuse3.backing_close)
+    passthrough = Passthrough(source, files, pyfuse3.backing_open, pyfuse3.backing_close)
+    files.retain(passthrough.current)
+    return passthrough
 
 
 async def serve_mount(

@@ -159,6 +159,12 @@ class Passthrough:
                 state.backing_id, state.key = 0, None
         self._forget_if_unused(inode, state)
 
+    def current(self, key: SegmentFileKey) -> bool:
+        """Whether ``key`` is still what its segment's file must hold (not truncated,
+        deleted or replaced since)."""
+        seg = self.source.segment_by_id(key.segment_id)
+        return seg is not None and file_key(seg) == key
+
     def served(self, fh: int, offset: int, size: int) -> None:
         """The daemon answered a read of ``size`` bytes at ``offset`` on handle ``fh``.
 
@@ -312,8 +318,7 @@ class Passthrough:
                 return await self.source.read(view, offset, size)
 
             await self.files.make(key, read)
-            now = self.source.segment_by_id(key.segment_id)
-            if now is None or file_key(now) != key:
+            if not self.current(key):
                 self.files.discard(key.segment_id)  # truncated or deleted meanwhile
         finally:
             self._wanted.discard(key)
