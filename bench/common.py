@@ -106,6 +106,19 @@ def wait_mounted(
         time.sleep(interval)
 
 
+def wait_for_segment_files(data_dir: pathlib.Path, want: int, timeout: float) -> int:
+    """Until ``want`` segment files (`fs.passthrough`: made in the background once
+    the daemon served a sealed segment in full) are in ``data_dir``, or
+    ``timeout`` seconds passed; how many there are. Temporary ones do not count."""
+    files = data_dir / "segment-files"
+    deadline = time.monotonic() + timeout
+    while True:
+        made = sum(1 for _ in files.glob("[0-9]*")) if files.is_dir() else 0
+        if made >= want or time.monotonic() > deadline:
+            return made
+        time.sleep(0.05)
+
+
 def terminate(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
     """Stop ``proc`` if it still runs: SIGTERM, then SIGKILL after ``timeout`` seconds."""
     if proc.poll() is None:

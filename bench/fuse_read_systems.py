@@ -24,6 +24,7 @@ from common import (
     log,
     running_daemon,
     terminate,
+    wait_for_segment_files,
     wait_mounted,
 )
 from fuse_read_measure import (
@@ -686,6 +687,10 @@ class Bench:
         return out
 
 
+#: How long a segment file may take to appear after the read that asks for it.
+FILE_TIMEOUT = 600.0
+
+
 def run_passthrough(bench: Bench, rnd: int) -> dict[str, Any]:
     """Ours once the segment has its segment file: the kernel reads it (FUSE passthrough).
 
@@ -697,13 +702,10 @@ def run_passthrough(bench: Bench, rnd: int) -> dict[str, Any]:
     files = bench.data_dir / "segment-files"
     out: dict[str, Any] = {}
     with bench.daemon(wipe_cache=False):
-        if not any(files.glob("[0-9]*")):
+        if not wait_for_segment_files(bench.data_dir, 1, 0):
             dd(seg)
-            deadline = time.monotonic() + 600
-            while not any(files.glob("[0-9]*")):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"no segment file appeared in {files}")
-                time.sleep(0.2)
+            if not wait_for_segment_files(bench.data_dir, 1, FILE_TIMEOUT):
+                raise RuntimeError(f"no segment file appeared in {files}")
         drop_page_cache()
         out["passthrough_cold"] = r = bench.timed_dd(seg)
         out["passthrough_warm"] = w = bench.warm_dd(seg)
@@ -748,10 +750,8 @@ def run_first_read(bench: Bench, rnd: int) -> dict[str, Any]:
                 if not on:
                     continue
                 made = time.monotonic()
-                while not any(files.glob("[0-9]*")):
-                    if time.monotonic() > made + 600:
-                        raise RuntimeError(f"no segment file appeared in {files}")
-                    time.sleep(0.05)
+                if not wait_for_segment_files(bench.data_dir, 1, FILE_TIMEOUT):
+                    raise RuntimeError(f"no segment file appeared in {files}")
                 out["file_made_after_s"] = time.monotonic() - made
                 drop_page_cache()
                 w0 = proc_io(bench.daemon_pid, "wchar")

@@ -50,6 +50,7 @@ from bench.common import (
     replace_table,
     result_header,
     running_daemon,
+    wait_for_segment_files,
 )
 from gateway.client.sync import SyncClient
 
@@ -104,21 +105,6 @@ def build(address: str, local: pathlib.Path, total: int) -> tuple[int, int]:
         log("flushing to Tier 2")
         c.flush()
     return events, nbytes
-
-
-def wait_for_segment_files(data_dir: pathlib.Path, timeout: float = 60.0) -> None:
-    """Until the daemon made the segment file of every segment a cold query read in
-    full (`fs.passthrough`: made in the background once served in full), so that
-    the warm query is read through passthrough, as a user's next query would be;
-    a query that read only some bytes (a count of one column) may leave none."""
-    deadline = time.monotonic() + timeout
-    files = data_dir / "segment-files"
-    while time.monotonic() < deadline:
-        made = [p for p in files.glob("*") if not p.name.startswith(".")] if files.is_dir() else []
-        if len(made) >= SEGMENTS:
-            return
-        time.sleep(0.2)
-    log(f"segment files: {len(made)} of {SEGMENTS} after {timeout:.0f} s; the warm query goes on")
 
 
 def timed(fn: Any) -> tuple[float, Any]:
@@ -193,7 +179,12 @@ def main() -> int:
                         drop_page_cache(log)
                         results.setdefault(f"{where}_cold_{name}", []).append(run(df, want))
                         if where == "mount":
-                            wait_for_segment_files(data_dir)
+                            # The files of the segments the cold query read in
+                            # full, so the warm one is what a user's next query
+                            # gets (a query that read only some bytes leaves none).
+                            made = wait_for_segment_files(data_dir, SEGMENTS, 60.0)
+                            if made < SEGMENTS:
+                                log(f"segment files: {made} of {SEGMENTS}; the warm query goes on")
                         results.setdefault(f"{where}_warm_{name}", []).append(run(df, want))
                         if not name.endswith("-bytes"):  # an aggregate's is its last stage's
                             partitions[f"{where}_{name}"] = df.rdd.getNumPartitions()
